@@ -1,0 +1,156 @@
+"""Unique-item tables: every image and text a run needs, deduplicated, with content keys."""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["ImageRef", "ItemTable", "Tables", "read_image_bytes", "text_key"]
+
+_PARQUET_SCHEME = "parquet://"
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """Where an image's bytes live and which derived variant of it we want.
+
+    uri: a file path, or ``parquet://<file>#<row>/<column>`` for images stored as Hugging Face
+         image structs (``{bytes, path}``) inside a Parquet file.
+    crop: (x, y, w, h) box in pixels applied after decoding (ARO / hard-positives SWAP), or None.
+    """
+
+    uri: str
+    crop: tuple[float, float, float, float] | None = None
+
+    @property
+    def recipe(self) -> str:
+        if self.crop is None:
+            return ""
+        return "crop:" + ",".join(f"{v:g}" for v in self.crop)
+
+
+def parquet_uri(file: str | os.PathLike, row: int, column: str) -> str:
+    return f"{_PARQUET_SCHEME}{os.fspath(file)}#{row}/{column}"
+
+
+_parquet_cache: dict[str, object] = {}
+
+
+def read_image_bytes(uri: str) -> bytes:
+    """Raw encoded bytes of an image (file or Parquet cell). Raises FileNotFoundError/ValueError
+    naming the source."""
+    if not uri.startswith(_PARQUET_SCHEME):
+        with open(uri, "rb") as f:
+            return f.read()
+    file, _, cell = uri[len(_PARQUET_SCHEME):].rpartition("#")
+    row_s, _, column = cell.partition("/")
+    table = _parquet_cache.get(file)
+    if table is None:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(file, memory_map=True)
+        _parquet_cache[file] = table
+    value = table.column(column)[int(row_s)].as_py()
+    if isinstance(value, dict):
+        value = value.get("bytes")
+    if not value:
+        raise ValueError(f"{file}: row {row_s} column {column!r} holds no image bytes")
+    return value
+
+
+def text_key(text: str) -> str:
+    """Content key of a text: hash of the exact string fed to the tokenizer."""
+    return "t" + hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _image_key(ref: ImageRef) -> str:
+    digest = hashlib.blake2b(read_image_bytes(ref.uri), digest_size=16).hexdigest()
+    return "i" + digest + (("@" + ref.recipe) if ref.recipe else "")
+
+
+class ItemTable:
+    """Deduplicated items of one modality. Entries are ``ImageRef`` (images) or ``str`` (texts,
+    already normalised). ``add`` returns the row index; equal entries share a row."""
+
+    def __init__(self, modality: str):
+        if modality not in ("image", "text"):
+            raise ValueError(f"modality must be 'image' or 'text', got {modality!r}")
+        self.modality = modality
+        self.entries: list = []
+        self._index: dict = {}
+        self._keys: list[str] | None = None
+        self.failed: dict[int, str] = {}  # row -> reason (unreadable image), filled by keys()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, entry) -> int:
+        row = self._index.get(entry)
+        if row is None:
+            row = len(self.entries)
+            self._index[entry] = row
+            self.entries.append(entry)
+            self._keys = None
+        return row
+
+    def add_many(self, entries) -> np.ndarray:
+        return np.fromiter((self.add(e) for e in entries), dtype=np.int64)
+
+    def keys(self, threads: int = 8) -> list[str]:
+        """Content keys, computed once (images: bytes hash + recipe, read in threads). An image
+        that cannot be read gets key ``""`` and its reason in ``self.failed``."""
+        if self._keys is not None and len(self._keys) == len(self.entries):
+            return self._keys
+        if self.modality == "text":
+            self._keys = [text_key(t) for t in self.entries]
+            return self._keys
+
+        def one(row_ref):
+            row, ref = row_ref
+            try:
+                return _image_key(ref), None
+            except (OSError, ValueError) as exc:
+                return "", f"{type(exc).__name__}: {exc}"
+
+        with ThreadPoolExecutor(threads) as pool:
+            out = list(pool.map(one, enumerate(self.entries), chunksize=64))
+        self._keys = [k for k, _ in out]
+        self.failed = {row: why for row, (_, why) in enumerate(out) if why}
+        return self._keys
+
+
+@dataclass
+class Tables:
+    """The image and text tables shared by every suite of one run."""
+
+    images: ItemTable
+    texts: ItemTable
+
+    @classmethod
+    def empty(cls) -> "Tables":
+        return cls(ItemTable("image"), ItemTable("text"))
+
+    def of(self, modality: str) -> ItemTable:
+        return self.images if modality == "image" else self.texts
+
+
+def decode_image(ref: ImageRef, data: bytes | None = None):
+    """Decode to an RGB PIL image and apply the ref's crop. The Pillow reference decoder."""
+    from PIL import Image
+
+    data = read_image_bytes(ref.uri) if data is None else data
+    img = Image.open(io.BytesIO(data))
+    img = img.convert("RGB")
+    if ref.crop is not None:
+        x, y, w, h = ref.crop
+        img = img.crop((int(x), int(y), int(x + w), int(y + h)))
+    return img
+
+
+def resolve(root: str | os.PathLike, rel: str) -> str:
+    return os.fspath(Path(root) / rel)

@@ -1,0 +1,48 @@
+"""Scoring tasks with the kernels: grouped rank extraction for ranking tasks, grid scores for choice."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kernels import choice_scores, grouped_ranks
+
+from .tasks import ChoiceTask, RankingTask
+
+__all__ = ["score_ranking", "score_choice", "RankArrays"]
+
+
+class RankArrays:
+    """GroupedRanks as numpy arrays (what metrics consume)."""
+
+    def __init__(self, r):
+        self.counts = r.counts.cpu().numpy()
+        self.pos_score = r.pos_score.float().cpu().numpy()
+        self.pos_index = r.pos_index.cpu().numpy()
+        self.neg_score = r.neg_score.float().cpu().numpy()
+        self.neg_index = r.neg_index.cpu().numpy()
+
+
+def _as_tensor(x: np.ndarray, device: str) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    if device == "cpu" and t.dtype != torch.float32:
+        t = t.float()  # CPU GEMMs in fp32
+    return t.to(device)
+
+
+def score_ranking(task: RankingTask, query_emb: np.ndarray, gallery_emb: np.ndarray, *, tie_rule: str = "index",
+                  device: str = "cpu", budget_bytes: int = 256 << 20) -> RankArrays:
+    """One kernel pass over the union of all groups. ``*_emb`` are whole-table embeddings of the
+    query / gallery modality; rows are gathered by the task's item indices."""
+    xq = _as_tensor(query_emb[task.query_items], device)      # (nq, d)
+    xb = _as_tensor(gallery_emb[task.gallery_items], device)  # (nb, d)
+    r = grouped_ranks(xq, xb, torch.from_numpy(task.group_bounds).to(device),
+                      torch.from_numpy(task.pos_ptr).to(device), torch.from_numpy(task.pos_idx).to(device),
+                      tie_rule=tie_rule, budget_bytes=budget_bytes)
+    return RankArrays(r)
+
+
+def score_choice(task: ChoiceTask, left_emb: np.ndarray, right_emb: np.ndarray, *, device: str = "cpu") -> np.ndarray:
+    """(n, A, B) float32 scores of every row's grid."""
+    s = choice_scores(_as_tensor(left_emb, device), _as_tensor(right_emb, device),
+                      torch.from_numpy(task.left).to(device), torch.from_numpy(task.right).to(device))
+    return s.float().cpu().numpy()

@@ -1,0 +1,44 @@
+"""Helpers shared by suite loaders: JSON reading with errors that name the file and the item."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["SuiteOptions", "read_json", "require_keys", "SuiteFormatError"]
+
+
+class SuiteFormatError(ValueError):
+    """An annotation file does not have the published format."""
+
+
+@dataclass(frozen=True)
+class SuiteOptions:
+    data: str | None = None             # suite folder (annotations, parquet shards, ...)
+    images: str | None = None           # image root the annotation paths are relative to
+    annotations: str | None = None      # annotation file or folder (Karpathy/RoCOCO)
+    image_variants: tuple[str, ...] = ()  # e.g. ("mix_0.9", "patch_0.9"): RoCOCO altered galleries
+    seeds: tuple[int, ...] = (1,)       # seeds of the image variants (results averaged over them)
+    text_variants: tuple[str, ...] | None = None  # RoCOCO caption files to use; None = all present
+    tie_rule: str = "index"             # ranking tie rule (BENCHMARKS.md "Tie rules")
+
+
+def read_json(path: str | Path):
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise SuiteFormatError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def require_keys(path, index: int, item, keys: tuple[str, ...], types: dict | None = None) -> None:
+    if not isinstance(item, dict):
+        raise SuiteFormatError(f"{path}: item {index} is a {type(item).__name__}, expected an object with keys {list(keys)}")
+    missing = [k for k in keys if k not in item]
+    if missing:
+        raise SuiteFormatError(f"{path}: item {index} lacks key(s) {missing}; it has {sorted(item)}")
+    for k, t in (types or {}).items():
+        if k in item and not isinstance(item[k], t):
+            raise SuiteFormatError(f"{path}: item {index} key {k!r} is a {type(item[k]).__name__}, expected {t}")

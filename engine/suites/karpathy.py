@@ -1,0 +1,175 @@
+"""COCO/Flickr Karpathy-format retrieval and RoCOCO (perturbed captions, altered images)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..items import ImageRef, Tables
+from ..tasks import RankingTask, Suite
+from ..text import pre_caption
+from ._common import SuiteFormatError, SuiteOptions, read_json, require_keys
+
+__all__ = ["read_karpathy", "read_rococo_variant", "build_retrieval", "load_karpathy", "load_rococo",
+           "ROCOCO_TEXT_VARIANTS", "image_variant_names"]
+
+ROCOCO_TEXT_VARIANTS = ("same_concept", "diff_concept", "rand_voca", "danger")
+N_PERTURBED = 5
+
+
+def read_karpathy(path: str | Path) -> list[tuple[str, list[str]]]:
+    """[(image path as written, [raw captions])]. Caption counts vary (COCO 5k: ten images have 6)."""
+    data = read_json(path)
+    if not isinstance(data, list):
+        raise SuiteFormatError(f"{path}: expected a JSON list of {{'image', 'caption'}} objects, got {type(data).__name__}")
+    out = []
+    for i, item in enumerate(data):
+        require_keys(path, i, item, ("image", "caption"), {"image": str})
+        caps = item["caption"]
+        if isinstance(caps, str):
+            caps = [caps]
+        if not isinstance(caps, list) or not caps or not all(isinstance(c, str) for c in caps):
+            raise SuiteFormatError(f"{path}: item {i} ({item['image']}) 'caption' must be a non-empty list of strings")
+        out.append((item["image"], caps))
+    return out
+
+
+def read_rococo_variant(path: str | Path, clean: list[tuple[str, list[str]]]) -> list[list[str]]:
+    """Perturbed captions per image from a RoCOCO file: each caption list is the image's n originals
+    (n from the clean file) followed by exactly 5 perturbed captions (one per original 1..5)."""
+    data = read_json(path)
+    if not isinstance(data, list) or len(data) != len(clean):
+        n = len(data) if isinstance(data, list) else type(data).__name__
+        raise SuiteFormatError(f"{path}: has {n} images, the clean file has {len(clean)}; "
+                               f"use the variant file made from the same split")
+    out = []
+    for i, (item, (image, caps)) in enumerate(zip(data, clean)):
+        require_keys(path, i, item, ("image", "caption"))
+        if item["image"] != image:
+            raise SuiteFormatError(f"{path}: image {i} is {item['image']!r}, the clean file has {image!r} "
+                                   f"(files must share the image order)")
+        got = item["caption"]
+        n = len(caps)
+        if got[:n] != caps:
+            bad = next(j for j in range(n) if j >= len(got) or got[j] != caps[j])
+            raise SuiteFormatError(
+                f"{path}: image {i} ({image}): caption {bad} does not equal the clean file's original "
+                f"(expected the {n} originals first, unchanged); is the clean file the right split?")
+        pert = got[n:]
+        if len(pert) != min(n, N_PERTURBED):
+            raise SuiteFormatError(f"{path}: image {i} ({image}) has {len(pert)} perturbed captions after its "
+                                   f"{n} originals, expected {min(n, N_PERTURBED)}")
+        out.append(pert)
+    return out
+
+
+def image_variant_names(variants, seeds) -> list[str]:
+    return [f"{v}_s{s}" for v in variants for s in seeds]
+
+
+def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[str, list[str]]], *,
+                    text_variants: dict[str, list[list[str]]] | None = None,
+                    image_variants: list[str] = (), normalise=pre_caption) -> tuple[RankingTask, RankingTask]:
+    """i2t and t2i ranking tasks. Gallery groups: ``original`` then one per variant; views:
+    ``original`` and ``original + variant``. Ground truth = originals only: every perturbed caption
+    or altered image is a distractor."""
+    images_root = Path(images_root)
+    text_variants = text_variants or {}
+    # -- i2t: images -> captions
+    img_rows = tables.images.add_many(ImageRef(os.fspath(images_root / im)) for im, _ in clean)
+    image_ids = [im for im, _ in clean]
+    texts, text_ids, pos_ptr, pos_idx = [], [], [0], []
+    for i, (im, caps) in enumerate(clean):
+        for c in caps:
+            pos_idx.append(len(texts))
+            texts.append(normalise(c))
+            text_ids.append(c)
+        pos_ptr.append(len(pos_idx))
+    bounds = [0, len(texts)]
+    for name, per_image in text_variants.items():
+        for caps in per_image:
+            texts.extend(normalise(c) for c in caps)
+            text_ids.extend(caps)
+        bounds.append(len(texts))
+    groups = ["original", *text_variants]
+    i2t = RankingTask(
+        name="i2t", query_modality="image", query_items=img_rows, query_ids=image_ids,
+        groups=groups, group_bounds=np.array(bounds, dtype=np.int64),
+        gallery_items=tables.texts.add_many(texts), gallery_ids=text_ids,
+        pos_ptr=np.array(pos_ptr, dtype=np.int64), pos_idx=np.array(pos_idx, dtype=np.int64),
+        views={"original": ["original"], **{v: ["original", v] for v in text_variants}})
+    # -- t2i: captions -> images
+    n_orig = bounds[1]
+    caption_rows = i2t.gallery_items[:n_orig]
+    owner = np.repeat(np.arange(len(clean)), [len(c) for _, c in clean])
+    gal_rows, gal_ids = [img_rows], list(image_ids)
+    for v in image_variants:
+        gal_rows.append(tables.images.add_many(ImageRef(os.fspath(images_root / v / im)) for im in image_ids))
+        gal_ids.extend(f"{v}/{im}" for im in image_ids)
+    n_img = len(clean)
+    t2i = RankingTask(
+        name="t2i", query_modality="text", query_items=caption_rows, query_ids=text_ids[:n_orig],
+        groups=["original", *image_variants],
+        group_bounds=np.arange(len(image_variants) + 2, dtype=np.int64) * n_img,
+        gallery_items=np.concatenate(gal_rows), gallery_ids=gal_ids,
+        pos_ptr=np.arange(n_orig + 1, dtype=np.int64), pos_idx=owner.astype(np.int64),
+        views={"original": ["original"], **{v: ["original", v] for v in image_variants}})
+    i2t.validate()
+    t2i.validate()
+    return i2t, t2i
+
+
+def _find_annotation(opts: SuiteOptions, default_name: str) -> Path:
+    cand = opts.annotations or opts.data
+    if cand is None:
+        raise ValueError(f"this suite needs --annotations (a Karpathy-format JSON such as {default_name})")
+    p = Path(cand)
+    if p.is_dir():
+        p = p / default_name
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} does not exist; pass --annotations FILE (e.g. {default_name})")
+    return p
+
+
+def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") -> Suite:
+    """Plain Karpathy retrieval (COCO 5k, Flickr30k 1k, ...): the clean protocol alone."""
+    ann = _find_annotation(opts, "coco_karpathy_test.json")
+    if opts.images is None:
+        raise ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")
+    clean = read_karpathy(ann)
+    i2t, t2i = build_retrieval(tables, opts.images, clean)
+    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule,
+                 meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1])})
+
+
+def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Suite:
+    """RoCOCO: every text variant in one i2t task and every image variant (x seeds) in one t2i task."""
+    ann = _find_annotation(opts, "coco_karpathy_test.json")
+    folder = ann.parent
+    if opts.images is None:
+        raise ValueError(f"suite {name} needs --images DIR (holding val2014/ and the altered image folders)")
+    clean = read_karpathy(ann)
+    wanted = opts.text_variants if opts.text_variants is not None else ROCOCO_TEXT_VARIANTS
+    text_variants = {}
+    for v in wanted:
+        f = folder / f"{v}.json"
+        if f.is_file():
+            text_variants[v] = read_rococo_variant(f, clean)
+        elif opts.text_variants is not None:
+            raise FileNotFoundError(f"{f} does not exist (asked for text variant {v!r})")
+    img_variants = image_variant_names(opts.image_variants, opts.seeds)
+    for v in img_variants:
+        d = Path(opts.images) / v
+        if not d.is_dir():
+            raise FileNotFoundError(f"altered images {d} do not exist; make them with "
+                                    f"`hardrank perturb images --method {v.split('_')[0]} ...`")
+    i2t, t2i = build_retrieval(tables, opts.images, clean, text_variants=text_variants, image_variants=img_variants)
+    averages = {}
+    for v in opts.image_variants:
+        members = [f"{v}_s{s}" for s in opts.seeds]
+        if len(members) > 1:
+            averages[v] = members
+    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages,
+                 meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1]),
+                       "text_variants": list(text_variants), "image_variants": img_variants})

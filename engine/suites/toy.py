@@ -1,0 +1,46 @@
+"""The built-in toy world as suites: RoCOCO-style retrieval, hard positives and inpaint 2x2."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from ..items import Tables
+from ..tasks import Suite
+from ._common import SuiteOptions
+from .hard_positives import load_hard_positives
+from .inpaintcoco import load_inpaintcoco
+from .karpathy import load_rococo
+
+__all__ = ["load_toy", "default_world_dir", "TOY_SUITES"]
+
+TOY_SUITES = ("toy-rococo", "toy-hard-positives", "toy-inpaint")
+
+
+def default_world_dir() -> Path:
+    base = os.environ.get("HARDRANK_CACHE") or Path.home() / ".cache" / "hardrank"
+    return Path(base) / "toy_world"
+
+
+def ensure_world(opts: SuiteOptions) -> Path:
+    from ..toyworld import build_world
+
+    world = Path(opts.data) if opts.data else default_world_dir()
+    return Path(build_world(world))
+
+
+def load_toy(tables: Tables, opts: SuiteOptions, which: str) -> Suite:
+    world = ensure_world(opts)
+    if which == "toy-rococo":
+        o = replace(opts, annotations=str(world / "karpathy_test.json"), images=str(world / "images"),
+                    image_variants=opts.image_variants or ("mix_0.9", "patch_0.9"), seeds=(1,))
+        suite = load_rococo(tables, o, name=which)
+    elif which == "toy-hard-positives":
+        suite = load_hard_positives(tables, replace(opts, data=str(world / "hard_positives"),
+                                                    images=str(world / "images")), name=which)
+    elif which == "toy-inpaint":
+        suite = load_inpaintcoco(tables, replace(opts, data=str(world / "inpaint")), name=which)
+    else:
+        raise ValueError(f"unknown toy suite {which!r}; choose from {TOY_SUITES}")
+    suite.meta["world"] = str(world)
+    return suite

@@ -1,0 +1,140 @@
+"""The task model: every suite compiles into ranking, choice or mask tasks over shared item tables."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+__all__ = ["RankingTask", "ChoiceTask", "Suite", "CHOICE_RULES"]
+
+# Choice rules (BENCHMARKS.md): how a row's (A, B) score grid becomes a verdict.
+CHOICE_RULES = (
+    "first_strict",   # candidate 0 is correct; correct iff it scores strictly above every other (ties wrong)
+    "first_ties_win", # candidate 0 is correct; correct iff no other scores strictly above it (ARO order)
+    "triplet",        # candidates (c, c_P, c_N): hard-positives orderings, strict
+    "grid2x2",        # 2 images x 2 texts, matched on the diagonal: Winoground-style text/image/group
+)
+
+
+@dataclass
+class RankingTask:
+    """Queries of one modality against a gallery of the other, made of contiguous named groups.
+
+    The gallery is ``gallery_items`` (rows of the other modality's table) ordered group by group:
+    group g occupies ``[group_bounds[g], group_bounds[g+1])``; ``groups[0]`` is the clean base
+    (``original``). A view is a set of groups forming one evaluated gallery; every view's metrics
+    come from one kernel pass over the union.
+    """
+
+    name: str                      # "i2t" | "t2i"
+    query_modality: str            # "image" | "text"
+    query_items: np.ndarray        # (nq,) int64 rows of the query modality's table
+    query_ids: list[str]           # (nq,) ids as the annotation file writes them
+    groups: list[str]              # (G,) group names, gallery order
+    group_bounds: np.ndarray       # (G+1,) int64
+    gallery_items: np.ndarray      # (nb,) int64 rows of the gallery modality's table
+    gallery_ids: list[str]         # (nb,)
+    pos_ptr: np.ndarray            # (nq+1,) int64 CSR of positives (gallery positions)
+    pos_idx: np.ndarray            # (npos,) int64
+    views: dict[str, list[str]]    # view name -> groups it contains (each includes groups[0])
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def gallery_modality(self) -> str:
+        return "text" if self.query_modality == "image" else "image"
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.query_items)
+
+    def view_size(self, view: str) -> int:
+        gi = [self.groups.index(g) for g in self.views[view]]
+        return int(sum(self.group_bounds[g + 1] - self.group_bounds[g] for g in gi))
+
+    def validate(self) -> None:
+        nb = len(self.gallery_items)
+        b = self.group_bounds
+        if len(b) != len(self.groups) + 1 or b[0] != 0 or b[-1] != nb or np.any(np.diff(b) < 0):
+            raise ValueError(f"task {self.name}: group_bounds {b.tolist()} do not partition a gallery of {nb}")
+        if len(self.pos_ptr) != self.num_queries + 1:
+            raise ValueError(f"task {self.name}: pos_ptr has {len(self.pos_ptr)} entries for {self.num_queries} queries")
+        for v, gs in self.views.items():
+            unknown = [g for g in gs if g not in self.groups]
+            if unknown:
+                raise ValueError(f"task {self.name}: view {v!r} names unknown groups {unknown}")
+
+    def drop(self, bad_queries: np.ndarray, bad_gallery: np.ndarray) -> "RankingTask":
+        """Remove queries and gallery entries whose item failed to load (masks over positions).
+        A query left without positives is removed too. Counts land in ``skipped``."""
+        if not bad_queries.any() and not bad_gallery.any():
+            return self
+        keep_g = ~bad_gallery
+        new_pos = np.cumsum(keep_g) - 1
+        gid = np.repeat(np.arange(len(self.groups)), np.diff(self.group_bounds))
+        bounds = np.zeros(len(self.groups) + 1, dtype=np.int64)
+        np.add.at(bounds, gid[keep_g] + 1, 1)
+        bounds = np.cumsum(bounds)
+        ptr, idx, keep_q = [0], [], np.zeros(self.num_queries, dtype=bool)
+        for q in range(self.num_queries):
+            p = self.pos_idx[self.pos_ptr[q]:self.pos_ptr[q + 1]]
+            p = new_pos[p[keep_g[p]]]
+            if bad_queries[q] or len(p) == 0:
+                continue
+            keep_q[q] = True
+            idx.extend(p.tolist())
+            ptr.append(len(idx))
+        skipped = dict(self.skipped)
+        skipped["queries"] = skipped.get("queries", 0) + int((~keep_q).sum())
+        skipped["gallery"] = skipped.get("gallery", 0) + int(bad_gallery.sum())
+        return replace(self, query_items=self.query_items[keep_q],
+                       query_ids=[i for i, k in zip(self.query_ids, keep_q) if k],
+                       group_bounds=bounds, gallery_items=self.gallery_items[keep_g],
+                       gallery_ids=[i for i, k in zip(self.gallery_ids, keep_g) if k],
+                       pos_ptr=np.array(ptr, dtype=np.int64), pos_idx=np.array(idx, dtype=np.int64),
+                       skipped=skipped)
+
+
+@dataclass
+class ChoiceTask:
+    """Rows of (A left items) x (B right items) scored as an (n, A, B) grid, judged by ``rule``."""
+
+    name: str                 # e.g. "swap", "replace_att"
+    rule: str                 # one of CHOICE_RULES
+    left_modality: str        # "image" | "text"
+    right_modality: str
+    left: np.ndarray          # (n, A) int64 rows of the left table
+    right: np.ndarray         # (n, B) int64 rows of the right table
+    ids: list[str]            # (n,) item ids for the per-item outcomes
+    subset: list[str] | None = None  # (n,) label for per-subset metrics (concept, relation, ...)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.rule not in CHOICE_RULES:
+            raise ValueError(f"task {self.name}: rule {self.rule!r} is not one of {CHOICE_RULES}")
+        if self.left.ndim != 2 or self.right.ndim != 2 or len(self.left) != len(self.right):
+            raise ValueError(f"task {self.name}: left {self.left.shape} / right {self.right.shape} must be (n, A) / (n, B)")
+
+    def drop(self, bad_left: np.ndarray, bad_right: np.ndarray) -> "ChoiceTask":
+        """Remove rows that touch a failed item (row-wise masks)."""
+        bad = bad_left.any(1) | bad_right.any(1)
+        if not bad.any():
+            return self
+        keep = ~bad
+        skipped = dict(self.skipped)
+        skipped["unreadable"] = skipped.get("unreadable", 0) + int(bad.sum())
+        return replace(self, left=self.left[keep], right=self.right[keep],
+                       ids=[i for i, k in zip(self.ids, keep) if k],
+                       subset=None if self.subset is None else [s for s, k in zip(self.subset, keep) if k],
+                       skipped=skipped)
+
+
+@dataclass
+class Suite:
+    """One benchmark compiled into tasks; rows index the run's shared ``Tables``."""
+
+    name: str
+    ranking: list[RankingTask] = field(default_factory=list)
+    choice: list[ChoiceTask] = field(default_factory=list)
+    tie_rule: str = "index"
+    meta: dict = field(default_factory=dict)        # counts, files found, protocol notes
+    view_average: dict[str, list[str]] = field(default_factory=dict)  # e.g. "mix_0.9" -> seeds' views

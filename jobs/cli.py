@@ -1,0 +1,163 @@
+"""The `hardrank` command line: eval, demo, toy world and checkpoints."""
+from __future__ import annotations
+
+import argparse
+import glob
+import logging
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["main", "build_parser"]
+
+EXIT_OK, EXIT_USAGE, EXIT_DATA, EXIT_FAILURES = 0, 2, 3, 4
+TOY_DATA = Path(__file__).resolve().parent.parent / "engine" / "data"
+
+
+def _default_store() -> str:
+    base = os.environ.get("HARDRANK_CACHE") or str(Path.home() / ".cache" / "hardrank")
+    return str(Path(base) / "store")
+
+
+def _progress(quiet: bool):
+    if quiet or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return lambda total, desc: tqdm(total=total, desc=desc, unit="item", leave=False, dynamic_ncols=True)
+
+
+def _expand_checkpoints(items: list[str] | None) -> tuple:
+    if not items:
+        return (None,)
+    out = []
+    for it in items:
+        matches = sorted(glob.glob(it))
+        out.extend(matches if matches else [it])
+    return tuple(out)
+
+
+def _add_eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="results folder (one sub-folder per checkpoint)")
+    p.add_argument("--store", default=None, help="embedding store root (default: $HARDRANK_CACHE/store "
+                   "or ~/.cache/hardrank/store); reused across runs")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "bf16"],
+                   help="auto = fp16 on CUDA, fp32 on CPU")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--decode-threads", type=int, default=max(1, min(8, os.cpu_count() or 1)))
+    p.add_argument("--budget-mb", type=int, default=256, help="kernel score-tile memory budget")
+    p.add_argument("--max-failures", type=int, default=100,
+                   help="unreadable images tolerated (recorded, skipped) before the run stops")
+    p.add_argument("--tie-rule", default="index", choices=["index", "optimistic", "pessimistic"])
+    p.add_argument("--quiet", action="store_true", help="no progress bars (for logs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hardrank", description="Stress-test image-text matching models: "
+                                 "exact benchmark metrics, fast, for many checkpoints.",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="examples:\n  hardrank demo --out results/demo\n"
+                                        "  hardrank eval --model ViT-B-32 --checkpoint ckpt/epoch_*.pt "
+                                        "--suite rococo --annotations data/rococo --images coco --out results/run1")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    ev = sub.add_parser("eval", help="evaluate checkpoints on benchmark suites",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="examples:\n"
+                               "  hardrank eval --model toy-clip --checkpoint engine/data/toy_checkpoints/*.safetensors "
+                               "--suite toy --out results/toy\n"
+                               "  hardrank eval --model ViT-B-32 --checkpoint openai.pt --suite rococo "
+                               "--annotations data/rococo --images /data/coco --image-variants mix_0.9 "
+                               "--seeds 1 10 100 --out results/b32\n"
+                               "  hardrank eval --model ViT-B-32 --checkpoint a.pt --suite karpathy "
+                               "--annotations coco_karpathy_test.json --images /data/coco --out results/k")
+    ev.add_argument("--model", required=True, help="open_clip model name, config .json, or local-dir:<folder>")
+    ev.add_argument("--checkpoint", nargs="+", default=None, help="checkpoint files (globs ok); one result per file")
+    ev.add_argument("--suite", nargs="+", required=True, help="suites: toy, rococo, karpathy, hard_positives, inpaintcoco")
+    ev.add_argument("--data", default=None, help="suite data folder")
+    ev.add_argument("--images", default=None, help="image root the annotation paths are relative to")
+    ev.add_argument("--annotations", default=None, help="Karpathy/RoCOCO annotation file or folder")
+    ev.add_argument("--image-variants", nargs="*", default=[], help="RoCOCO altered galleries, e.g. mix_0.9 patch_0.9")
+    ev.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds of the image variants (averaged)")
+    ev.add_argument("--text-variants", nargs="*", default=None, help="RoCOCO caption files (default: all present)")
+    _add_eval_args(ev)
+
+    dm = sub.add_parser("demo", help="build the toy world and evaluate all toy checkpoints on it")
+    dm.add_argument("--world", default=None, help="toy world folder (default: <out>/toy_world)")
+    _add_eval_args(dm)
+
+    toy = sub.add_parser("toy", help="toy world and toy checkpoints")
+    tsub = toy.add_subparsers(dest="toy_command", required=True)
+    tw = tsub.add_parser("world", help="build the toy world")
+    tw.add_argument("--out", required=True)
+    tt = tsub.add_parser("train", help="train the toy checkpoints (regenerates engine/data/toy_checkpoints)")
+    tt.add_argument("--out", default=str(TOY_DATA / "toy_checkpoints"))
+    tt.add_argument("--world", default=None, help="toy world folder (default: the cache)")
+    return ap
+
+
+def _cmd_eval(args, *, model: str, checkpoints: tuple, suites: tuple, suite_opts) -> int:
+    from engine.evaluate import EvalConfig, evaluate
+    from engine.results import format_table
+
+    cfg = EvalConfig(model=model, checkpoints=checkpoints, suites=suites, out=args.out,
+                     store=args.store or _default_store(), suite_options=suite_opts, precision=args.precision,
+                     device=args.device, batch_size=args.batch_size, decode_threads=args.decode_threads,
+                     budget_mb=args.budget_mb, max_failures=args.max_failures)
+    echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    report = evaluate(cfg, progress=_progress(args.quiet), echo=echo)
+    print(format_table(report.table_rows()))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from engine.embed import TooManyFailures
+    from engine.suites import SuiteFormatError, SuiteOptions
+
+    try:
+        if args.command == "eval":
+            opts = SuiteOptions(data=args.data, images=args.images, annotations=args.annotations,
+                                image_variants=tuple(args.image_variants), seeds=tuple(args.seeds),
+                                text_variants=tuple(args.text_variants) if args.text_variants is not None else None,
+                                tie_rule=args.tie_rule)
+            return _cmd_eval(args, model=args.model, checkpoints=_expand_checkpoints(args.checkpoint),
+                             suites=tuple(args.suite), suite_opts=opts)
+        if args.command == "demo":
+            from jobs.demo import demo_inputs
+
+            model, ckpts, world = demo_inputs(args.world or str(Path(args.out) / "toy_world"))
+            if args.store is None:
+                args.store = str(Path(args.out) / "store")
+            return _cmd_eval(args, model=model, checkpoints=ckpts, suites=("toy",),
+                             suite_opts=SuiteOptions(data=world, tie_rule=args.tie_rule))
+        if args.command == "toy":
+            from engine.toyworld import build_world
+
+            if args.toy_command == "world":
+                print(build_world(args.out))
+                return EXIT_OK
+            from engine.suites.toy import default_world_dir
+            from engine.toyworld.train import train_toy
+
+            world = build_world(args.world or default_world_dir())
+            for p in train_toy(world, args.out):
+                print(p)
+            return EXIT_OK
+    except (FileNotFoundError, SuiteFormatError, ValueError, KeyError) as exc:
+        print(f"hardrank: error: {exc}", file=sys.stderr)
+        return EXIT_DATA
+    except TooManyFailures as exc:
+        print(f"hardrank: stopped: {exc}", file=sys.stderr)
+        return EXIT_FAILURES
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
