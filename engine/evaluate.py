@@ -39,6 +39,7 @@ class EvalConfig:
     decode_threads: int = 2                 # Pillow decode threads
     budget_mb: int = 256                    # kernel tile budget (score tiles), MiB
     max_failures: int | None = 100          # unreadable images tolerated before stopping
+    embeddings: str | None = None           # precomputed embeddings (Parquet: kind, id, embedding) instead of a model
 
 
 @dataclass
@@ -95,8 +96,7 @@ def _drop_failed(suite: Suite, tables: Tables) -> Suite:
     return suite
 
 
-def _score_suite(suite: Suite, model: LoadedModel, emb: dict[str, np.ndarray], cfg: EvalConfig) -> tuple[dict, list]:
-    device = model.device
+def _score_suite(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: EvalConfig) -> tuple[dict, list]:
     outcomes: list[pa.Table] = []
     timings = {}
     if suite.ranking:
@@ -163,6 +163,33 @@ def evaluate(cfg: EvalConfig, *, progress=None, echo=None) -> EvalReport:
     t_load = time.perf_counter() - t0
     echo(f"loaded {len(suites)} suite(s): {len(tables.images)} unique images, {len(tables.texts)} unique texts "
          f"({t_load:.1f}s)")
+    if cfg.embeddings:
+        sources, report, failures = _byo_sources(cfg, tables)
+    else:
+        sources, report, failures, suites = _model_sources(cfg, tables, suites, progress, echo)
+    for label, ident, device, get_emb in sources:
+        emb = get_emb()
+        for suite in suites:
+            res, outcomes = _score_suite(suite, device, emb, cfg)
+            result = {
+                "suite": suite.name, "checkpoint": label, **ident, "model": cfg.model, "tie_rule": suite.tie_rule,
+                "task_type": res["task_type"], "counts": res["counts"], "metrics": res["metrics"],
+                "suite_meta": suite.meta, "failures": failures[:1000], "failed_items": len(failures),
+            }
+            result["provenance"] = {
+                **result.pop("provenance"), "versions": _versions(), "embed": report.embed_stats,
+                "timings": {**res["timings"], "suite_load": t_load},
+                "config": {k: v for k, v in asdict(cfg).items() if k != "suite_options"},
+                "suite_options": asdict(cfg.suite_options),
+            }
+            files = write_result(Path(cfg.out) / label, suite.name, result, outcomes)
+            report.results.append(result)
+            report.files.extend(files)
+    echo(f"done in {time.perf_counter() - t_start:.1f}s; results in {cfg.out}")
+    return report
+
+
+def _model_sources(cfg: EvalConfig, tables: Tables, suites: list[Suite], progress, echo):
     models = [load_model(ModelSpec(cfg.model, c, cfg.precision, cfg.device)) for c in cfg.checkpoints]
     labels = _unique_labels([m.label for m in models])
     stores = [EmbeddingStore(cfg.store, m.fingerprint, dim=m.embed_dim, dtype=m.store_dtype,
@@ -174,31 +201,38 @@ def evaluate(cfg: EvalConfig, *, progress=None, echo=None) -> EvalReport:
     for mod, st in stats.items():
         echo(f"{mod}s: {st.total} unique, {st.from_store} from the store, {st.encoded} encoded "
              f"x {len(models)} checkpoint(s), {st.failed} failed ({st.seconds:.1f}s)")
-    suites = [_drop_failed(s, tables) for s in suites]
+    suites[:] = [_drop_failed(s, tables) for s in suites]
     failures = [{"modality": mod, "row": r, "source": u, "reason": w}
                 for mod, st in stats.items() for r, u, w in st.failures]
+    sources = []
     for model, store, label in zip(models, stores, labels):
-        emb = {"image": _embeddings(store, "image", tables), "text": _embeddings(store, "text", tables)}
-        for suite in suites:
-            res, outcomes = _score_suite(suite, model, emb, cfg)
-            result = {
-                "suite": suite.name, "checkpoint": label, "checkpoint_path": model.spec.checkpoint,
-                "model": cfg.model, "model_fingerprint": model.fingerprint, "tie_rule": suite.tie_rule,
-                "task_type": res["task_type"], "counts": res["counts"], "metrics": res["metrics"],
-                "suite_meta": suite.meta, "failures": failures[:1000], "failed_items": len(failures),
-                "provenance": {
-                    "architecture": model.arch_name, "precision": model.precision, "device": model.device,
-                    "checkpoint_hash": model.checkpoint_hash, "versions": _versions(),
-                    "embed": report.embed_stats, "timings": {**res["timings"], "suite_load": t_load},
-                    "config": {k: v for k, v in asdict(cfg).items() if k != "suite_options"},
-                    "suite_options": asdict(cfg.suite_options),
-                },
-            }
-            files = write_result(Path(cfg.out) / label, suite.name, result, outcomes)
-            report.results.append(result)
-            report.files.extend(files)
-    echo(f"done in {time.perf_counter() - t_start:.1f}s; results in {cfg.out}")
-    return report
+        ident = {"checkpoint_path": model.spec.checkpoint, "model_fingerprint": model.fingerprint,
+                 "provenance": {"architecture": model.arch_name, "precision": model.precision, "device": model.device,
+                                "checkpoint_hash": model.checkpoint_hash}}
+        sources.append((label, ident, model.device, lambda st=store: {
+            "image": _embeddings(st, "image", tables), "text": _embeddings(st, "text", tables)}))
+    return sources, report, failures, suites
+
+
+def _byo_sources(cfg: EvalConfig, tables: Tables):
+    from .byo import embeddings_for_tables
+    from .models import file_hash
+
+    path = Path(cfg.embeddings)
+    emb = embeddings_for_tables(path, tables)
+    device = "cuda" if cfg.device == "auto" and _cuda() else ("cpu" if cfg.device == "auto" else cfg.device)
+    ident = {"checkpoint_path": str(path), "model_fingerprint": f"embeddings-{file_hash(path)[:16]}",
+             "provenance": {"architecture": "precomputed", "precision": "float32", "device": device,
+                            "checkpoint_hash": None}}
+    report = EvalReport(embed_stats={m: {"total": len(tables.of(m)), "from_file": len(tables.of(m))}
+                                     for m in ("image", "text")})
+    return [(path.stem, ident, device, lambda: emb)], report, []
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _unique_labels(labels: list[str]) -> list[str]:

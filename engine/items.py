@@ -82,6 +82,7 @@ class ItemTable:
             raise ValueError(f"modality must be 'image' or 'text', got {modality!r}")
         self.modality = modality
         self.entries: list = []
+        self.ids: list[str] = []  # id as the annotation file writes it (first seen); for --embeddings
         self._index: dict = {}
         self._keys: list[str] | None = None
         self.failed: dict[int, str] = {}  # row -> reason (unreadable image), filled by keys()
@@ -89,17 +90,21 @@ class ItemTable:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def add(self, entry) -> int:
+    def add(self, entry, id: str | None = None) -> int:
+        """Row of ``entry`` (added if new). ``id`` defaults to the text itself or the image uri."""
         row = self._index.get(entry)
         if row is None:
             row = len(self.entries)
             self._index[entry] = row
             self.entries.append(entry)
+            self.ids.append(id if id is not None else (entry if isinstance(entry, str) else entry.uri))
             self._keys = None
         return row
 
-    def add_many(self, entries) -> np.ndarray:
-        return np.fromiter((self.add(e) for e in entries), dtype=np.int64)
+    def add_many(self, entries, ids=None) -> np.ndarray:
+        if ids is None:
+            return np.fromiter((self.add(e) for e in entries), dtype=np.int64)
+        return np.fromiter((self.add(e, i) for e, i in zip(entries, ids)), dtype=np.int64)
 
     def keys(self, threads: int = 8) -> list[str]:
         """Content keys, computed once (images: bytes hash + recipe, read in threads). An image

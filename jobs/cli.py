@@ -75,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "--seeds 1 10 100 --out results/b32\n"
                                "  hardrank eval --model ViT-B-32 --checkpoint a.pt --suite karpathy "
                                "--annotations coco_karpathy_test.json --images /data/coco --out results/k")
-    ev.add_argument("--model", required=True, help="open_clip model name, config .json, or local-dir:<folder>")
+    ev.add_argument("--model", default=None, help="open_clip model name, config .json, or local-dir:<folder>")
+    ev.add_argument("--embeddings", default=None, help="score precomputed embeddings instead of a model: Parquet "
+                    "with columns kind (image|text), id (image path / caption as in the annotation file), embedding")
     ev.add_argument("--checkpoint", nargs="+", default=None, help="checkpoint files (globs ok); one result per file")
     ev.add_argument("--suite", nargs="+", required=True, help="suites: toy, rococo, karpathy, hard_positives, inpaintcoco")
     ev.add_argument("--data", default=None, help="suite data folder")
@@ -100,14 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _cmd_eval(args, *, model: str, checkpoints: tuple, suites: tuple, suite_opts) -> int:
+def _cmd_eval(args, *, model: str | None, checkpoints: tuple, suites: tuple, suite_opts, embeddings=None) -> int:
     from engine.evaluate import EvalConfig, evaluate
     from engine.results import format_table
 
     cfg = EvalConfig(model=model, checkpoints=checkpoints, suites=suites, out=args.out,
                      store=args.store or _default_store(), suite_options=suite_opts, precision=args.precision,
                      device=args.device, batch_size=args.batch_size, decode_threads=args.decode_threads,
-                     budget_mb=args.budget_mb, max_failures=args.max_failures)
+                     budget_mb=args.budget_mb, max_failures=args.max_failures, embeddings=embeddings)
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     report = evaluate(cfg, progress=_progress(args.quiet), echo=echo)
     print(format_table(report.table_rows()))
@@ -127,8 +129,12 @@ def main(argv: list[str] | None = None) -> int:
                                 image_variants=tuple(args.image_variants), seeds=tuple(args.seeds),
                                 text_variants=tuple(args.text_variants) if args.text_variants is not None else None,
                                 tie_rule=args.tie_rule)
+            if (args.model is None) == (args.embeddings is None):
+                print("hardrank eval: give --model (with --checkpoint files) or --embeddings FILE.parquet",
+                      file=sys.stderr)
+                return EXIT_USAGE
             return _cmd_eval(args, model=args.model, checkpoints=_expand_checkpoints(args.checkpoint),
-                             suites=tuple(args.suite), suite_opts=opts)
+                             suites=tuple(args.suite), suite_opts=opts, embeddings=args.embeddings)
         if args.command == "demo":
             from jobs.demo import demo_inputs
 

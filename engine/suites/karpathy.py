@@ -77,8 +77,8 @@ def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[s
     images_root = Path(images_root)
     text_variants = text_variants or {}
     # -- i2t: images -> captions
-    img_rows = tables.images.add_many(ImageRef(os.fspath(images_root / im)) for im, _ in clean)
     image_ids = [im for im, _ in clean]
+    img_rows = tables.images.add_many((ImageRef(os.fspath(images_root / im)) for im in image_ids), image_ids)
     texts, text_ids, pos_ptr, pos_idx = [], [], [0], []
     for i, (im, caps) in enumerate(clean):
         for c in caps:
@@ -96,7 +96,7 @@ def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[s
     i2t = RankingTask(
         name="i2t", query_modality="image", query_items=img_rows, query_ids=image_ids,
         groups=groups, group_bounds=np.array(bounds, dtype=np.int64),
-        gallery_items=tables.texts.add_many(texts), gallery_ids=text_ids,
+        gallery_items=tables.texts.add_many(texts, text_ids), gallery_ids=text_ids,
         pos_ptr=np.array(pos_ptr, dtype=np.int64), pos_idx=np.array(pos_idx, dtype=np.int64),
         views={"original": ["original"], **{v: ["original", v] for v in text_variants}})
     # -- t2i: captions -> images
@@ -105,8 +105,9 @@ def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[s
     owner = np.repeat(np.arange(len(clean)), [len(c) for _, c in clean])
     gal_rows, gal_ids = [img_rows], list(image_ids)
     for v in image_variants:
-        gal_rows.append(tables.images.add_many(ImageRef(os.fspath(images_root / v / im)) for im in image_ids))
-        gal_ids.extend(f"{v}/{im}" for im in image_ids)
+        v_ids = [f"{v}/{im}" for im in image_ids]
+        gal_rows.append(tables.images.add_many((ImageRef(os.fspath(images_root / v / im)) for im in image_ids), v_ids))
+        gal_ids.extend(v_ids)
     n_img = len(clean)
     t2i = RankingTask(
         name="t2i", query_modality="text", query_items=caption_rows, query_ids=text_ids[:n_orig],
