@@ -120,6 +120,15 @@ class EmbedStats:
                 "stage_seconds": {k: round(v, 3) for k, v in self.stage_seconds.items()}}
 
 
+def _check_failures(st: EmbedStats, max_failures: int | None) -> None:
+    if max_failures is not None and len(st.failures) > max_failures:
+        first = "\n".join(f"  {u}: {w}" for _, u, w in st.failures[:5])
+        raise TooManyFailures(
+            f"{len(st.failures)} images could not be read or decoded (limit --max-failures {max_failures}); "
+            f"first ones:\n{first}\nFix or remove the files, or raise --max-failures; finished work is kept "
+            f"in the store and a rerun resumes.")
+
+
 def _batches(rows: np.ndarray, size: int):
     for s in range(0, len(rows), size):
         yield rows[s:s + size]
@@ -156,6 +165,9 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
         st.from_store = int(len(keys) - need_any.sum() - len(failed_rows))
         if len(failed_rows):
             st.failures.extend((r, table.entries[r].uri, table.failed[r]) for r in sorted(failed_rows))
+            for r in sorted(failed_rows):
+                log.warning("skipping image %s: %s", table.entries[r].uri, table.failed[r])
+            _check_failures(st, max_failures)
         if len(rows):
             _run(table, keys, rows, models, stores, have, st, batch_size=batch_size, flush_rows=flush_rows,
                  decode_threads=decode_threads, max_failures=max_failures, progress=progress)
@@ -218,11 +230,7 @@ def _run(table, keys, rows, models, stores, have, st, *, batch_size, flush_rows,
             if max_failures is not None and len(st.failures) > max_failures:
                 flush()
                 prefetch.shutdown(cancel_futures=True)
-                first = "\n".join(f"  {u}: {w}" for _, u, w in st.failures[:5])
-                raise TooManyFailures(
-                    f"{len(st.failures)} images failed to decode (limit --max-failures {max_failures}); "
-                    f"first ones:\n{first}\nFix the files or raise --max-failures; finished work is kept "
-                    f"in the store and a rerun resumes.")
+                _check_failures(st, max_failures)
             sel = np.nonzero(ok)[0]
             if len(sel) == 0:
                 continue

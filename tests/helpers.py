@@ -1,0 +1,129 @@
+"""Test helpers: tiny open_clip configs, stand-in images, Karpathy/RoCOCO files, brute-force protocol."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+TINY_CFG = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 16},
+    "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1},
+}
+
+
+def write_tiny_config(folder: Path, name: str = "tiny-test-clip") -> Path:
+    path = Path(folder) / f"{name}.json"
+    path.write_text(json.dumps(TINY_CFG))
+    return path
+
+
+def save_random_checkpoint(cfg_path: Path, out: Path, seed: int, fmt: str = "safetensors") -> Path:
+    import open_clip
+    import torch
+
+    from engine.models import resolve_arch
+
+    name = resolve_arch(str(cfg_path))
+    torch.manual_seed(seed)
+    model = open_clip.create_model(name, pretrained=None)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(sd, str(out))
+    else:  # open_clip training checkpoint layout
+        torch.save({"epoch": 1, "state_dict": {"module." + k: v for k, v in sd.items()}}, out)
+    return out
+
+
+def write_image(path: Path, rng: np.random.Generator, size=(40, 30)) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arr = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(arr).save(path, quality=90)
+
+
+def make_karpathy_world(root: Path, n_images: int = 12, seed: int = 0, variants=("same_concept",),
+                        image_variants=("mix_0.9_s1",)) -> dict:
+    """Karpathy JSON + RoCOCO variant files + stand-in images under the real naming scheme."""
+    rng = np.random.default_rng(seed)
+    words = ["dog", "cat", "car", "tree", "man", "woman", "bus", "pizza", "horse", "boat"]
+    clean = []
+    for i in range(n_images):
+        n = 6 if i == 1 else 5
+        caps = [f"A {words[(i + j) % 10]} and a {words[(i * 3 + j) % 10]} number {i}." for j in range(n)]
+        if i == 2:
+            caps[1] = caps[0]  # duplicate caption within an image
+        clean.append({"image": f"val2014/COCO_val2014_{i:012d}.jpg", "caption": caps})
+    ann = root / "ann"
+    ann.mkdir(parents=True)
+    (ann / "coco_karpathy_test.json").write_text(json.dumps(clean))
+    for v in variants:
+        data = []
+        for i, item in enumerate(clean):
+            pert = [c.replace("and", "or") for c in item["caption"][:5]]
+            if i == 3:
+                pert[0] = item["caption"][0]  # perturbed == original (degenerate, as in the real files)
+            data.append({"image": item["image"], "caption": item["caption"] + pert})
+        (ann / f"{v}.json").write_text(json.dumps(data))
+    images = root / "images"
+    for item in clean:
+        write_image(images / item["image"], rng)
+        for v in image_variants:
+            write_image(images / v / item["image"], rng)
+    return {"annotations": ann, "images": images, "clean": clean}
+
+
+def brute_force_rococo(img_emb: dict[str, np.ndarray], txt_emb: dict[str, np.ndarray], clean, text_variants,
+                       image_variants, normalise) -> dict:
+    """Reference protocol with full score matrices and a stable argsort (index tie rule)."""
+    out = {}
+    images = [it["image"] for it in clean]
+    originals = [normalise(c) for it in clean for c in it["caption"]]
+    owner = [i for i, it in enumerate(clean) for _ in it["caption"]]
+    Q = np.stack([img_emb[im] for im in images]).astype(np.float64)
+
+    def ranks_i2t(gallery_texts):
+        G = np.stack([txt_emb[t] for t in gallery_texts]).astype(np.float32)
+        S = (Q.astype(np.float32) @ G.T)
+        ranks, top1 = [], []
+        for q in range(len(images)):
+            order = np.argsort(-S[q], kind="stable")
+            pos = {j for j, o in enumerate(owner) if o == q}
+            ranks.append(min(np.nonzero(np.isin(order, list(pos)))[0]))
+            top1.append(order[0])
+        return np.array(ranks), np.array(top1)
+
+    def summarise(r, top1=None, n_orig=None):
+        m = {f"R@{k}": 100.0 * np.mean(r < k) for k in (1, 5, 10)}
+        if top1 is not None:
+            m["false_rate"] = 100.0 * np.mean(top1 >= n_orig)
+        return m
+
+    r, _ = ranks_i2t(originals)
+    out[("original", "i2t")] = summarise(r)
+    for v, per_image in text_variants.items():
+        gallery = originals + [normalise(c) for caps in per_image for c in caps]
+        r, t = ranks_i2t(gallery)
+        out[(v, "i2t")] = summarise(r, t, len(originals))
+    T = np.stack([txt_emb[t] for t in originals]).astype(np.float32)
+
+    def t2i(extra):
+        G = np.stack([img_emb[im] for im in images] + [img_emb[f"{v}/{im}"] for v in extra for im in images]).astype(np.float32)
+        S = T @ G.T
+        ranks, top1 = [], []
+        for q in range(len(originals)):
+            order = np.argsort(-S[q], kind="stable")
+            ranks.append(int(np.nonzero(order == owner[q])[0][0]))
+            top1.append(order[0])
+        return np.array(ranks), np.array(top1)
+
+    r, _ = t2i([])
+    out[("original", "t2i")] = summarise(r)
+    for v in image_variants:
+        r, t = t2i([v])
+        out[(v, "t2i")] = summarise(r, t, len(images))
+    return out
