@@ -33,10 +33,6 @@ def _config(world, tmp_path, **kw):
     return EvalConfig(**base)
 
 
-def _store_embeddings(result, tmp_path, tables_ids):
-    pass
-
-
 def test_eval_matches_brute_force_and_resumes(world, tmp_path):
     rep = evaluate(_config(world, tmp_path))
     assert len(rep.results) == 2
@@ -69,7 +65,8 @@ def test_eval_matches_brute_force_and_resumes(world, tmp_path):
     ref = brute_force_rococo(img, txt, clean, variants, ["mix_0.9_s1"], pre_caption)
     for (view, d), m in ref.items():
         for k, v in m.items():
-            assert res["metrics"][view][d][k] == pytest.approx(v, abs=1e-9), (view, d, k)
+            assert rep.results[0]["metrics"][view][d][k] == pytest.approx(v, abs=1e-9), (view, d, k)
+            assert res["metrics"][view][d][k] == pytest.approx(v, abs=1e-5)  # the JSON rounds to 6 places
 
     table = pq.read_table(tmp_path / "out" / "a" / "rococo.parquet")
     assert set(table.column("view").to_pylist()) == {"original", "same_concept", "mix_0.9_s1"}
@@ -83,8 +80,13 @@ def test_eval_matches_brute_force_and_resumes(world, tmp_path):
                              "embedding": [r[2] for r in rows]}), path)
     rep3 = evaluate(_config(world, tmp_path, model=None, checkpoints=(None,), embeddings=str(path),
                             out=str(tmp_path / "byo")))
-    assert rep3.results[0]["metrics"]["same_concept"]["i2t"]["R@1"] == pytest.approx(res["metrics"]["same_concept"]["i2t"]["R@1"])
-    assert rep3.results[0]["metrics"]["mix_0.9_s1"]["t2i"] == pytest.approx(res["metrics"]["mix_0.9_s1"]["t2i"])
+    byo, ours = rep3.results[0]["metrics"], rep.results[0]["metrics"]
+    for view in ("original", "same_concept", "mix_0.9_s1"):
+        for d in ours[view]:
+            if isinstance(ours[view][d], dict):
+                for k, v in ours[view][d].items():
+                    if not isinstance(v, dict):
+                        assert byo[view][d][k] == pytest.approx(v, abs=1e-9), (view, d, k)
 
 
 def test_corrupt_images_are_recorded_skipped_and_limited(world, tmp_path):
@@ -103,7 +105,7 @@ def test_corrupt_images_are_recorded_skipped_and_limited(world, tmp_path):
     reasons = {f["source"].split("/images/")[-1]: f["reason"] for f in res["failures"]}
     assert any("missing" in r or "No such file" in r for r in reasons.values())
     assert res["counts"]["original"]["i2t"]["queries"] == 11          # the corrupt query image is skipped
-    assert res["counts"]["skipped"]["t2i"]["queries"] == 6             # its captions lose their positive
+    assert res["counts"]["skipped"]["t2i"]["queries"] == 5             # its 5 captions lose their positive
     from engine.embed import TooManyFailures
 
     with pytest.raises(TooManyFailures, match="max-failures 0"):
