@@ -97,6 +97,10 @@ def test_sugarcrepe_loads_files_found_and_reports_them(tmp_path):
     assert len(tables.images) == 5  # shared COCO images are one row each
     assert {a["name"] for a in suite.meta["aggregates"]} == {"overall", "overall_file_mean"}
     assert suite.meta["count_mismatch"]["add_att"][1] == 692
+    coco_root = SuiteOptions(data=opts.data, images=str(tmp_path))  # holds val2017/
+    again = Tables.empty()
+    SUITES["sugarcrepe"](again, coco_root)
+    assert [e.uri for e in again.images.entries] == [e.uri for e in tables.images.entries]
 
 
 def test_sugarcrepe_matches_brute_force_on_random_embeddings(tmp_path):

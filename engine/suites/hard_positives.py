@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 
 from ..items import ImageRef, Tables
 from ..tasks import ChoiceTask, Suite

@@ -57,6 +57,8 @@ def load_sugarcrepe(tables: Tables, opts: SuiteOptions, name: str = "sugarcrepe"
             missing.append(stem)
             continue
         items = _read_file(path)
+        if items and not (images / items[0][1]["filename"]).exists() and (images / "val2017").is_dir():
+            images = images / "val2017"  # the COCO root was given
         left = tables.images.add_many(ImageRef(os.fspath(images / it["filename"])) for _, it in items).reshape(-1, 1)
         right = tables.texts.add_many(c for _, it in items for c in (it["caption"], it["negative_caption"])).reshape(-1, 2)
         identical[stem] = sum(it["caption"] == it["negative_caption"] for _, it in items)
