@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
 from ..items import ImageRef, Tables
 from ..tasks import ChoiceTask, Suite
 from ._common import SuiteFormatError, SuiteOptions, read_bbox, read_json, require_keys
