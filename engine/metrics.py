@@ -98,14 +98,15 @@ def choice_verdicts(task: ChoiceTask, scores: np.ndarray) -> dict[str, np.ndarra
         return {"correct": ok, "tie": row[:, 0] == best_other}
     if task.rule == "triplet":
         c, p, n = s[:, 0, 0], s[:, 0, 1], s[:, 0, 2]
+        # The reference (hard_positives run_eval.py) places c_N against c and c_P; the four orderings
+        # and the ties with c_N partition the rows. c vs c_P never matters, so c == c_P is no tie.
         return {
             "original": c > n,
             "augmented": (c > n) & (p > n),
             "brittle": (c > n) & (n > p),
-            "c_gt_p_gt_n": (c > p) & (p > n), "p_gt_c_gt_n": (p > c) & (c > n),
-            "c_gt_n_gt_p": (c > n) & (n > p), "n_gt_c_gt_p": (n > c) & (c > p),
-            "p_gt_n_gt_c": (p > n) & (n > c), "n_gt_p_gt_c": (n > p) & (p > c),
-            "tie": (c == p) | (c == n) | (p == n),
+            "c_and_p_gt_n": (c > n) & (p > n), "c_gt_n_gt_p": (c > n) & (n > p),
+            "p_gt_n_gt_c": (p > n) & (n > c), "n_gt_c_and_p": (n > c) & (n > p),
+            "tie": (c == n) | (p == n),
         }
     if task.rule == "grid2x2":
         s00, s01, s10, s11 = s[:, 0, 0], s[:, 0, 1], s[:, 1, 0], s[:, 1, 1]

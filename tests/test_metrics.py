@@ -85,7 +85,7 @@ def test_triplet_hard_positive_metrics():
     assert v["brittle"].tolist() == [False, True, False, False]
     a = m["all"]
     assert (a["original_accuracy"], a["augmented_accuracy"], a["brittleness"], a["ties"]) == (50.0, 25.0, 25.0, 1)
-    assert a["orderings"]["c_gt_p_gt_n"] == 1 and a["orderings"]["p_gt_n_gt_c"] == 1
+    assert a["orderings"] == {"c_and_p_gt_n": 1, "c_gt_n_gt_p": 1, "p_gt_n_gt_c": 1, "n_gt_c_and_p": 0}
 
 
 def test_grid2x2_winoground_scores():

@@ -4,9 +4,11 @@ from __future__ import annotations
 from ..items import Tables
 from ..tasks import Suite
 from ._common import SuiteFormatError, SuiteOptions
+from .aro import load_aro, load_coco_order, load_flickr_order
 from .hard_positives import load_hard_positives
 from .inpaintcoco import load_inpaintcoco
 from .karpathy import load_karpathy, load_rococo
+from .sugarcrepe import load_sugarcrepe
 from .toy import TOY_SUITES, load_toy
 
 __all__ = ["SUITES", "ALIASES", "SuiteOptions", "SuiteFormatError", "load_suites", "expand_suites"]
@@ -16,6 +18,10 @@ SUITES = {
     "rococo": load_rococo,
     "hard_positives": load_hard_positives,
     "inpaintcoco": load_inpaintcoco,
+    "sugarcrepe": load_sugarcrepe,
+    "aro": load_aro,                  # VG-Relation + VG-Attribution (whichever files --data holds)
+    "coco_order": load_coco_order,    # ARO COCO-Order from a Karpathy file (--annotations, --images)
+    "flickr_order": load_flickr_order,
     **{name: (lambda tables, opts, _n=name: load_toy(tables, opts, _n)) for name in TOY_SUITES},
 }
 ALIASES = {"toy": list(TOY_SUITES)}

@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SuiteOptions", "read_json", "require_keys", "SuiteFormatError"]
+__all__ = ["SuiteOptions", "read_json", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS"]
 
 
 class SuiteFormatError(ValueError):
@@ -42,3 +42,28 @@ def require_keys(path, index: int, item, keys: tuple[str, ...], types: dict | No
     for k, t in (types or {}).items():
         if k in item and not isinstance(item[k], t):
             raise SuiteFormatError(f"{path}: item {index} key {k!r} is a {type(item[k]).__name__}, expected {t}")
+
+
+BBOX_KEYS = ("bbox_x", "bbox_y", "bbox_w", "bbox_h")
+
+
+def read_bbox(path, index, item: dict, *, required: bool) -> tuple[float, float, float, float] | None:
+    """The item's (x, y, w, h) crop box in pixels, or None when it has no bbox keys and none is required.
+    Partial boxes, non-numbers and empty boxes raise naming the file and the item."""
+    present = [k for k in BBOX_KEYS if k in item]
+    if not present and not required:
+        return None
+    if len(present) != len(BBOX_KEYS):
+        missing = [k for k in BBOX_KEYS if k not in item]
+        raise SuiteFormatError(f"{path}: item {index} lacks bbox key(s) {missing}; "
+                               f"expected all of {list(BBOX_KEYS)} (the crop box in pixels)")
+    box = []
+    for k in BBOX_KEYS:
+        v = item[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise SuiteFormatError(f"{path}: item {index} key {k!r} is {v!r} ({type(v).__name__}), expected a number of pixels")
+        box.append(float(v))
+    if box[2] <= 0 or box[3] <= 0:
+        raise SuiteFormatError(f"{path}: item {index} has an empty crop box (w={box[2]:g}, h={box[3]:g}); "
+                               f"bbox_w and bbox_h must be > 0")
+    return tuple(box)

@@ -4,11 +4,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
-
 from ..items import ImageRef, Tables
 from ..tasks import ChoiceTask, Suite
-from ._common import SuiteFormatError, SuiteOptions, read_json, require_keys
+from ._common import SuiteFormatError, SuiteOptions, read_bbox, read_json, require_keys
 
 __all__ = ["load_hard_positives", "HARD_POSITIVE_SETS"]
 
@@ -19,6 +17,7 @@ HARD_POSITIVE_SETS = {
     "visual_genome_attribution": "swap",
 }
 _KEYS = ("true_caption", "false_caption", "image_path")
+_CROPPED = {"visual_genome_attribution"}  # SWAP: each image is cropped to the item's bbox [ref]
 
 
 def _resolve_image(images: Path, rel: str) -> str:
@@ -51,24 +50,27 @@ def _load_pair(data_dir: Path, stem: str):
 
 
 def load_hard_positives(tables: Tables, opts: SuiteOptions, name: str = "hard_positives") -> Suite:
-    """Triplet choice tasks (image; c, c_P, c_N) for every set found in ``--data``; SWAP-style
-    items with a bbox are cropped to it. Captions are fed raw (the model's tokenizer cleans them)."""
+    """Triplet choice tasks (image; c, c_P, c_N) for every set found in ``--data`` (pairs of
+    data/<set>.json and swapped_data/<set>.json). SWAP items are cropped to their bbox (required);
+    other sets are cropped only when they carry one. ``replace`` = mean of the two REPLACE sets.
+    Captions are fed raw (the model's tokenizer cleans them)."""
     if opts.data is None:
         raise ValueError("suite hard_positives needs --data DIR holding data/ and swapped_data/")
     data_dir = Path(opts.data)
     images = Path(opts.images) if opts.images else data_dir
     stems = sorted(p.stem for p in (data_dir / "data").glob("*.json")) if (data_dir / "data").is_dir() else []
-    stems = [s for s in stems if (data_dir / "swapped_data" / f"{s}.json").is_file()]
+    unpaired = [s for s in stems if not (data_dir / "swapped_data" / f"{s}.json").is_file()]
+    stems = [s for s in stems if s not in unpaired]
     if not stems:
-        raise FileNotFoundError(f"{data_dir}: no data/<set>.json with a matching swapped_data/<set>.json")
+        raise FileNotFoundError(f"{data_dir}: no data/<set>.json with a matching swapped_data/<set>.json "
+                                f"(expected sets: {sorted(HARD_POSITIVE_SETS)})")
     tasks = []
     for stem in stems:
         orig, swap = _load_pair(data_dir, stem)
+        orig_path = data_dir / "data" / f"{stem}.json"
         refs, caps = [], []
-        for a, b in zip(orig, swap):
-            crop = None
-            if all(k in a for k in ("bbox_x", "bbox_y", "bbox_w", "bbox_h")):
-                crop = (float(a["bbox_x"]), float(a["bbox_y"]), float(a["bbox_w"]), float(a["bbox_h"]))
+        for i, (a, b) in enumerate(zip(orig, swap)):
+            crop = read_bbox(orig_path, i, a, required=stem in _CROPPED)
             refs.append(ImageRef(_resolve_image(images, a["image_path"]), crop))
             caps.append((a["true_caption"], b["true_caption"], a["false_caption"]))
         left = tables.images.add_many(refs).reshape(-1, 1)
@@ -79,6 +81,12 @@ def load_hard_positives(tables: Tables, opts: SuiteOptions, name: str = "hard_po
         t.validate()
         tasks.append(t)
     found = [t.name for t in tasks]
-    return Suite(name=name, choice=tasks, meta={"sets_found": found, "items": {t.name: len(t.ids) for t in tasks}},
+    return Suite(name=name, choice=tasks, tie_rule="triplet",
+                 meta={"sets_found": found, "files_found": stems,
+                       "sets_missing": [HARD_POSITIVE_SETS[s] for s in sorted(HARD_POSITIVE_SETS) if s not in stems],
+                       "unpaired_files": [f"data/{s}.json" for s in unpaired],
+                       "items": {t.name: len(t.ids) for t in tasks},
+                       "metrics": "original = P[c > c_N]; augmented = P[c > c_N and c_P > c_N]; "
+                                  "brittleness = P[c > c_N > c_P]; orderings and ties around c_N; ties wrong"},
                  view_average={"replace": ["replace_attribute", "replace_relation"]}
                  if {"replace_attribute", "replace_relation"} <= set(found) else {})
