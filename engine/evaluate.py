@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from .choice_macro import suite_aggregates
 from .embed import embed_tables
 from .items import Tables
 from .metrics import add_drops, average_views, choice_metrics, ranking_metrics
@@ -128,13 +129,14 @@ def _score_suite(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: Eva
         add_drops(metrics)
         average_views(metrics, suite.view_average)
         return {"task_type": "ranking", "metrics": metrics, "counts": counts, "timings": timings}, outcomes
-    metrics, counts = {}, {}
+    metrics, counts, verdicts_by_task = {}, {}, {}
     for task in suite.choice:
         t0 = time.perf_counter()
         scores = score_choice(task, emb[task.left_modality], emb[task.right_modality], device=device)
         timings[f"score_{task.name}"] = time.perf_counter() - t0
         m, verdicts = choice_metrics(task, scores)
         metrics[task.name] = m
+        verdicts_by_task[task.name] = verdicts
         counts[task.name] = {"items": len(task.ids), "candidates": int(task.left.shape[1] * task.right.shape[1]),
                              "skipped": task.skipped}
         main = verdicts.get("correct", verdicts.get("augmented", verdicts.get("group")))
@@ -150,6 +152,7 @@ def _score_suite(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: Eva
             keys = [k for k, v in metrics[members[0]]["all"].items() if isinstance(v, float)]
             metrics[avg] = {"all": {k: float(np.mean([metrics[mb]["all"][k] for mb in members])) for k in keys},
                             "members": members}
+    metrics.update(suite_aggregates(suite, verdicts_by_task))
     return {"task_type": "choice", "metrics": metrics, "counts": counts, "timings": timings}, outcomes
 
 
