@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     tt = tsub.add_parser("train", help="train the toy checkpoints (regenerates engine/data/toy_checkpoints)")
     tt.add_argument("--out", default=str(TOY_DATA / "toy_checkpoints"))
     tt.add_argument("--world", default=None, help="toy world folder (default: the cache)")
+    from jobs.perturb import add_perturb_parser
+
+    add_perturb_parser(sub)
     return ap
 
 
@@ -143,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.store = str(Path(args.out) / "store")
             return _cmd_eval(args, model=model, checkpoints=ckpts, suites=("toy",),
                              suite_opts=SuiteOptions(data=world, tie_rule=args.tie_rule))
+        if args.command == "perturb":
+            from jobs.perturb import run_perturb
+
+            return run_perturb(args)
         if args.command == "toy":
             from engine.toyworld import build_world
 
