@@ -111,11 +111,15 @@ def mask_iou_stats(pred: Masks, gt: Masks, *, pred_kind: str = "binary", ignore_
                 valid = g != ignore_index
                 gf &= valid
                 pf &= valid
+            pf, gf = pf.flatten(1), gf.flatten(1)
+            i_ = torch.count_nonzero(pf & gf, dim=1)
+            g_ = torch.count_nonzero(gf, dim=1)
+            p_ = torch.count_nonzero(pf, dim=1)
             out = torch.tensor(sel, device=device)
-            inter[out] = (pf & gf).sum((1, 2)).to(device)
-            union[out] = (pf | gf).sum((1, 2)).to(device)
-            gt_empty[out] = ~gf.any(2).any(1).to(device)
-            pred_empty[out] = ~pf.any(2).any(1).to(device)
+            inter[out] = i_.to(device)
+            union[out] = (g_ + p_ - i_).to(device)
+            gt_empty[out] = (g_ == 0).to(device)
+            pred_empty[out] = (p_ == 0).to(device)
     return inter, union, gt_empty, pred_empty
 
 
