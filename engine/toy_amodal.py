@@ -135,12 +135,11 @@ def _write_predictions(root: Path, gts: dict, rng: np.random.Generator) -> None:
     perfect: dict = {}
     for n, (qid, (vis, amo)) in enumerate(gts.items()):
         form = n % 4
-        if form == 0:    # logits
-            np.savez_compressed(root / "perfect" / f"{qid}.npz", visible=np.where(vis > 0, 8.0, -8.0).astype(np.float32),
-                     amodal=np.where(amo > 0, 8.0, -8.0).astype(np.float32), kind="logit")
-        elif form == 1:  # probabilities
-            np.savez_compressed(root / "perfect" / f"{qid}.npz", visible=np.where(vis > 0, 0.9, 0.1).astype(np.float32),
-                     amodal=np.where(amo > 0, 0.9, 0.1).astype(np.float32), kind="prob")
+        if form < 2:     # logits / probabilities
+            hi, lo, kind = (8.0, -8.0, "logit") if form == 0 else (0.9, 0.1, "prob")
+            np.savez_compressed(root / "perfect" / f"{qid}.npz", kind=kind,
+                                visible=np.where(vis > 0, hi, lo).astype(np.float32),
+                                amodal=np.where(amo > 0, hi, lo).astype(np.float32))
         elif form == 2:  # compressed RLE + a 0/255 PNG
             Image.fromarray((amo * 255).astype(np.uint8)).save(root / "perfect" / "png" / f"{qid}_amodal.png")
             perfect[qid] = {"visible": rle_encode(vis), "amodal": f"png/{qid}_amodal.png"}

@@ -54,6 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels.masks import PRED_KINDS
+
 from ._common import SuiteFormatError, read_json
 
 __all__ = ["AmodalSet", "Question", "Instance", "MaskSpec", "load_amodal", "load_predictions", "Predictions",
@@ -269,7 +271,8 @@ class AmodalSet:
             if len(xs) == 0:
                 x, y, bw, bh = 0.0, 0.0, float(w), float(h)
             else:
-                x, y, bw, bh = float(xs.min()), float(ys.min()), float(xs.max() - xs.min() + 1), float(ys.max() - ys.min() + 1)
+                x, y = float(xs.min()), float(ys.min())
+                bw, bh = float(xs.max()) - x + 1, float(ys.max()) - y + 1
         x0, y0 = min(max(x, 0.0), w - 1.0), min(max(y, 0.0), h - 1.0)
         x1, y1 = min(max(x + bw, x0 + 1.0), float(w)), min(max(y + bh, y0 + 1.0), float(h))
         return (x0, y0, x1 - x0, y1 - y0)
@@ -323,15 +326,17 @@ def _mask_spec(value, where: str, size: tuple[int, int] | None, base: Path) -> M
             if not all(isinstance(c, int) and c >= 0 for c in counts):
                 raise SuiteFormatError(f"{where}: uncompressed RLE 'counts' must be non-negative ints")
             if sum(counts) != sz[0] * sz[1]:
-                raise SuiteFormatError(f"{where}: RLE counts sum to {sum(counts)} but size {sz} has {sz[0] * sz[1]} pixels")
+                raise SuiteFormatError(f"{where}: RLE counts sum to {sum(counts)} but size {sz} has "
+                                       f"{sz[0] * sz[1]} pixels")
         elif not isinstance(counts, str):
-            raise SuiteFormatError(f"{where}: RLE 'counts' must be a string or a list of ints, got {type(counts).__name__}")
+            raise SuiteFormatError(f"{where}: RLE 'counts' must be a string or a list of ints, "
+                                   f"got {type(counts).__name__}")
         return MaskSpec("rle", {"size": list(sz), "counts": counts})
     if isinstance(value, list):
-        if value and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        if value and all(_is_number(v) for v in value):
             value = [value]  # one flat polygon
         for k, poly in enumerate(value):
-            if not (isinstance(poly, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in poly)):
+            if not (isinstance(poly, list) and all(_is_number(v) for v in poly)):
                 raise SuiteFormatError(f"{where}: polygon {k} must be a flat list of numbers [x1, y1, x2, y2, ...]")
             if len(poly) % 2 or len(poly) < 6:
                 raise SuiteFormatError(f"{where}: polygon {k} has {len(poly)} coordinates; need an even number >= 6 "
@@ -341,10 +346,14 @@ def _mask_spec(value, where: str, size: tuple[int, int] | None, base: Path) -> M
                            f"got {type(value).__name__}")
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _bbox(value, where: str):
     if value is None:
         return None
-    if not (isinstance(value, list) and len(value) == 4 and all(isinstance(v, (int, float)) for v in value)):
+    if not (isinstance(value, list) and len(value) == 4 and all(_is_number(v) for v in value)):
         raise SuiteFormatError(f"{where}: 'bbox' must be [x, y, w, h], got {value!r}")
     return tuple(float(v) for v in value)
 
@@ -378,7 +387,7 @@ def load_amodal(path: str | os.PathLike, images: str | os.PathLike | None = None
     doc = read_json(path)
     base = path.parent
     root = Path(images) if images is not None else base
-    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list) or not isinstance(doc.get("questions"), list):
+    if not (isinstance(doc, dict) and isinstance(doc.get("images"), list) and isinstance(doc.get("questions"), list)):
         got = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
         raise SuiteFormatError(f"{path}: expected an object with 'images' and 'questions' lists "
                                f"(and optionally 'instances'), got {got}")
@@ -448,11 +457,8 @@ def load_amodal(path: str | os.PathLike, images: str | os.PathLike | None = None
 
 # ----------------------------------------------------------------------------- predictions
 
-PRED_KINDS = ("binary", "logit", "prob")
-
-
 class Predictions:
-    """A predictions folder (see the schema above): ``get(qid)`` -> ``(kind, visible, amodal)``
+    """A predictions folder (see the schema above): ``get(question)`` -> ``(kind, visible, amodal)``
     arrays, or None when the question has no prediction. Files are read on demand."""
 
     def __init__(self, folder: str | os.PathLike, data: AmodalSet):
