@@ -75,17 +75,22 @@ def build_parser() -> argparse.ArgumentParser:
                                "--seeds 1 10 100 --out results/b32\n"
                                "  hardrank eval --model ViT-B-32 --checkpoint a.pt --suite karpathy "
                                "--annotations coco_karpathy_test.json --images /data/coco --out results/k")
-    ev.add_argument("--model", default=None, help="open_clip model name, config .json, or local-dir:<folder>")
+    ev.add_argument("--model", default=None, help="open_clip model name, config .json, or local-dir:<folder> "
+                    "(not needed with --embeddings, or --suite amodal --predictions)")
     ev.add_argument("--embeddings", default=None, help="score precomputed embeddings instead of a model: Parquet "
                     "with columns kind (image|text), id (image path / caption as in the annotation file), embedding")
     ev.add_argument("--checkpoint", nargs="+", default=None, help="checkpoint files (globs ok); one result per file")
-    ev.add_argument("--suite", nargs="+", required=True, help="suites: toy, rococo, karpathy, hard_positives, inpaintcoco")
+    ev.add_argument("--suite", nargs="+", required=True,
+                    help="suites: toy, rococo, karpathy, hard_positives, inpaintcoco; amodal (on its own)")
     ev.add_argument("--data", default=None, help="suite data folder")
     ev.add_argument("--images", default=None, help="image root the annotation paths are relative to")
     ev.add_argument("--annotations", default=None, help="Karpathy/RoCOCO annotation file or folder")
     ev.add_argument("--image-variants", nargs="*", default=[], help="RoCOCO altered galleries, e.g. mix_0.9 patch_0.9")
     ev.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds of the image variants (averaged)")
     ev.add_argument("--text-variants", nargs="*", default=None, help="RoCOCO caption files (default: all present)")
+    ev.add_argument("--predictions", default=None, help="amodal: folder of mask predictions to score (no model needed)")
+    ev.add_argument("--baseline", default=None, choices=["clip-regions"],
+                    help="amodal: answer each question with the instance crop most similar to it (needs --model)")
     _add_eval_args(ev)
 
     dm = sub.add_parser("demo", help="build the toy world and evaluate all toy checkpoints on it")
@@ -119,6 +124,30 @@ def _cmd_eval(args, *, model: str | None, checkpoints: tuple, suites: tuple, sui
     return EXIT_OK
 
 
+def _cmd_amodal(args) -> int:
+    from engine.amodal_eval import AmodalConfig, evaluate_amodal
+    from engine.results import format_table
+
+    if len(args.suite) > 1:
+        raise ValueError(f"run --suite amodal on its own (got {args.suite}): it scores masks, not embeddings")
+    if (args.annotations or args.data) is None:
+        raise ValueError("suite amodal needs --data DIR (holding annotations.json) or --annotations FILE")
+    if args.predictions is None and args.baseline is None:
+        raise ValueError("suite amodal needs --predictions DIR and/or --baseline clip-regions")
+    if args.baseline is not None and args.model is None:
+        raise ValueError("--baseline clip-regions needs --model (and --checkpoint) to embed crops and questions")
+    cfg = AmodalConfig(annotations=args.annotations or args.data, out=args.out, predictions=args.predictions,
+                       baseline=args.baseline, images=args.images, model=args.model,
+                       checkpoints=_expand_checkpoints(args.checkpoint), store=args.store or _default_store(),
+                       precision=args.precision, device=args.device, batch_size=args.batch_size,
+                       decode_threads=args.decode_threads, max_failures=args.max_failures)
+    echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    results = evaluate_amodal(cfg, progress=_progress(args.quiet), echo=echo)
+    print(format_table([(r["checkpoint"], {f"{role} {k}": v for role, m in r["metrics"].items() for k, v in m.items()})
+                        for r in results]))
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -127,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine.suites import SuiteFormatError, SuiteOptions
 
     try:
+        if args.command == "eval" and "amodal" in args.suite:
+            return _cmd_amodal(args)
         if args.command == "eval":
             opts = SuiteOptions(data=args.data, images=args.images, annotations=args.annotations,
                                 image_variants=tuple(args.image_variants), seeds=tuple(args.seeds),
