@@ -89,7 +89,8 @@ def _check_pos_int(name: str, v) -> int:
 
 def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | None) -> Plan:
     """Pick block sizes: one score tile + same-size temporaries fit ``budget_bytes``; half the
-    budget (by default) is left to cache tiles that would otherwise be computed twice."""
+    budget (by default) is left to cache tiles that would otherwise be computed twice. Planned
+    blocks never go below 1 x 1; blocks the caller gives must fit the budget."""
     budget = _check_pos_int("budget_bytes", budget_bytes)
     if q_block is not None:
         _check_pos_int("q_block", q_block)
@@ -98,7 +99,7 @@ def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | N
     elems = max(1, budget // _WORK_BYTES_PER_SCORE)  # score elements the working set may hold
     g = g_block if g_block is not None else max(1, min(_DEFAULT_G_BLOCK, elems))
     q = q_block if q_block is not None else max(1, min(_DEFAULT_Q_BLOCK, elems // (2 * g)))
-    if q * g * _WORK_BYTES_PER_SCORE > budget:
+    if (q_block is not None or g_block is not None) and q * g * _WORK_BYTES_PER_SCORE > budget:
         raise ValueError(f"q_block * g_block = {q} * {g} scores need {q * g * _WORK_BYTES_PER_SCORE} bytes "
                          f"(fp32 tile + same-size temporaries), more than budget_bytes={budget}; "
                          "lower q_block/g_block or raise budget_bytes")
@@ -110,13 +111,41 @@ def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | N
     return Plan(q_block=q, g_block=g, cache_tiles=int(cache))
 
 
-def group_tiles(bounds: list[int], g_block: int) -> list[tuple[int, int, int]]:
-    """(c0, c1, group) tiles of at most ``g_block`` columns, each inside one group, in gallery order."""
+def gallery_tiles(nb: int, g_block: int) -> list[tuple[int, int, int]]:
+    """(c0, n0, c1) tiles: GEMM window [c0, c1) of exactly min(g_block, nb) columns, owning columns
+    [n0, c1). The last window is shifted left to keep its width (n0 > c0 then: its first columns
+    belong to the previous tile and are ignored).
+
+    Why one width: BLAS kernels round differently for different tile shapes (small widths take
+    other code paths), so two identical gallery rows scored in tiles of different widths can get
+    scores one ulp apart, and an exact duplicate of a positive would stop tying with it.
+    """
+    if nb == 0:
+        return []
+    w = min(g_block, nb)
     tiles = []
-    for g in range(len(bounds) - 1):
-        for c0 in range(bounds[g], bounds[g + 1], g_block):
-            tiles.append((c0, min(c0 + g_block, bounds[g + 1]), g))
+    for n0 in range(0, nb, w):
+        c1 = min(n0 + w, nb)
+        tiles.append((c1 - w, n0, c1))
     return tiles
+
+
+def tile_group_segments(tiles: list[tuple[int, int, int]], bounds: list[int]) -> list[list[tuple[int, int, int]]]:
+    """For each tile, the (a, b, g) pieces of its owned columns [n0, c1) cut at group boundaries."""
+    out = []
+    G = len(bounds) - 1
+    g = 0
+    for _, n0, c1 in tiles:
+        segs = []
+        a = n0
+        while a < c1:
+            while bounds[g + 1] <= a:  # skip groups ending before a (and empty groups)
+                g += 1
+            b = min(c1, bounds[g + 1])
+            segs.append((a, b, g))
+            a = b
+        out.append(segs)
+    return out
 
 
 def operand_dtype(xq: torch.Tensor, xb: torch.Tensor, device: torch.device) -> torch.dtype:
@@ -156,8 +185,8 @@ def query_block(xq: torch.Tensor, r0: int, r1: int, dtype: torch.dtype, device: 
     """Rows r0:r1 of the queries as contiguous GEMM operands on ``device``.
 
     A 1-row block is given a copy of its row: BLAS libraries switch to a GEMV kernel for one row,
-    whose rounding depends on the gallery tile's width and alignment, so identical gallery rows in
-    different tiles could score differently. Two rows keep every tile on the same GEMM kernel.
+    whose rounding depends on the gallery rows' memory alignment, so identical gallery rows could
+    score differently. Two rows keep every tile on the same GEMM kernel.
     """
     a = xq[r0:r1].to(device=device, dtype=dtype).contiguous()  # (nqb, d)
     if a.shape[0] == 1:
@@ -168,17 +197,12 @@ def query_block(xq: torch.Tensor, r0: int, r1: int, dtype: torch.dtype, device: 
 def score_tile(a: torch.Tensor, xb: torch.Tensor, c0: int, c1: int, nqb: int) -> torch.Tensor:
     """Scores (nqb, c1 - c0) float32 of the query block ``a`` against gallery rows c0:c1.
 
-    Deterministic for a given (a, c0, c1): the same call recomputes bitwise the same tile. A 1-wide
-    tile is computed 2 wide (GEMV avoidance, see ``query_block``) and sliced.
+    Deterministic for a given (a, c0, c1): the same call recomputes bitwise the same tile.
     """
-    nb = xb.shape[0]
-    lo, hi = c0, c1
-    if hi - lo == 1 and nb >= 2:
-        lo, hi = (c0 - 1, c1) if c0 > 0 else (c0, c1 + 1)
-    b = xb[lo:hi].to(device=a.device, dtype=a.dtype)  # (w, d)
+    b = xb[c0:c1].to(device=a.device, dtype=a.dtype)  # (w, d)
     s = mm_fp32(a, b.T)  # (nqb or 2, w) float32
-    if lo != c0 or hi != c1 or s.shape[0] != nqb:
-        s = s[:nqb, c0 - lo:c0 - lo + (c1 - c0)].contiguous()
+    if s.shape[0] != nqb:
+        s = s[:nqb]
     return s
 
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ._common import (check_csr, check_embeddings, check_int_tensor, csr_block, group_tiles,
-                      operand_dtype, plan_tiles, query_block, score_tile, tile_segments)
+from ._common import (check_csr, check_embeddings, check_int_tensor, csr_block, gallery_tiles,
+                      operand_dtype, plan_tiles, query_block, score_tile, tile_group_segments,
+                      tile_segments)
 
 __all__ = ["TIE_RULES", "GroupedRanks", "grouped_ranks"]
 
@@ -126,10 +127,11 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
     s_j > s*; ``pessimistic``: s_j >= s*.
 
     Runs on xq's device; scores are fp32 (fp16/bf16 upcast on CPU, fp32 accumulation on CUDA).
-    Memory: never (nq, nb); queries go in blocks of ``q_block`` rows against gallery tiles of at most
-    ``g_block`` columns that never straddle a group, sized from ``budget_bytes`` unless given. The
-    positives' scores are read from the very tiles the counting pass uses (cached within the budget,
-    otherwise recomputed bitwise identically), so an exact duplicate of a positive ties with it.
+    Memory: never (nq, nb); queries go in blocks of ``q_block`` rows against gallery tiles of
+    ``g_block`` columns (all the same width; a tile straddling groups is counted per piece), sized
+    from ``budget_bytes`` unless given. The positives' scores are read from the very tiles the
+    counting pass uses (cached within the budget, otherwise recomputed bitwise identically), and
+    every tile has the same GEMM shape, so an exact duplicate of a positive ties with it.
     """
     if tie_rule not in TIE_RULES:
         raise ValueError(f"tie_rule must be one of {TIE_RULES}, got {tie_rule!r}")
@@ -156,8 +158,10 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
     if nq == 0:
         return GroupedRanks(counts, pos_score, pos_index, neg_score, neg_index)
 
-    tiles = group_tiles(bounds, plan.g_block)
-    tile_starts = torch.tensor([t[0] for t in tiles], dtype=torch.long, device=device)
+    tiles = gallery_tiles(nb, plan.g_block)
+    tile_starts = torch.tensor([t[1] for t in tiles], dtype=torch.long, device=device)  # owned starts
+    segs = tile_group_segments(tiles, bounds)
+    seg_starts = torch.tensor([sg[0] for ts in segs for sg in ts], dtype=torch.long, device=device)
     op_dtype = operand_dtype(xq, xb, device)
     fused = _use_compiled(device, nq * nb)
     flush_denormals = tie_rule != "optimistic" and _flushes_denormals(device)
@@ -166,27 +170,29 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
 
     for r0 in range(0, nq, plan.q_block):
         r1 = min(r0 + plan.q_block, nq)
-        _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, plan, op_dtype, tie_rule, fused,
-                    flush_denormals, neg_inf, counts, pos_score, pos_index, neg_score, neg_index)
+        _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, plan, op_dtype,
+                    tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index, neg_score,
+                    neg_index)
     return GroupedRanks(counts, pos_score, pos_index, neg_score, neg_index)
 
 
-def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, plan, op_dtype, tie_rule, fused,
-                flush_denormals, neg_inf, counts, pos_score, pos_index, neg_score, neg_index) -> None:
+def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, plan, op_dtype,
+                tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index, neg_score,
+                neg_index) -> None:
     """Fill rows r0:r1 of the outputs."""
     device = xq.device
     nb = xb.shape[0]
     nqb = r1 - r0
     a = query_block(xq, r0, r1, op_dtype, device)  # (nqb, d), 2 rows if nqb == 1
     prow, pcol = csr_block(ptr, pidx, r0, r1, device)  # (m,) positives, sorted by column
-    psegs = tile_segments(pcol, tile_starts)  # tile id -> slice of the positives it holds
+    psegs = tile_segments(pcol, tile_starts)  # tile id -> slice of the positives it owns
 
     # Pass 1: the tiles holding positives give the positives' scores, as the very floats the
     # counting pass will compare against. Keep them (within the budget) for pass 2.
     pval = torch.empty(pcol.numel(), dtype=torch.float32, device=device)  # (m,) float32
     cache: dict[int, torch.Tensor] = {}
     for t, (pa, pb) in psegs.items():
-        c0, c1, _ = tiles[t]
+        c0, _, c1 = tiles[t]
         s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
         pval[pa:pb] = s[prow[pa:pb], pcol[pa:pb] - c0]
         if len(cache) < plan.cache_tiles:
@@ -203,69 +209,82 @@ def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, plan, op_dtype, t
     two_compares = flush_denormals and bool((s_star == 0).any())
     contain: dict[int, torch.Tensor] = {}
     if tie_rule == "index":
-        # rows whose p* falls in a tile get that tile counted exactly (column order around p*)
-        t_of = torch.searchsorted(tile_starts, p_star, right=True) - 1
-        order = torch.argsort(t_of, stable=True)
-        ut, uc = torch.unique_consecutive(t_of[order], return_counts=True)
+        # rows whose p* falls in a piece get that piece counted exactly (column order around p*)
+        seg_of = torch.searchsorted(seg_starts, p_star, right=True) - 1
+        order = torch.argsort(seg_of, stable=True)
+        us, uc = torch.unique_consecutive(seg_of[order], return_counts=True)
         o = 0
-        for t, c in zip(ut.tolist(), uc.tolist()):
-            contain[t] = order[o:o + c]
+        for k, c in zip(us.tolist(), uc.tolist()):
+            contain[k] = order[o:o + c]
             o += c
 
     cnt_blk = counts[r0:r1]     # (nqb, G) views into the outputs
     nsc_blk = neg_score[r0:r1]
     nix_blk = neg_index[r0:r1]
-    for t, (c0, c1, g) in enumerate(tiles):
+    k = -1  # running piece id
+    for t, (c0, _, c1) in enumerate(tiles):
         s = cache.pop(t, None)
         if s is None:
             s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
         if t in psegs:
             pa, pb = psegs[t]
             s.index_put_((prow[pa:pb], pcol[pa:pb] - c0), neg_inf)  # positives never count
-        # per-row "ge" (>=) or "gt" (>) comparison against s*
-        if tie_rule == "optimistic":
-            ge = None
-        elif tie_rule == "pessimistic":
-            ge = True
-        else:
-            ge = p_star >= c0  # tile before (or holding) p*: ties come first in gallery order
-        if two_compares and ge is not None:
-            ge_rows = ge if isinstance(ge, torch.Tensor) else torch.ones(nqb, dtype=torch.bool, device=device)
-            cnt = torch.where(ge_rows, (s >= s_star[:, None]).sum(1), (s > s_star[:, None]).sum(1))
-            mx = s.amax(1)
-        else:
-            if ge is None:
-                thr = s_star
-            elif ge is True:
-                thr = s_below
-            else:
-                thr = torch.where(ge, s_below, s_star)
-            cnt, mx = _tile_count_amax(s, thr, fused)
-        rows = contain.get(t)
-        if rows is not None:
-            sub = s[rows]  # (r, w) float32, positives already -inf
-            ss = s_star[rows, None]
-            before = torch.arange(c0, c1, device=device)[None, :] < p_star[rows, None]
-            cnt[rows] = ((sub > ss) | ((sub == ss) & before)).sum(1)
-        cnt_blk[:, g] += cnt
+        for lo, hi, g in segs[t]:
+            k += 1
+            whole = lo == c0 and hi == c1
+            v = s if whole else s[:, lo - c0:hi - c0]  # (nqb, hi - lo) piece of group g
+            cnt, mx = _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused and whole)
+            rows = contain.get(k)
+            if rows is not None:
+                sub = v[rows]  # (r, hi - lo) float32, positives already -inf
+                ss = s_star[rows, None]
+                before = torch.arange(lo, hi, device=device)[None, :] < p_star[rows, None]
+                cnt[rows] = ((sub > ss) | ((sub == ss) & before)).sum(1)
+            cnt_blk[:, g] += cnt
+            _update_best(v, lo, mx, nsc_blk, nix_blk, g)
 
-        # best non-positive of the group: later tiles hold higher indices, so only a strictly
-        # greater max replaces the running one; its index is looked up for those rows only
-        run = nsc_blk[:, g]
-        better = mx > run  # (nqb,) bool
-        if s.device.type != "cpu":
-            idx = s.argmax(1)  # first maximal index
-            nsc_blk[:, g] = torch.where(better, mx, run)
-            nix_blk[:, g] = torch.where(better, idx + c0, nix_blk[:, g])
-            continue
-        n_better = int(better.sum())
-        if n_better == 0:
-            continue
-        if 2 * n_better >= nqb:
-            idx = s.argmax(1)
-            nsc_blk[:, g] = torch.where(better, mx, run)
-            nix_blk[:, g] = torch.where(better, idx + c0, nix_blk[:, g])
-        else:
-            rows = torch.nonzero(better).squeeze(1)
-            nsc_blk[rows, g] = mx[rows]
-            nix_blk[rows, g] = s[rows].argmax(1) + c0
+
+def _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused):
+    """Per row: items of the piece v (columns from gallery index lo) scoring above the row's
+    threshold, and the piece's max. Under ``index`` the rows whose p* lies in the piece are
+    approximate here (counted with >=) and redone exactly by the caller."""
+    if tie_rule == "optimistic":
+        ge = None
+    elif tie_rule == "pessimistic":
+        ge = True
+    else:
+        ge = p_star >= lo  # piece before (or holding) p*: ties come first in gallery order
+    if two_compares and ge is not None:
+        ge_rows = ge if isinstance(ge, torch.Tensor) else torch.ones_like(p_star, dtype=torch.bool)
+        cnt = torch.where(ge_rows, (v >= s_star[:, None]).sum(1), (v > s_star[:, None]).sum(1))
+        return cnt, v.amax(1)
+    if ge is None:
+        thr = s_star
+    elif ge is True:
+        thr = s_below
+    else:
+        thr = torch.where(ge, s_below, s_star)
+    return _tile_count_amax(v, thr, fused)
+
+
+def _update_best(v, lo, mx, nsc_blk, nix_blk, g) -> None:
+    """Fold the piece's max into the group's running best non-positive. Later pieces hold higher
+    indices, so only a strictly greater max replaces the running one; the index (first maximal
+    column) is looked up for those rows only."""
+    run = nsc_blk[:, g]
+    better = mx > run  # (nqb,) bool
+    nqb = v.shape[0]
+    if v.device.type != "cpu":
+        nsc_blk[:, g] = torch.where(better, mx, run)
+        nix_blk[:, g] = torch.where(better, v.argmax(1) + lo, nix_blk[:, g])
+        return
+    n_better = int(better.sum())
+    if n_better == 0:
+        return
+    if 2 * n_better >= nqb:
+        nsc_blk[:, g] = torch.where(better, mx, run)
+        nix_blk[:, g] = torch.where(better, v.argmax(1) + lo, nix_blk[:, g])
+    else:
+        rows = torch.nonzero(better).squeeze(1)
+        nsc_blk[rows, g] = mx[rows]
+        nix_blk[rows, g] = v[rows].argmax(1) + lo

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (check_csr, check_embeddings, csr_block, operand_dtype, order_keys, plan_tiles,
-                      query_block, score_tile, tile_segments)
+from ._common import (check_csr, check_embeddings, csr_block, gallery_tiles, operand_dtype, order_keys,
+                      plan_tiles, query_block, score_tile, tile_segments)
 
 __all__ = ["topk"]
 
@@ -40,8 +40,8 @@ def topk(xq: torch.Tensor, xb: torch.Tensor, k: int, *, exclude_ptr=None, exclud
     if nq == 0 or nb == 0 or k == 0:
         return D, I
 
-    tiles = [(c0, min(c0 + plan.g_block, nb)) for c0 in range(0, nb, plan.g_block)]
-    tile_starts = torch.tensor([t[0] for t in tiles], dtype=torch.long, device=device)
+    tiles = gallery_tiles(nb, plan.g_block)  # same-width GEMM windows, see grouped_ranks
+    tile_starts = torch.tensor([t[1] for t in tiles], dtype=torch.long, device=device)  # owned starts
     op_dtype = operand_dtype(xq, xb, device)
     eidx = eidx.to(device)
     neg_inf = torch.tensor(float("-inf"), device=device)
@@ -53,11 +53,13 @@ def topk(xq: torch.Tensor, xb: torch.Tensor, k: int, *, exclude_ptr=None, exclud
         esegs = tile_segments(ecol, tile_starts)
         run_v = torch.full((nqb, k), float("-inf"), device=device)  # (nqb, k) float32 running top-k
         run_i = torch.full((nqb, k), nb, dtype=torch.long, device=device)  # nb: sentinel, sorts last
-        for t, (c0, c1) in enumerate(tiles):
+        for t, (c0, n0, c1) in enumerate(tiles):
             s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
             if t in esegs:
                 ea, eb = esegs[t]
                 s.index_put_((erow[ea:eb], ecol[ea:eb] - c0), neg_inf)  # -inf = not a candidate
+            if n0 > c0:
+                s = s[:, n0 - c0:]  # the shifted last window: earlier columns were done already
             rows = None
             if device.type == "cpu":
                 # Only rows whose tile max beats their running k-th score can change (ties lose: the
@@ -70,7 +72,7 @@ def topk(xq: torch.Tensor, xb: torch.Tensor, k: int, *, exclude_ptr=None, exclud
                     rows = torch.nonzero(live).squeeze(1)
                     s = s[rows]
             v, i = _tile_topk(s, k)  # (r, kt) candidates, i local to the tile
-            i = i + c0
+            i = i + n0
             rv = run_v if rows is None else run_v[rows]
             ri = run_i if rows is None else run_i[rows]
             cv = torch.cat([rv, v], 1)  # (r, k + kt)
