@@ -1,0 +1,242 @@
+"""Shared plumbing for the streaming kernels: input checks, tiling plans, fp32-accumulating GEMM tiles."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+# Bytes per score-tile element the planner reserves: the fp32 tile itself plus temporaries of the
+# same size (boolean compare masks, row gathers). What is left of the budget caches score tiles.
+_WORK_BYTES_PER_SCORE = 8
+_DEFAULT_G_BLOCK = 1024  # gallery columns per tile: ~1k keeps a 2k x 1k fp32 tile near the L2/L3 sweet spot
+_DEFAULT_Q_BLOCK = 2048  # queries per block
+
+
+def check_embeddings(name: str, x, d: int | None = None) -> torch.Tensor:
+    """``x`` must be a 2-D floating tensor (n, d); ``d`` (when given) is the expected width."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape (n, d), got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (n, d), got shape {tuple(x.shape)}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if d is not None and x.shape[1] != d:
+        raise ValueError(f"{name} has width d={x.shape[1]} but the queries have d={d}; "
+                         "both tables must come from the same embedding space")
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or Inf; scores would be meaningless (check the encoder output)")
+    return x
+
+
+def check_int_tensor(name: str, x, dim: int) -> torch.Tensor:
+    """Integer tensor of the given rank (array-likes are converted); returned as int64."""
+    try:
+        t = torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{name} must be an integer tensor, got {type(x).__name__}") from e
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{name} must have an integer dtype, got {t.dtype}")
+    if t.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    return t.long()
+
+
+def check_csr(ptr_name: str, idx_name: str, ptr, idx, n_rows: int, n_cols: int, col_what: str) -> tuple[list[int], torch.Tensor]:
+    """Validate a CSR list (row i owns ``idx[ptr[i]:ptr[i+1]]``, values in [0, n_cols)).
+
+    Returns the pointer as a Python list (block offsets are host-side) and the indices as int64.
+    """
+    ptr = check_int_tensor(ptr_name, ptr, 1)
+    idx = check_int_tensor(idx_name, idx, 1)
+    if ptr.numel() != n_rows + 1:
+        raise ValueError(f"{ptr_name} must have n + 1 = {n_rows + 1} entries (one more than the {n_rows} "
+                         f"queries), got {ptr.numel()}")
+    p = ptr.cpu()
+    if int(p[0]) != 0:
+        raise ValueError(f"{ptr_name}[0] must be 0, got {int(p[0])}")
+    steps = p[1:] - p[:-1]
+    if steps.numel() and bool((steps < 0).any()):
+        i = int(torch.nonzero(steps < 0)[0])
+        raise ValueError(f"{ptr_name} must be non-decreasing, but {ptr_name}[{i}] = {int(p[i])} > "
+                         f"{ptr_name}[{i + 1}] = {int(p[i + 1])}")
+    if int(p[-1]) != idx.numel():
+        raise ValueError(f"{ptr_name}[-1] = {int(p[-1])} must equal len({idx_name}) = {idx.numel()}")
+    if idx.numel():
+        bad = (idx < 0) | (idx >= n_cols)
+        if bool(bad.any()):
+            j = int(torch.nonzero(bad)[0])
+            raise ValueError(f"{idx_name}[{j}] = {int(idx[j])} is out of range for {col_what} of "
+                             f"{n_cols} items (valid: 0..{n_cols - 1})")
+    return p.tolist(), idx
+
+
+@dataclass(frozen=True)
+class Plan:
+    q_block: int      # query rows per block
+    g_block: int      # max gallery columns per tile
+    cache_tiles: int  # score tiles that may be kept alive at once beyond the working tile
+
+
+def _check_pos_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return v
+
+
+def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | None) -> Plan:
+    """Pick block sizes: one score tile + same-size temporaries fit ``budget_bytes``; half the
+    budget (by default) is left to cache tiles that would otherwise be computed twice. Planned
+    blocks never go below 1 x 1; blocks the caller gives must fit the budget."""
+    budget = _check_pos_int("budget_bytes", budget_bytes)
+    if q_block is not None:
+        _check_pos_int("q_block", q_block)
+    if g_block is not None:
+        _check_pos_int("g_block", g_block)
+    elems = max(1, budget // _WORK_BYTES_PER_SCORE)  # score elements the working set may hold
+    g = g_block if g_block is not None else max(1, min(_DEFAULT_G_BLOCK, elems))
+    q = q_block if q_block is not None else max(1, min(_DEFAULT_Q_BLOCK, elems // (2 * g)))
+    if (q_block is not None or g_block is not None) and q * g * _WORK_BYTES_PER_SCORE > budget:
+        raise ValueError(f"q_block * g_block = {q} * {g} scores need {q * g * _WORK_BYTES_PER_SCORE} bytes "
+                         f"(fp32 tile + same-size temporaries), more than budget_bytes={budget}; "
+                         "lower q_block/g_block or raise budget_bytes")
+    if nq > 0:
+        q = min(q, nq)
+        q = math.ceil(nq / math.ceil(nq / q))  # balanced blocks: no tiny remainder block
+    tile_bytes = q * g * 4
+    cache = (budget - q * g * _WORK_BYTES_PER_SCORE) // tile_bytes
+    return Plan(q_block=q, g_block=g, cache_tiles=int(cache))
+
+
+def gallery_tiles(nb: int, g_block: int) -> list[tuple[int, int, int]]:
+    """(c0, n0, c1) tiles: GEMM window [c0, c1) of exactly min(g_block, nb) columns, owning columns
+    [n0, c1). The last window is shifted left to keep its width (n0 > c0 then: its first columns
+    belong to the previous tile and are ignored).
+
+    Why one width: BLAS kernels round differently for different tile shapes (small widths take
+    other code paths), so two identical gallery rows scored in tiles of different widths can get
+    scores one ulp apart, and an exact duplicate of a positive would stop tying with it.
+    """
+    if nb == 0:
+        return []
+    w = min(g_block, nb)
+    tiles = []
+    for n0 in range(0, nb, w):
+        c1 = min(n0 + w, nb)
+        tiles.append((c1 - w, n0, c1))
+    return tiles
+
+
+def tile_group_segments(tiles: list[tuple[int, int, int]], bounds: list[int]) -> list[list[tuple[int, int, int]]]:
+    """For each tile, the (a, b, g) pieces of its owned columns [n0, c1) cut at group boundaries."""
+    out = []
+    G = len(bounds) - 1
+    g = 0
+    for _, n0, c1 in tiles:
+        segs = []
+        a = n0
+        while a < c1:
+            while bounds[g + 1] <= a:  # skip groups ending before a (and empty groups)
+                g += 1
+            b = min(c1, bounds[g + 1])
+            segs.append((a, b, g))
+            a = b
+        out.append(segs)
+    return out
+
+
+def operand_dtype(xq: torch.Tensor, xb: torch.Tensor, device: torch.device) -> torch.dtype:
+    """GEMM operand dtype: fp32 on CPU (fp16/bf16 upcast); on CUDA the shared fp16/bf16 dtype
+    (accumulated into fp32 output), else fp32."""
+    if device.type == "cuda" and xq.dtype == xb.dtype and xq.dtype in _LOW_PRECISION:
+        return xq.dtype
+    return torch.float32
+
+
+_OUT_DTYPE_OK: dict[str, bool] = {}
+
+
+def _mm_out_fp32_supported(device: torch.device) -> bool:
+    """Whether ``torch.mm(..., out_dtype=torch.float32)`` exists for fp16/bf16 on this device (probed once)."""
+    key = str(device)
+    if key not in _OUT_DTYPE_OK:
+        try:
+            a = torch.ones(2, 2, dtype=torch.float16, device=device)
+            ok = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (TypeError, RuntimeError, NotImplementedError):
+            ok = False
+        _OUT_DTYPE_OK[key] = ok
+    return _OUT_DTYPE_OK[key]
+
+
+def mm_fp32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """a (m, d) @ b_t (d, n) -> (m, n) float32, accumulating in fp32 for fp16/bf16 operands."""
+    if a.dtype == torch.float32:
+        return torch.mm(a, b_t)
+    if a.device.type == "cuda" and _mm_out_fp32_supported(a.device):
+        return torch.mm(a, b_t, out_dtype=torch.float32)
+    return torch.mm(a.float(), b_t.float())
+
+
+def query_block(xq: torch.Tensor, r0: int, r1: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Rows r0:r1 of the queries as contiguous GEMM operands on ``device``.
+
+    A 1-row block is given a copy of its row: BLAS libraries switch to a GEMV kernel for one row,
+    whose rounding depends on the gallery rows' memory alignment, so identical gallery rows could
+    score differently. Two rows keep every tile on the same GEMM kernel.
+    """
+    a = xq[r0:r1].to(device=device, dtype=dtype).contiguous()  # (nqb, d)
+    if a.shape[0] == 1:
+        a = a.repeat(2, 1)
+    return a
+
+
+def score_tile(a: torch.Tensor, xb: torch.Tensor, c0: int, c1: int, nqb: int) -> torch.Tensor:
+    """Scores (nqb, c1 - c0) float32 of the query block ``a`` against gallery rows c0:c1.
+
+    Deterministic for a given (a, c0, c1): the same call recomputes bitwise the same tile.
+    """
+    b = xb[c0:c1].to(device=a.device, dtype=a.dtype)  # (w, d)
+    s = mm_fp32(a, b.T)  # (nqb or 2, w) float32
+    if s.shape[0] != nqb:
+        s = s[:nqb]
+    return s
+
+
+def csr_block(ptr: list[int], idx: torch.Tensor, r0: int, r1: int, device: torch.device
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, cols) of the CSR entries of rows r0:r1, rows block-local, sorted by column (stable)."""
+    p0, p1 = ptr[r0], ptr[r1]
+    cols = idx[p0:p1].to(device)  # (m,) int64
+    lens = torch.tensor([ptr[i + 1] - ptr[i] for i in range(r0, r1)], dtype=torch.long, device=device)
+    rows = torch.repeat_interleave(torch.arange(r1 - r0, device=device), lens)  # (m,) int64
+    order = torch.argsort(cols, stable=True)
+    return rows[order], cols[order]
+
+
+def tile_segments(cols_sorted: torch.Tensor, tile_starts: torch.Tensor) -> dict[int, tuple[int, int]]:
+    """Map tile id -> [a, b) slice of ``cols_sorted`` whose columns fall in that tile."""
+    if cols_sorted.numel() == 0:
+        return {}
+    tid = torch.searchsorted(tile_starts, cols_sorted, right=True) - 1
+    utid, cnt = torch.unique_consecutive(tid, return_counts=True)
+    segs, a = {}, 0
+    for t, c in zip(utid.tolist(), cnt.tolist()):
+        segs[t] = (a, a + c)
+        a += c
+    return segs
+
+
+def order_keys(vals: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordering (score desc, index asc) as one descending integer.
+
+    ``vals`` float32, ``idx`` int64 in [0, 2**32). -0.0 is folded into +0.0 so equal scores tie.
+    The float's bits are mapped to an order-preserving int32 (negative floats have their magnitude
+    bits flipped), shifted left 32 and combined with the complemented index.
+    """
+    v = (vals + 0.0).contiguous().view(torch.int32).long()
+    v = torch.where(v < 0, v ^ 0x7FFFFFFF, v)
+    return v * (1 << 32) + ((1 << 32) - 1 - idx)

@@ -1,0 +1,290 @@
+"""Grouped rank extraction: per query and gallery group, how many items beat the best positive."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ._common import (check_csr, check_embeddings, check_int_tensor, csr_block, gallery_tiles,
+                      operand_dtype, plan_tiles, query_block, score_tile, tile_group_segments,
+                      tile_segments)
+
+__all__ = ["TIE_RULES", "GroupedRanks", "grouped_ranks"]
+
+# How an item with exactly the best positive's score is counted (BENCHMARKS.md, "Tie rules"):
+TIE_RULES = (
+    "index",        # it beats the positive iff it comes first in gallery order (default)
+    "optimistic",   # it never beats the positive (only strictly greater scores do)
+    "pessimistic",  # it always beats the positive
+)
+
+
+@dataclass(frozen=True)
+class GroupedRanks:
+    """Per query i and gallery group g; the rank of i over a union U of groups is
+    ``counts[i, U].sum()`` (0 = the best positive is top-1)."""
+
+    counts: torch.Tensor     # (nq, G) int64: non-positive items of group g that beat the best positive
+    pos_score: torch.Tensor  # (nq,) float32: score of the best positive
+    pos_index: torch.Tensor  # (nq,) int64: gallery index of the best positive (score desc, then lowest index)
+    neg_score: torch.Tensor  # (nq, G) float32: best non-positive score in group g (-inf if the group has none)
+    neg_index: torch.Tensor  # (nq, G) int64: its gallery index, lowest among ties (-1 if none)
+
+    def rank(self, groups=None) -> torch.Tensor:
+        """(nq,) int64 rank over the union of ``groups`` (indices into G; all groups by default)."""
+        c = self.counts if groups is None else self.counts[:, list(groups)]
+        return c.sum(1)
+
+
+# --- the per-tile reduction: count of scores above a per-row threshold, and the row max ---------
+
+def _count_amax(s: torch.Tensor, thr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """s (m, w) float32, thr (m,) -> count of s[i] > thr[i] (m,) int64, row max (m,) float32."""
+    return (s > thr[:, None]).sum(1), s.amax(1)
+
+
+# torch.compile fuses the compare, the count and the max into one pass over the tile (CPU:
+# ~0.3 ns/score against ~1.5 ns eager, with the GEMM at ~5 ns/score for d=512). Compiling costs
+# seconds, so it is used for big calls only, or once it exists; HARDRANK_COMPILE=0 disables it.
+_COMPILE_MIN_SCORES = 1 << 30
+_compiled = None   # the compiled function once built; False when compiling failed
+
+
+def _compiled_count_amax():
+    global _compiled
+    if _compiled is None:
+        try:
+            _compiled = torch.compile(_count_amax, dynamic=True)
+        except Exception:  # no compiler toolchain, unsupported platform, ...
+            _compiled = False
+    return _compiled
+
+
+def _use_compiled(device: torch.device, n_scores: int) -> bool:
+    if device.type != "cpu" or os.environ.get("HARDRANK_COMPILE", "1") == "0" or _compiled is False:
+        return False
+    return _compiled is not None or n_scores >= _COMPILE_MIN_SCORES
+
+
+def _tile_count_amax(s: torch.Tensor, thr: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    global _compiled
+    m, w = s.shape
+    if fused and m >= 2 and w >= 2:  # sizes 0/1 would force extra specialised compiles
+        fn = _compiled_count_amax()
+        if fn:
+            try:
+                return fn(s, thr)
+            except Exception:  # compile failed at first call: stay eager from now on
+                _compiled = False
+    mx = s.amax(1)  # (m,) float32, cheap
+    if s.device.type != "cpu":
+        return (s > thr[:, None]).sum(1), mx
+    # CPU: rows whose max does not pass the threshold count 0; with a good model that is nearly
+    # every row of nearly every tile, so count only the rows that can score.
+    active = mx > thr
+    n_active = int(active.sum())
+    if 2 * n_active >= m:
+        return (s > thr[:, None]).sum(1), mx
+    cnt = torch.zeros(m, dtype=torch.long, device=s.device)
+    if n_active:
+        rows = torch.nonzero(active).squeeze(1)
+        cnt[rows] = (s[rows] > thr[rows, None]).sum(1)
+    return cnt, mx
+
+
+def _flushes_denormals(device: torch.device) -> bool:
+    """True when comparisons on ``device`` treat denormals as zero (e.g. torch.set_flush_denormal)."""
+    tiny = torch.tensor([torch.finfo(torch.float32).smallest_normal / 4], device=device)
+    return not bool((tiny > 0).item())
+
+
+def _check_bounds(group_bounds, nb: int) -> list[int]:
+    b = check_int_tensor("group_bounds", group_bounds, 1).cpu()
+    if b.numel() < 1:
+        raise ValueError("group_bounds must have G + 1 >= 1 entries [0, ..., nb], got an empty tensor")
+    if int(b[0]) != 0 or int(b[-1]) != nb:
+        raise ValueError(f"group_bounds must start at 0 and end at nb={nb} (the gallery size), "
+                         f"got first={int(b[0])}, last={int(b[-1])}")
+    d = b[1:] - b[:-1]
+    if d.numel() and bool((d < 0).any()):
+        g = int(torch.nonzero(d < 0)[0])
+        raise ValueError(f"group_bounds must be non-decreasing, but group_bounds[{g}] = {int(b[g])} > "
+                         f"group_bounds[{g + 1}] = {int(b[g + 1])}")
+    return b.tolist()
+
+
+def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos_idx, *,
+                  tie_rule: str = "index", budget_bytes: int = 64 << 20,
+                  q_block: int | None = None, g_block: int | None = None) -> GroupedRanks:
+    """Exact ranks of every query's best positive, counted per gallery group, in one streamed pass.
+
+    xq (nq, d) queries and xb (nb, d) gallery (L2-normalised by the caller; scores are ``xq @ xb.T``).
+    Group g is the gallery slice ``[group_bounds[g], group_bounds[g + 1])``. Query i's positives are
+    ``pos_idx[pos_ptr[i]:pos_ptr[i + 1]]`` (gallery indices, any order, duplicates allowed); each query
+    needs one. The best positive p* has the highest score, then the lowest index. A non-positive item
+    j beats it per ``tie_rule``: ``index``: s_j > s* or (s_j == s* and j < p*); ``optimistic``:
+    s_j > s*; ``pessimistic``: s_j >= s*.
+
+    Runs on xq's device; scores are fp32 (fp16/bf16 upcast on CPU, fp32 accumulation on CUDA).
+    Memory: never (nq, nb); queries go in blocks of ``q_block`` rows against gallery tiles of
+    ``g_block`` columns (all the same width; a tile straddling groups is counted per piece), sized
+    from ``budget_bytes`` unless given. The positives' scores are read from the very tiles the
+    counting pass uses (cached within the budget, otherwise recomputed bitwise identically), and
+    every tile has the same GEMM shape, so an exact duplicate of a positive ties with it.
+    """
+    if tie_rule not in TIE_RULES:
+        raise ValueError(f"tie_rule must be one of {TIE_RULES}, got {tie_rule!r}")
+    check_embeddings("xq", xq)
+    check_embeddings("xb", xb, d=xq.shape[1])
+    nq, nb = xq.shape[0], xb.shape[0]
+    if nb >= 1 << 62:
+        raise ValueError(f"gallery too large: nb={nb}")
+    bounds = _check_bounds(group_bounds, nb)
+    ptr, pidx = check_csr("pos_ptr", "pos_idx", pos_ptr, pos_idx, nq, nb, "a gallery")
+    for i in range(nq):
+        if ptr[i + 1] == ptr[i]:
+            raise ValueError(f"query {i} has no positive (pos_ptr[{i}] == pos_ptr[{i + 1}] == {ptr[i]}); "
+                             "every query needs at least one positive in the gallery")
+    plan = plan_tiles(nq, budget_bytes, q_block, g_block)
+    device = xq.device
+    G = len(bounds) - 1
+
+    counts = torch.zeros(nq, G, dtype=torch.long, device=device)                  # (nq, G) int64
+    pos_score = torch.empty(nq, dtype=torch.float32, device=device)               # (nq,) float32
+    pos_index = torch.empty(nq, dtype=torch.long, device=device)                  # (nq,) int64
+    neg_score = torch.full((nq, G), float("-inf"), dtype=torch.float32, device=device)  # (nq, G)
+    neg_index = torch.full((nq, G), -1, dtype=torch.long, device=device)          # (nq, G) int64
+    if nq == 0:
+        return GroupedRanks(counts, pos_score, pos_index, neg_score, neg_index)
+
+    tiles = gallery_tiles(nb, plan.g_block)
+    tile_starts = torch.tensor([t[1] for t in tiles], dtype=torch.long, device=device)  # owned starts
+    segs = tile_group_segments(tiles, bounds)
+    seg_starts = torch.tensor([sg[0] for ts in segs for sg in ts], dtype=torch.long, device=device)
+    op_dtype = operand_dtype(xq, xb, device)
+    fused = _use_compiled(device, nq * nb)
+    flush_denormals = tie_rule != "optimistic" and _flushes_denormals(device)
+    pidx = pidx.to(device)
+    neg_inf = torch.tensor(float("-inf"), device=device)
+
+    for r0 in range(0, nq, plan.q_block):
+        r1 = min(r0 + plan.q_block, nq)
+        _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, plan, op_dtype,
+                    tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index, neg_score,
+                    neg_index)
+    return GroupedRanks(counts, pos_score, pos_index, neg_score, neg_index)
+
+
+def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, plan, op_dtype,
+                tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index, neg_score,
+                neg_index) -> None:
+    """Fill rows r0:r1 of the outputs."""
+    device = xq.device
+    nb = xb.shape[0]
+    nqb = r1 - r0
+    a = query_block(xq, r0, r1, op_dtype, device)  # (nqb, d), 2 rows if nqb == 1
+    prow, pcol = csr_block(ptr, pidx, r0, r1, device)  # (m,) positives, sorted by column
+    psegs = tile_segments(pcol, tile_starts)  # tile id -> slice of the positives it owns
+
+    # Pass 1: the tiles holding positives give the positives' scores, as the very floats the
+    # counting pass will compare against. Keep them (within the budget) for pass 2.
+    pval = torch.empty(pcol.numel(), dtype=torch.float32, device=device)  # (m,) float32
+    cache: dict[int, torch.Tensor] = {}
+    for t, (pa, pb) in psegs.items():
+        c0, _, c1 = tiles[t]
+        s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
+        pval[pa:pb] = s[prow[pa:pb], pcol[pa:pb] - c0]
+        if len(cache) < plan.cache_tiles:
+            cache[t] = s
+    s_star = torch.full((nqb,), float("-inf"), device=device).scatter_reduce_(0, prow, pval, "amax")
+    best = torch.where(pval == s_star[prow], pcol, nb)
+    p_star = torch.full((nqb,), nb, dtype=torch.long, device=device).scatter_reduce_(0, prow, best, "amin")
+    pos_score[r0:r1] = s_star
+    pos_index[r0:r1] = p_star
+
+    # "s >= s*" is evaluated as "s > nextafter(s*, -inf)" so one compare serves every row of a tile;
+    # only when denormals are flushed and some s* is exactly 0 does that identity fail.
+    s_below = torch.nextafter(s_star, neg_inf.expand_as(s_star))
+    two_compares = flush_denormals and bool((s_star == 0).any())
+    contain: dict[int, torch.Tensor] = {}
+    if tie_rule == "index":
+        # rows whose p* falls in a piece get that piece counted exactly (column order around p*)
+        seg_of = torch.searchsorted(seg_starts, p_star, right=True) - 1
+        order = torch.argsort(seg_of, stable=True)
+        us, uc = torch.unique_consecutive(seg_of[order], return_counts=True)
+        o = 0
+        for k, c in zip(us.tolist(), uc.tolist()):
+            contain[k] = order[o:o + c]
+            o += c
+
+    cnt_blk = counts[r0:r1]     # (nqb, G) views into the outputs
+    nsc_blk = neg_score[r0:r1]
+    nix_blk = neg_index[r0:r1]
+    k = -1  # running piece id
+    for t, (c0, _, c1) in enumerate(tiles):
+        s = cache.pop(t, None)
+        if s is None:
+            s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
+        if t in psegs:
+            pa, pb = psegs[t]
+            s.index_put_((prow[pa:pb], pcol[pa:pb] - c0), neg_inf)  # positives never count
+        for lo, hi, g in segs[t]:
+            k += 1
+            whole = lo == c0 and hi == c1
+            v = s if whole else s[:, lo - c0:hi - c0]  # (nqb, hi - lo) piece of group g
+            cnt, mx = _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused and whole)
+            rows = contain.get(k)
+            if rows is not None:
+                sub = v[rows]  # (r, hi - lo) float32, positives already -inf
+                ss = s_star[rows, None]
+                before = torch.arange(lo, hi, device=device)[None, :] < p_star[rows, None]
+                cnt[rows] = ((sub > ss) | ((sub == ss) & before)).sum(1)
+            cnt_blk[:, g] += cnt
+            _update_best(v, lo, mx, nsc_blk, nix_blk, g)
+
+
+def _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused):
+    """Per row: items of the piece v (columns from gallery index lo) scoring above the row's
+    threshold, and the piece's max. Under ``index`` the rows whose p* lies in the piece are
+    approximate here (counted with >=) and redone exactly by the caller."""
+    if tie_rule == "optimistic":
+        ge = None
+    elif tie_rule == "pessimistic":
+        ge = True
+    else:
+        ge = p_star >= lo  # piece before (or holding) p*: ties come first in gallery order
+    if two_compares and ge is not None:
+        ge_rows = ge if isinstance(ge, torch.Tensor) else torch.ones_like(p_star, dtype=torch.bool)
+        cnt = torch.where(ge_rows, (v >= s_star[:, None]).sum(1), (v > s_star[:, None]).sum(1))
+        return cnt, v.amax(1)
+    if ge is None:
+        thr = s_star
+    elif ge is True:
+        thr = s_below
+    else:
+        thr = torch.where(ge, s_below, s_star)
+    return _tile_count_amax(v, thr, fused)
+
+
+def _update_best(v, lo, mx, nsc_blk, nix_blk, g) -> None:
+    """Fold the piece's max into the group's running best non-positive. Later pieces hold higher
+    indices, so only a strictly greater max replaces the running one; the index (first maximal
+    column) is looked up for those rows only."""
+    run = nsc_blk[:, g]
+    better = mx > run  # (nqb,) bool
+    nqb = v.shape[0]
+    if v.device.type != "cpu":
+        nsc_blk[:, g] = torch.where(better, mx, run)
+        nix_blk[:, g] = torch.where(better, v.argmax(1) + lo, nix_blk[:, g])
+        return
+    n_better = int(better.sum())
+    if n_better == 0:
+        return
+    if 2 * n_better >= nqb:
+        nsc_blk[:, g] = torch.where(better, mx, run)
+        nix_blk[:, g] = torch.where(better, v.argmax(1) + lo, nix_blk[:, g])
+    else:
+        rows = torch.nonzero(better).squeeze(1)
+        nsc_blk[rows, g] = mx[rows]
+        nix_blk[rows, g] = v[rows].argmax(1) + lo

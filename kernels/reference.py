@@ -1,0 +1,80 @@
+"""Slow, obviously correct twins of the kernels (full score matrix, per-query loops): test oracles only."""
+from __future__ import annotations
+
+import torch
+
+from .ranking import TIE_RULES, GroupedRanks
+
+__all__ = ["grouped_ranks_reference", "topk_reference", "choice_scores_reference"]
+
+
+def _scores(xq: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+    """Full (nq, nb) float32 scores: the fp64 product rounded once, so equal rows score equal."""
+    return (xq.double().cpu() @ xb.double().cpu().T).float()
+
+
+def grouped_ranks_reference(xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule="index") -> GroupedRanks:
+    """``grouped_ranks`` by its definition, one query and one group at a time."""
+    if tie_rule not in TIE_RULES:
+        raise ValueError(f"tie_rule must be one of {TIE_RULES}, got {tie_rule!r}")
+    S = _scores(xq, xb)  # (nq, nb) float32
+    nq = S.shape[0]
+    bounds = [int(b) for b in torch.as_tensor(group_bounds)]
+    ptr = [int(p) for p in torch.as_tensor(pos_ptr)]
+    pidx = [int(j) for j in torch.as_tensor(pos_idx)]
+    G = len(bounds) - 1
+    counts = torch.zeros(nq, G, dtype=torch.long)
+    pos_score = torch.empty(nq, dtype=torch.float32)
+    pos_index = torch.empty(nq, dtype=torch.long)
+    neg_score = torch.full((nq, G), float("-inf"), dtype=torch.float32)
+    neg_index = torch.full((nq, G), -1, dtype=torch.long)
+    for i in range(nq):
+        pos = sorted(set(pidx[ptr[i]:ptr[i + 1]]))
+        if not pos:
+            raise ValueError(f"query {i} has no positive")
+        row = S[i].tolist()
+        s_star = max(row[j] for j in pos)
+        p_star = min(j for j in pos if row[j] == s_star)
+        pos_score[i], pos_index[i] = s_star, p_star
+        pos_set = set(pos)
+        for g in range(G):
+            items = [j for j in range(bounds[g], bounds[g + 1]) if j not in pos_set]
+            if tie_rule == "index":
+                beats = [j for j in items if row[j] > s_star or (row[j] == s_star and j < p_star)]
+            elif tie_rule == "optimistic":
+                beats = [j for j in items if row[j] > s_star]
+            else:
+                beats = [j for j in items if row[j] >= s_star]
+            counts[i, g] = len(beats)
+            if items:
+                best = max(row[j] for j in items)
+                neg_score[i, g] = best
+                neg_index[i, g] = min(j for j in items if row[j] == best)
+    dev = xq.device
+    return GroupedRanks(counts.to(dev), pos_score.to(dev), pos_index.to(dev), neg_score.to(dev), neg_index.to(dev))
+
+
+def topk_reference(xq, xb, k, *, exclude_ptr=None, exclude_idx=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk`` by sorting every full score row by (score desc, index asc)."""
+    S = _scores(xq, xb)  # (nq, nb) float32
+    nq, nb = S.shape
+    D = torch.full((nq, k), float("-inf"), dtype=torch.float32)
+    I = torch.full((nq, k), -1, dtype=torch.long)
+    for i in range(nq):
+        excluded = set()
+        if exclude_ptr is not None:
+            e0, e1 = int(exclude_ptr[i]), int(exclude_ptr[i + 1])
+            excluded = {int(j) for j in exclude_idx[e0:e1]}
+        row = S[i].tolist()
+        order = sorted((j for j in range(nb) if j not in excluded), key=lambda j: (-row[j], j))[:k]
+        for r, j in enumerate(order):
+            D[i, r], I[i, r] = row[j], j
+    return D.to(xq.device), I.to(xq.device)
+
+
+def choice_scores_reference(left, right, left_idx, right_idx) -> torch.Tensor:
+    """``choice_scores`` read off the full left x right score matrix."""
+    full = (left.double().cpu() @ right.double().cpu().T).float()  # (nl, nr) float32
+    li, ri = torch.as_tensor(left_idx).cpu().long(), torch.as_tensor(right_idx).cpu().long()
+    out = full[li[:, :, None], ri[:, None, :]]  # (n, A, B)
+    return out.to(left.device)
