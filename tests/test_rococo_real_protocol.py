@@ -89,7 +89,7 @@ def test_i2t_ranks_equal_naive_argsort(real_world):
     out = w["outcomes"]
     rng = np.random.default_rng(1)
     six = [i for i, (_, caps) in enumerate(clean) if len(caps) == 6]
-    sample = sorted(set(rng.choice(len(clean), 150, replace=False).tolist()) | set(six) | set(range(0, 5000, 11))[:40])
+    sample = sorted(set(rng.choice(len(clean), 150, replace=False).tolist()) | set(six) | set(list(range(0, 5000, 11))[:40]))
     # the engine's text embeddings use normalised captions: identical normalised texts share one row
     G0 = np.stack([w["txt"][c] for c in originals])
     for view in ["original", *ROCOCO_TEXT_VARIANTS]:
