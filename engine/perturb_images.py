@@ -7,6 +7,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -103,6 +104,22 @@ def _to_uint8(x: torch.Tensor) -> torch.Tensor:
     return x.mul(255).add_(0.5).clamp_(0, 255).permute(0, 2, 3, 1).to("cpu", torch.uint8)
 
 
+def _altered_batches(plan: list[_Batch], load: Callable[[list[int]], list[np.ndarray]], *, method: str,
+                     lam: float, device: torch.device | str = "cpu",
+                     needed: Callable[[_Batch], bool] = lambda b: True) -> Iterator[tuple[_Batch, np.ndarray]]:
+    """Yield (batch, altered images (B, S, S, 3) uint8) for each needed batch of the plan.
+
+    load(indices) returns the batch's images as (S, S, 3) uint8 arrays, already resized.
+    """
+    for b in plan:
+        if not needed(b):
+            continue
+        x = torch.from_numpy(np.stack(load(b.indices))).to(device)  # (B, S, S, 3) uint8
+        x = x.permute(0, 3, 1, 2).float().div_(255)  # (B, 3, S, S) in [0, 1], as ToTensor
+        perm = torch.tensor(b.perm, dtype=torch.long, device=device)
+        yield b, _to_uint8(_alter_batch(x, perm, method=method, lam=lam, box=b.box)).numpy()
+
+
 def _load(path: Path, size: int) -> np.ndarray:
     """Read one image as RGB, bicubic-resized to (size, size): (size, size, 3) uint8."""
     if not path.is_file():
@@ -161,19 +178,19 @@ def alter_images(images_root: str | Path, image_paths: list[str], out_root: str 
     outs = [out_dir / rel for rel in rels]
     lam = float(lam)
 
-    plan = _plan(len(image_paths), method=method, lam=lam, seed=seed, size=size, batch_size=batch_size)
-    self_pairs = sum(int(p == j) for b in plan for j, p in enumerate(b.perm))
     written = 0
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        for b in plan:
+        def load(idx: list[int]) -> list[np.ndarray]:
+            return list(pool.map(lambda i: _load(images_root / image_paths[i], size), idx))
+
+        def needed(b: _Batch) -> bool:  # a batch whose outputs all exist is skipped
+            return not all(outs[i].exists() for i in b.indices)
+
+        plan = _plan(len(image_paths), method=method, lam=lam, seed=seed, size=size, batch_size=batch_size)
+        for b, y in _altered_batches(plan, load, method=method, lam=lam, device=dev, needed=needed):
             todo = [j for j, i in enumerate(b.indices) if not outs[i].exists()]
-            if not todo:
-                continue
-            arrs = list(pool.map(lambda i: _load(images_root / image_paths[i], size), b.indices))
-            x = torch.from_numpy(np.stack(arrs)).to(dev).permute(0, 3, 1, 2).float().div_(255)  # (B, 3, S, S)
-            perm = torch.tensor(b.perm, dtype=torch.long, device=dev)
-            y = _to_uint8(_alter_batch(x, perm, method=method, lam=lam, box=b.box)).numpy()  # (B, S, S, 3)
             list(pool.map(lambda j: _save_jpeg(y[j], outs[b.indices[j]], quality), todo))
             written += len(todo)
+    self_pairs = sum(int(p == j) for b in plan for j, p in enumerate(b.perm))
     return {"method": method, "lam": lam, "seed": seed, "images": len(image_paths), "self_pairs": self_pairs,
             "written": written, "skipped": len(image_paths) - written, "out_dir": str(out_dir)}
