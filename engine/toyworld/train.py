@@ -13,13 +13,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["train_toy", "recall_at_k", "evaluate_checkpoint", "MODEL_NAME", "MODEL_CONFIG", "DEFAULT_STEPS"]
+__all__ = ["train_toy", "recall_at_k", "evaluate_checkpoints", "MODEL_NAME", "MODEL_CONFIG", "DEFAULT_STEPS"]
 
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "toy-clip"
 MODEL_CONFIG = Path(__file__).resolve().parent.parent / "data" / "models" / f"{MODEL_NAME}.json"
-DEFAULT_STEPS = (0, 100, 250, 500, 900, 1400)  # checkpoint steps; the last is the end of training
+DEFAULT_STEPS = (0, 50, 100, 200, 400, 700)  # checkpoint steps; the last is the end of training
 
 
 def _create(train: bool = False):
@@ -85,14 +85,17 @@ def _test_set(world_dir: Path, preprocess, tokenizer):
     return _images(world_dir, items, preprocess), tokenizer(caps), txt_img
 
 
-def evaluate_checkpoint(checkpoint: str | Path, world_dir: str | Path) -> dict:
-    """Clean R@1/5/10 of one toy-clip checkpoint on the world's test split (full score matrix)."""
+def evaluate_checkpoints(checkpoints: list[str | Path], world_dir: str | Path) -> list[dict]:
+    """Clean R@1/5/10 of toy-clip checkpoints on the world's test split (full score matrix): a self-check."""
     from safetensors.torch import load_file
 
     model, preprocess, tokenizer = _create()
-    model.load_state_dict({k: v.float() for k, v in load_file(str(checkpoint)).items()})
     images, tokens, txt_img = _test_set(Path(world_dir), preprocess, tokenizer)
-    return recall_at_k(*_encode(model, images, tokens), txt_img)
+    out = []
+    for ckpt in checkpoints:
+        model.load_state_dict({k: v.float() for k, v in load_file(str(ckpt)).items()})
+        out.append(recall_at_k(*_encode(model, images, tokens), txt_img))
+    return out
 
 
 def _save(model, path: Path, step: int, seed: int) -> None:
@@ -101,20 +104,24 @@ def _save(model, path: Path, step: int, seed: int) -> None:
     sd = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file(sd, str(tmp), metadata={"model": MODEL_NAME, "step": str(step), "seed": str(seed)})
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
 def train_toy(world_dir: str | Path, out_dir: str | Path, *, steps: tuple[int, ...] = DEFAULT_STEPS,
               batch_size: int = 256, seed: int = 0, lr: float = 2e-3, warmup: int = 50,
-              weight_decay: float = 0.05, threads: int | None = 2, eval_each: bool = False) -> list[Path]:
+              weight_decay: float = 0.05, threads: int | None = 2) -> list[Path]:
     """Train toy-clip with the CLIP contrastive loss; save ``toy-clip_step{N:04d}.safetensors`` at each step.
 
     steps: sorted checkpoint steps, the first 0 (the initialisation), the last the training length.
-    The global torch RNG state is restored afterwards. With eval_each, logs clean test R@K per checkpoint.
+    threads: torch CPU threads to use (None leaves the setting alone). The global torch RNG state is
+    restored afterwards. Check the result with ``evaluate_checkpoints``.
     """
     steps = tuple(int(s) for s in steps)
     if len(steps) < 2 or steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:])):
         raise ValueError(f"steps must start at 0 and strictly increase (e.g. {DEFAULT_STEPS}), got {steps}")
+    if batch_size < 2:
+        raise ValueError(f"batch_size must be >= 2 (a contrastive loss needs negatives), got {batch_size}")
     world_dir, out_dir = Path(world_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if threads:
@@ -131,7 +138,6 @@ def train_toy(world_dir: str | Path, out_dir: str | Path, *, steps: tuple[int, .
         first = torch.tensor(np.concatenate([[0], np.cumsum(n_caps)[:-1]]))
         n_caps_t = torch.tensor(n_caps)
         log.info("loaded %d train images in %.1fs", len(items), time.perf_counter() - t0)
-        test = _test_set(world_dir, preprocess, tokenizer) if eval_each else None
 
         decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embedding" not in n]
         other = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
@@ -148,11 +154,6 @@ def train_toy(world_dir: str | Path, out_dir: str | Path, *, steps: tuple[int, .
                 path = out_dir / f"{MODEL_NAME}_step{step:04d}.safetensors"
                 _save(model, path, step, seed)
                 paths.append(path)
-                if test is not None:
-                    model.eval()
-                    r = recall_at_k(*_encode(model, test[0], test[1]), test[2])
-                    model.train()
-                    log.info("step %d (%.0fs): i2t %s t2i %s", step, time.perf_counter() - t0, r["i2t"], r["t2i"])
             if step == total:
                 break
             if pos + batch_size > len(order):
@@ -176,3 +177,25 @@ def train_toy(world_dir: str | Path, out_dir: str | Path, *, steps: tuple[int, .
                 log.info("step %d loss %.3f (%.1f steps/s)", step, loss.item(), step / (time.perf_counter() - t0))
         log.info("trained %d steps in %.1fs", total, time.perf_counter() - t0)
     return paths
+
+
+def _main(argv: list[str] | None = None) -> None:
+    """python -m engine.toyworld.train WORLD OUT: train, then print clean R@1/R@5 per checkpoint."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=_main.__doc__)
+    ap.add_argument("world")
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, nargs="+", default=list(DEFAULT_STEPS))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    t0 = time.perf_counter()
+    paths = train_toy(args.world, args.out, steps=tuple(args.steps))
+    print(f"trained in {time.perf_counter() - t0:.1f}s (including data loading)")
+    for p, r in zip(paths, evaluate_checkpoints(paths, args.world)):
+        print(f"{p.name}  {p.stat().st_size / 1e6:.2f} MB  i2t R@1 {r['i2t']['R@1']:5.1f} R@5 {r['i2t']['R@5']:5.1f}"
+              f"  t2i R@1 {r['t2i']['R@1']:5.1f} R@5 {r['t2i']['R@5']:5.1f}")
+
+
+if __name__ == "__main__":
+    _main()
