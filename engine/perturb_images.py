@@ -29,8 +29,8 @@ _METHODS = ("mix", "patch")
 #   then `x.mul(255).add(0.5).clamp(0, 255)` to uint8 as torchvision's `save_image` does.
 # Differences, on purpose: we use private generators (the global RNG state is left alone); outputs
 # keep their relative path under `<method>_<lam>_s<seed>/` instead of a flat folder of basenames;
-# JPEG quality is a parameter (the reference saved with PIL's default, 75: pass quality=75 to
-# reproduce its files byte for byte).
+# JPEG quality is a parameter (the reference saved with PIL's defaults, quality 75: pass quality=75
+# to match its encoding settings).
 
 
 def variant_name(method: str, lam: float, seed: int) -> str:
@@ -152,8 +152,11 @@ def alter_images(images_root: str | Path, image_paths: list[str], out_root: str 
                  device: str | None = None, quality: int = 95) -> dict:
     """Write RoCOCO Mix/Patch copies of ``image_paths`` under ``out_root/<method>_<lam>_s<seed>/``.
 
-    Each output keeps its input's relative path with a ``.jpg`` suffix. Existing outputs are
-    kept (resumable); a batch whose outputs all exist is not decoded. Returns a report dict.
+    Give ``image_paths`` in the annotation file's order: the seeded batching depends on it. Each
+    output keeps its input's relative path with a ``.jpg`` suffix. Existing outputs are kept
+    (resumable); a batch whose outputs all exist is not decoded. Returns a report dict with
+    method, lam, seed, images, self_pairs (images paired with themselves: left unchanged),
+    written, skipped and out_dir.
     """
     _check_args(method, lam, seed)
     if not isinstance(size, int) or size < 1:

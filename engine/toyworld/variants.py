@@ -75,7 +75,8 @@ def _other_value(attr: str, current: str, rng: np.random.Generator, avoid: tuple
 
 def swap_negative(scene: Scene, rng: np.random.Generator) -> Scene:
     """The scene with one attribute exchanged between its two objects (colours always differ)."""
-    attr = _differing_attrs(scene)[rng.integers(len(_differing_attrs(scene)))]
+    attrs = _differing_attrs(scene)
+    attr = attrs[rng.integers(len(attrs))]
     a, b = getattr(scene.left, attr), getattr(scene.right, attr)
     return scene.with_obj("left", **{attr: b}).with_obj("right", **{attr: a})
 
