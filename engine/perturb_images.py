@@ -29,8 +29,7 @@ _METHODS = ("mix", "patch")
 #   then `x.mul(255).add(0.5).clamp(0, 255)` to uint8 as torchvision's `save_image` does.
 # Differences, on purpose: we use private generators (the global RNG state is left alone); outputs
 # keep their relative path under `<method>_<lam>_s<seed>/` instead of a flat folder of basenames;
-# JPEG quality is a parameter (the reference saved with PIL's defaults, quality 75: pass quality=75
-# to match its encoding settings).
+# JPEG quality is a parameter; its default, 75, is PIL's default, which the reference used.
 
 
 def variant_name(method: str, lam: float, seed: int) -> str:
@@ -149,7 +148,7 @@ def _save_jpeg(arr: np.ndarray, out: Path, quality: int) -> None:
 
 def alter_images(images_root: str | Path, image_paths: list[str], out_root: str | Path, *, method: str,
                  lam: float = 0.9, seed: int = 1, size: int = 384, batch_size: int = 64,
-                 device: str | None = None, quality: int = 95) -> dict:
+                 device: str | None = None, quality: int = 75) -> dict:
     """Write RoCOCO Mix/Patch copies of ``image_paths`` under ``out_root/<method>_<lam>_s<seed>/``.
 
     Give ``image_paths`` in the annotation file's order: the seeded batching depends on it. Each

@@ -46,6 +46,7 @@ def add_perturb_parser(subparsers) -> argparse.ArgumentParser:
     i.add_argument("--method", required=True, choices=["mix", "patch"])
     i.add_argument("--lam", type=float, default=0.9, help="weight of the original image (default 0.9)")
     i.add_argument("--seed", type=int, default=1)
+    i.add_argument("--quality", type=int, default=75, help="JPEG quality of the altered images (75 = PIL default, as the reference)")
     i.add_argument("--images", required=True, help="image root the annotation paths are relative to")
     i.add_argument("--annotations", required=True, help="Karpathy-format JSON naming the images")
     i.add_argument("--out", required=True, help="altered images go to <out>/<method>_<lam>_s<seed>/<image path>; "
@@ -121,8 +122,8 @@ def _images(args) -> int:
         raise FileNotFoundError(f"--images {images_root} is not a folder")
     paths = [im for im, _ in read_karpathy(args.annotations)]
     name = f"{args.method}_{args.lam:g}_s{args.seed}"  # = engine.suites.karpathy.image_variant_names
-    report = alter_images(images_root, paths, Path(args.out) / name, method=args.method, lam=args.lam,
-                          seed=args.seed)
+    report = alter_images(images_root, paths, Path(args.out), method=args.method, lam=args.lam,
+                          seed=args.seed, quality=args.quality)
     print(json.dumps(report, default=str))
     _say(f"{name}: {report.get('self_pairs')} images were mixed with themselves (RoCOCO keeps these); "
          f"evaluate with --image-variants {args.method}_{args.lam:g} --seeds {args.seed}")
