@@ -1,8 +1,10 @@
 """open_clip models from names, config JSON files or local folders, loaded offline, fingerprinted."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -115,6 +117,24 @@ def _arch_config(name: str) -> dict:
     return cfg if cfg is not None else {"name": name}
 
 
+class _DropNoWeights(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "No pretrained weights loaded" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_open_clip():
+    root, flt = logging.getLogger(), _DropNoWeights()
+    handlers = [root, *root.handlers]
+    for h in handlers:
+        h.addFilter(flt)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(flt)
+
+
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Create the model offline and load its checkpoint with ``weights_only`` loading."""
     import open_clip
@@ -124,7 +144,8 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     if name.startswith("hf-hub:"):
         raise ValueError(f"{spec.arch}: hardrank works offline; download the weights yourself and pass "
                          f"'local-dir:<folder>' or --checkpoint FILE")
-    model = open_clip.create_model(name, pretrained=None, device="cpu", load_weights=name.startswith("local-dir:"))
+    with _quiet_open_clip():  # it warns "no pretrained weights" although we load the checkpoint next
+        model = open_clip.create_model(name, pretrained=None, device="cpu", load_weights=name.startswith("local-dir:"))
     ckpt_hash = None
     if spec.checkpoint is not None:
         path = Path(spec.checkpoint)

@@ -148,6 +148,25 @@ def _cmd_amodal(args) -> int:
     return EXIT_OK
 
 
+def _demo_amodal(args, model: str, ckpts: tuple, world: Path) -> int:
+    """The toy amodal suite: the clip-regions baseline of every checkpoint + a noisy mask predictor."""
+    from engine.amodal_eval import AmodalConfig, evaluate_amodal
+    from engine.results import format_table
+    from engine.toy_amodal import build_amodal_world
+
+    world = build_amodal_world(world)
+    cfg = AmodalConfig(annotations=str(world), out=args.out, predictions=str(Path(world) / "predictions" / "noisy"),
+                       baseline="clip-regions", model=model, checkpoints=ckpts, store=args.store,
+                       precision=args.precision, device=args.device, batch_size=args.batch_size,
+                       decode_threads=args.decode_threads, max_failures=args.max_failures)
+    echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    results = evaluate_amodal(cfg, progress=_progress(args.quiet), echo=echo)
+    print("\ntoy amodal (gIoU / cIoU, %): clip-regions baseline per checkpoint, and a noisy mask predictor")
+    print(format_table([(r["checkpoint"], {f"{role} {k}": v for role, m in r["metrics"].items() for k, v in m.items()})
+                        for r in results]))
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -175,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
             model, ckpts, world = demo_inputs(args.world or str(Path(args.out) / "toy_world"))
             if args.store is None:
                 args.store = str(Path(args.out) / "store")
-            return _cmd_eval(args, model=model, checkpoints=ckpts, suites=("toy",),
-                             suite_opts=SuiteOptions(data=world, tie_rule=args.tie_rule))
+            rc = _cmd_eval(args, model=model, checkpoints=ckpts, suites=("toy",),
+                           suite_opts=SuiteOptions(data=world, tie_rule=args.tie_rule))
+            if rc != EXIT_OK:
+                return rc
+            return _demo_amodal(args, model, ckpts, Path(world).parent / "toy_amodal")
         if args.command == "perturb":
             from jobs.perturb import run_perturb
 

@@ -147,7 +147,8 @@ def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") ->
 def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Suite:
     """RoCOCO: every text variant in one i2t task and every image variant (x seeds) in one t2i task."""
     ann = _find_annotation(opts, "coco_karpathy_test.json")
-    folder = ann.parent
+    # the perturbed-caption files sit next to the clean file unless --data names their folder
+    folder = Path(opts.data) if opts.data and opts.annotations else ann.parent
     if opts.images is None:
         raise ValueError(f"suite {name} needs --images DIR (holding val2014/ and the altered image folders)")
     clean = read_karpathy(ann)

@@ -32,7 +32,8 @@ def ensure_world(opts: SuiteOptions) -> Path:
 def load_toy(tables: Tables, opts: SuiteOptions, which: str) -> Suite:
     world = ensure_world(opts)
     if which == "toy-rococo":
-        o = replace(opts, annotations=str(world / "karpathy_test.json"), images=str(world / "images"),
+        o = replace(opts, annotations=str(world / "karpathy_test.json"), data=str(world / "rococo"),
+                    images=str(world / "images"),
                     image_variants=opts.image_variants or ("mix_0.9", "patch_0.9"), seeds=(1,))
         suite = load_rococo(tables, o, name=which)
     elif which == "toy-hard-positives":
