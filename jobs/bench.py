@@ -316,6 +316,10 @@ def _engine_stages(cfg: PipelineBenchConfig, tables, suites, models, stores, clo
         for m in models:
             for tok in toks:
                 m.model.encode_text(tok.to(dev))
+    with naive("text encode", len(texts) * K), torch.inference_mode():
+        for m in models:
+            for tok in toks:
+                m.model.encode_text(tok.to(dev))
     with torch.inference_mode():
         f = _flops_per_item(lambda x: m0.model.encode_text(x.to(dev)), toks[0][:4]) if toks else None
     if f:
@@ -341,7 +345,7 @@ def _engine_stages(cfg: PipelineBenchConfig, tables, suites, models, stores, clo
     if gemm_same and clock.s.get("rank"):
         flops = sum(f for f, _ in gemm_same)
         limits["rank"] = {"flops": rank_flops,
-                          "gemm_gflops": flops / sum(f / (g * 1e9) for f, g in gemm_same)}
+                          "gemm_gflops": flops / sum(f / (g * 1e9) for f, g in gemm_same) / 1e9}
     # write: K stores, fresh
     with tempfile.TemporaryDirectory(dir=cfg.work_dir) as tmp:
         n = len(refs)

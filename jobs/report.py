@@ -104,10 +104,14 @@ def _directions(view_metrics: dict) -> list[str]:
     return [d for d, v in view_metrics.items() if d != "mean" and isinstance(v, dict) and "R@1" in v]
 
 
-def _variant_views(metrics: dict) -> list[str]:
-    """Variant views to show: averaged views replace their members (mix_0.9 for its seeds)."""
+def _top_level(metrics: dict) -> list[str]:
+    """Entries to show, aggregates replacing their members: ``mix_0.9`` for its seeds' views,
+    ``replace`` for its two hard-positive sets, SugarCrepe ``overall`` for its tasks."""
     members = {m for v in metrics.values() if isinstance(v, dict) for m in v.get("members", [])}
     return [v for v, d in metrics.items() if v != "original" and v not in members and isinstance(d, dict)]
+
+
+_variant_views = _top_level
 
 
 def _drop(metrics: dict, view: str, d: str) -> float | None:
@@ -132,8 +136,8 @@ def _main_metric(res: dict) -> tuple[str, float | None]:
         vals = [v for v in vals if v is not None]
         return "R@1", (sum(vals) / len(vals) if vals else None)
     for key in _MAIN_CHOICE:
-        vals = [_num(t["all"].get(key)) for t in m.values()
-                if isinstance(t, dict) and "members" not in t and isinstance(t.get("all"), dict) and key in t["all"]]
+        vals = [_num(m[t]["all"].get(key)) for t in _top_level(m) if isinstance(m[t].get("all"), dict)
+                and key in m[t]["all"]]
         vals = [v for v in vals if v is not None]
         if vals:
             return key, sum(vals) / len(vals)
@@ -211,7 +215,7 @@ def _plot_vs_step(by_suite: dict[str, list[_Result]], order, x, unit) -> bytes:
                         style.setdefault(f"{d} {v}", {"lw": 1.2, "ls": "--"})
                 ax.set_ylabel("R@1 (%)")
             else:
-                for t in _variant_views({"original": {}, **m}):
+                for t in _top_level(m):
                     all_ = m[t].get("all", {}) if isinstance(m[t], dict) else {}
                     for k in _CHOICE_KEYS:
                         if k in all_:
