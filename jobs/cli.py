@@ -134,6 +134,12 @@ def _add_module_commands(sub) -> None:
 
 
 def _cmd_eval(args, *, model: str | None, checkpoints: tuple, suites: tuple, suite_opts, embeddings=None) -> int:
+    if getattr(args, "dry_run", False):
+        from jobs.grid import plan
+
+        plan(model=model, checkpoints=checkpoints, suites=suites, suite_options=suite_opts,
+             store=args.store or _default_store(), precision=args.precision, device=args.device, embeddings=embeddings)
+        return EXIT_OK
     from engine.evaluate import EvalConfig, evaluate
     from engine.results import format_table
 
@@ -142,12 +148,6 @@ def _cmd_eval(args, *, model: str | None, checkpoints: tuple, suites: tuple, sui
                      device=args.device, batch_size=args.batch_size, decode_threads=args.decode_threads,
                      budget_mb=args.budget_mb, max_failures=args.max_failures, embeddings=embeddings)
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    if getattr(args, "dry_run", False):
-        from jobs.grid import plan
-
-        plan(model=model, checkpoints=checkpoints, suites=suites, suite_options=suite_opts, store=cfg.store,
-             precision=args.precision, device=args.device, embeddings=embeddings)
-        return EXIT_OK
     report = evaluate(cfg, progress=_progress(args.quiet), echo=echo)
     print(format_table(report.table_rows()))
     return EXIT_OK
