@@ -222,15 +222,17 @@ def _plot_vs_step(by_suite: dict[str, list[_Result]], order, x, unit) -> bytes:
                             series.setdefault(f"{t} {k.replace('_accuracy', '').replace('_score', '')}",
                                               [None] * len(rs))[i] = _num(all_[k])
                 ax.set_ylabel("%")
+        top = 0.0
         for name, ys in series.items():
             pts = [(a, b) for a, b in zip(xs, ys) if b is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", ms=4, label=name, **style.get(name, {"lw": 1.6}))
+                top = max([top] + [b for _, b in pts])
         ax.set_title(suite, fontsize=11)
         ax.set_xlabel(unit if unit != "order" else "checkpoint (name order)")
         if unit == "order":
             ax.set_xticks(xs, [r.label for r in rs], rotation=30, ha="right", fontsize=7)
-        ax.set_ylim(-2, 102)
+        ax.set_ylim(0, 102 if top > 60 else max(top * 1.25, 1.0))  # near-chance checkpoints stay readable
         ax.grid(alpha=0.3)
         if series:
             ax.legend(fontsize=7, ncol=2, loc="best")
@@ -259,7 +261,7 @@ def _plot_drops(by_suite: dict[str, list[_Result]], order) -> bytes | None:
                 for d in _directions(m[v]):
                     if v not in dirs.setdefault(d, []):
                         dirs[d].append(v)
-        for d, views in dirs.items():
+        for d, views in sorted(dirs.items()):
             panels.append((suite, d, views, {l: [_drop(by_label[l], v, d) for v in views] for l in shown}))
     if not panels:
         return None
@@ -426,11 +428,17 @@ def _failures(by_suite: dict[str, list[_Result]], order: list[str], top: int) ->
                 k = (row["task"], row["view"], row["query_id"])
                 counts[k] = counts.get(k, 0) + 1
         last, rows = per_ckpt[-1]
+        by_task: dict[str, list] = {}
         for row in rows:
             row["fails_in"] = counts[(row["task"], row["view"], row["query_id"])]
-        rows.sort(key=lambda r: (-r["fails_in"], -(r["rank"] or 0), r["task"], r["view"], r["query_id"]))
+            by_task.setdefault(row["task"], []).append(row)
+        for task_rows in by_task.values():
+            task_rows.sort(key=lambda r: (-r["fails_in"], -(r["rank"] or 0), r["view"], r["query_id"]))
+        shown = []  # take from each direction in turn, so i2t and t2i failures both show
+        for i in range(max((len(v) for v in by_task.values()), default=0)):
+            shown.extend(v[i] for _, v in sorted(by_task.items()) if i < len(v))
         out[suite] = {"checkpoint": last.label, "checkpoints": len(per_ckpt), "total": len(rows),
-                      "rows": rows[:top], "result": last}
+                      "rows": shown[:top], "result": last}
     return out
 
 
@@ -512,8 +520,8 @@ def _render_html(ctx: dict, thumbs: _Thumbs) -> str:
         roots = _image_roots(f["result"].data, ctx["results_dir_path"])
         h.append(f"<h3>{_esc(suite)} &middot; checkpoint {_esc(f['checkpoint'])}</h3>"
                  f'<p class="small">{f["total"]} queries whose top-1 is a perturbed item; showing {len(f["rows"])}, '
-                 f"those failing in the most of the {f['checkpoints']} checkpoints first, then by the rank of the "
-                 f"true match.</p>")
+                 f"per direction those failing in the most of the {f['checkpoints']} checkpoints first, then by the "
+                 f"rank of the true match.</p>")
         h.append('<table class="failures"><tr><th>task</th><th>view</th><th>query</th><th>top-1 (perturbed)</th>'
                  "<th>group</th><th>true rank</th><th>fails in</th></tr>")
         for r in f["rows"]:
