@@ -14,7 +14,7 @@ from pathlib import Path
 
 __all__ = ["add_bench_parser", "PipelineBenchConfig", "bench_pipeline", "naive_rank"]
 
-EXIT_OK = 0
+EXIT_OK, EXIT_ERROR = 0, 1
 
 
 @dataclass(frozen=True)
@@ -549,20 +549,26 @@ def _cmd_pipeline(args) -> int:
 
     model, ckpts = args.model, _expand_checkpoints(args.checkpoint)
     data = args.data
+    if model is None and args.checkpoint:
+        print("hardrank bench pipeline: --checkpoint needs --model (leave both out for the toy model)", file=sys.stderr)
+        return 2
     if model is None:
         from engine.suites.toy import default_world_dir
         from jobs.demo import demo_inputs
 
-        model, toy_ckpts, world = demo_inputs(str(default_world_dir()))
-        ckpts = ckpts if args.checkpoint else toy_ckpts
-        data = data or world
+        model, ckpts, world = demo_inputs(data or str(default_world_dir()))
+        data = world
     opts = SuiteOptions(data=data, images=args.images, annotations=args.annotations,
                         image_variants=tuple(args.image_variants), seeds=tuple(args.seeds))
     cfg = PipelineBenchConfig(model=model, checkpoints=ckpts, suites=tuple(args.suite), suite_options=opts,
                               device=args.device, batch_size=args.batch_size, decode_threads=args.decode_threads,
                               budget_mb=args.budget_mb, sample=args.sample, naive=args.naive)
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    b = bench_pipeline(cfg, echo=echo)
+    try:
+        b = bench_pipeline(cfg, echo=echo)
+    except RuntimeError as exc:  # a missing component (the kernels), not bad data
+        print(f"hardrank bench: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_pipeline.json").write_text(json.dumps(b, indent=2, default=str))

@@ -12,7 +12,7 @@ __all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_USAGE, EXIT_DATA, EXIT_FAILURES = 0, 2, 3, 4
 EXIT_CODES = ("exit codes: 0 ok, 2 usage (bad flags or job file), 3 bad data (missing/malformed files), "
-              "4 too many unreadable images (--max-failures)")
+              "4 too many unreadable images (--max-failures), 1 anything else")
 TOY_DATA = Path(__file__).resolve().parent.parent / "engine" / "data"
 
 

@@ -100,6 +100,12 @@ def test_bench_needs_kernels_message(world, monkeypatch):
     monkeypatch.delitem(sys.modules, "engine.evaluate", raising=False)
     with pytest.raises(RuntimeError, match="needs the ranking kernels"):
         bench_pipeline(_cfg(world), echo=lambda s: None)
+    from jobs.cli import main
+
+    args = ["bench", "pipeline", "--model", str(world["cfg"]), "--checkpoint", *world["ckpts"], "--suite", "rococo",
+            "--annotations", str(world["annotations"]), "--images", str(world["images"]), "--quiet"]
+    assert main(args) == 1
+    assert main(["bench", "pipeline", "--checkpoint", "a.pt"]) == 2
 
 
 @pytest.mark.skipif(not HAVE_KERNELS, reason="kernels.grouped_ranks not in this build")
