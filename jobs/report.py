@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,7 @@ def _load(results_dir: Path, skip: Path | None) -> list[_Result]:
                                 f"`hardrank eval` (it holds <checkpoint>/<suite>.json)")
     found: list[_Result] = []
     for p in sorted(results_dir.rglob("*.json")):
-        if p.name.startswith(".") or (skip is not None and skip in p.parents):
+        if p.name.startswith(".") or (skip is not None and skip in p.resolve().parents):
             continue
         try:
             data = json.loads(p.read_text())
@@ -613,6 +614,9 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *, top:
 
 # -- CLI -------------------------------------------------------------------------------------
 def _cmd_report(args) -> int:
+    if args.top < 0:
+        print(f"hardrank report: --top must be >= 0, got {args.top}", file=sys.stderr)
+        return 2
     paths = build_report(args.results, args.out, top=args.top)
     for k in ("csv", "html", "md"):
         print(paths[k])
