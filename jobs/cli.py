@@ -1,4 +1,4 @@
-"""The `hardrank` command line: eval, demo, toy world and checkpoints."""
+"""The `hardrank` command line: eval, demo, toy world and checkpoints (more commands register from jobs/*)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,8 @@ from pathlib import Path
 __all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_USAGE, EXIT_DATA, EXIT_FAILURES = 0, 2, 3, 4
+EXIT_CODES = ("exit codes: 0 ok, 2 usage (bad flags or job file), 3 bad data (missing/malformed files), "
+              "4 too many unreadable images (--max-failures), 1 anything else")
 TOY_DATA = Path(__file__).resolve().parent.parent / "engine" / "data"
 
 
@@ -20,13 +22,9 @@ def _default_store() -> str:
 
 
 def _progress(quiet: bool):
-    if quiet or not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return lambda total, desc: tqdm(total=total, desc=desc, unit="item", leave=False, dynamic_ncols=True)
+    from jobs.progress import make_progress
+
+    return make_progress(quiet)
 
 
 def _expand_checkpoints(items: list[str] | None) -> tuple:
@@ -52,7 +50,10 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-failures", type=int, default=100,
                    help="unreadable images tolerated (recorded, skipped) before the run stops")
     p.add_argument("--tie-rule", default="index", choices=["index", "optimistic", "pessimistic"])
-    p.add_argument("--quiet", action="store_true", help="no progress bars (for logs)")
+    p.add_argument("--quiet", action="store_true", help="no progress output (bars on a terminal, "
+                   "periodic lines in logs)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (suites, unique items, store hits per "
+                   "checkpoint) and encode nothing")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="examples:\n  hardrank demo --out results/demo\n"
                                         "  hardrank eval --model ViT-B-32 --checkpoint ckpt/epoch_*.pt "
-                                        "--suite rococo --annotations data/rococo --images coco --out results/run1")
+                                        "--suite rococo --annotations data/rococo --images coco --out results/run1\n"
+                                        "  hardrank run grid.toml --dry-run\n"
+                                        "  hardrank report results/run1\n"
+                                        "  hardrank bench pipeline\n\n" + EXIT_CODES)
     ap.add_argument("-v", "--verbose", action="store_true")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -93,24 +97,49 @@ def build_parser() -> argparse.ArgumentParser:
                     help="amodal: answer each question with the instance crop most similar to it (needs --model)")
     _add_eval_args(ev)
 
-    dm = sub.add_parser("demo", help="build the toy world and evaluate all toy checkpoints on it")
+    dm = sub.add_parser("demo", help="build the toy world and evaluate all toy checkpoints on it",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="examples:\n  hardrank demo --out results/demo\n"
+                               "  hardrank demo --out results/demo --dry-run\n  hardrank report results/demo")
     dm.add_argument("--world", default=None, help="toy world folder (default: <out>/toy_world)")
     _add_eval_args(dm)
 
-    toy = sub.add_parser("toy", help="toy world and toy checkpoints")
+    toy = sub.add_parser("toy", help="toy world and toy checkpoints", formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="examples:\n  hardrank toy world --out /tmp/toy_world\n  hardrank toy train")
     tsub = toy.add_subparsers(dest="toy_command", required=True)
-    tw = tsub.add_parser("world", help="build the toy world")
+    tw = tsub.add_parser("world", help="build the toy world", formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="examples:\n  hardrank toy world --out /tmp/toy_world")
     tw.add_argument("--out", required=True)
-    tt = tsub.add_parser("train", help="train the toy checkpoints (regenerates engine/data/toy_checkpoints)")
+    tt = tsub.add_parser("train", help="train the toy checkpoints (regenerates engine/data/toy_checkpoints)",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="examples:\n  hardrank toy train\n  hardrank toy train --out /tmp/ckpts --world /tmp/toy_world")
     tt.add_argument("--out", default=str(TOY_DATA / "toy_checkpoints"))
     tt.add_argument("--world", default=None, help="toy world folder (default: the cache)")
     from jobs.perturb import add_perturb_parser
 
     add_perturb_parser(sub)
+    _add_module_commands(sub)
     return ap
 
 
+def _add_module_commands(sub) -> None:
+    """Commands that live in their own modules register here (each sets ``func`` on its parser)."""
+    from jobs.bench import add_bench_parser
+    from jobs.grid import add_run_parser
+    from jobs.report import add_report_parser
+
+    add_run_parser(sub)
+    add_report_parser(sub)
+    add_bench_parser(sub)
+
+
 def _cmd_eval(args, *, model: str | None, checkpoints: tuple, suites: tuple, suite_opts, embeddings=None) -> int:
+    if getattr(args, "dry_run", False):
+        from jobs.grid import plan
+
+        plan(model=model, checkpoints=checkpoints, suites=suites, suite_options=suite_opts,
+             store=args.store or _default_store(), precision=args.precision, device=args.device, embeddings=embeddings)
+        return EXIT_OK
     from engine.evaluate import EvalConfig, evaluate
     from engine.results import format_table
 
@@ -175,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine.suites import SuiteFormatError, SuiteOptions
 
     try:
+        if getattr(args, "func", None) is not None:  # commands registered by jobs/* modules
+            return args.func(args)
         if args.command == "eval" and "amodal" in args.suite:
             return _cmd_amodal(args)
         if args.command == "eval":
