@@ -16,9 +16,11 @@ D = 8
 
 
 def _quantised(rng, n):
-    # few distinct values per coordinate -> many exactly equal scores
-    x = rng.integers(-2, 3, size=(n, D)).astype(np.float32)
-    x[np.all(x == 0, axis=1), 0] = 1
+    # 4 entries of +-1 in 8 dims: norm exactly 2, so normalised scores are exact multiples of 1/4
+    # whatever the summation order -> many exact ties that every implementation sees alike
+    x = np.zeros((n, D), dtype=np.float32)
+    cols = np.argsort(rng.random((n, D)), axis=1)[:, :4]
+    np.put_along_axis(x, cols, rng.choice([-1.0, 1.0], size=(n, 4)).astype(np.float32), axis=1)
     return x
 
 
