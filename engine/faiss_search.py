@@ -160,7 +160,7 @@ class FaissIndex:
     streamed chunk, and ``faiss.knn_gpu`` is used when a GPU build sees a GPU), or an approximate
     index such as ``IVF1024,Flat``, ``IVF1024,SQ8``, ``IVF1024,PQ64``, ``HNSW32`` (built on the CPU).
     ``nprobe``: IVF lists visited per query (HNSW: efSearch); None = a default (nlist // 16, >= 1).
-    ``train_sample``: rows used to train IVF/PQ (default 64 x nlist, at most nb), drawn with ``seed``.
+    ``train_sample``: rows used to train IVF/PQ (default max(64 x nlist, 10,000), at most nb), drawn with ``seed``.
     ``refine``: approximate indexes fetch refine x k candidates and re-score them exactly from ``xb``
     (so returned scores are exact and PQ/SQ code errors only affect which candidates are seen).
     ``xb`` may be an fp16 memmap: it is converted to float32 one chunk (``budget_bytes``) at a time.
@@ -207,7 +207,7 @@ class FaissIndex:
             raise ValueError(f"index {self.factory!r} has {nlist} lists for a corpus of {self.nb} rows; "
                              f"use fewer lists (about 4*sqrt(nb)) or 'Flat'")
         if not index.is_trained:
-            n = train_sample or min(self.nb, 64 * (nlist or 256))
+            n = train_sample or max(64 * (nlist or 1), 10_000)  # PQ codebooks want >= 39 x 256 rows
             n = min(int(n), self.nb)
             rows = np.sort(np.random.default_rng(seed).choice(self.nb, n, replace=False))
             ivf = faiss.try_extract_index_ivf(index)

@@ -10,19 +10,21 @@ GroupedRanks = namedtuple("GroupedRanks", "counts pos_score pos_index neg_score 
 
 def topk(xq, xb, k, *, exclude_ptr=None, exclude_idx=None, budget_bytes=64 << 20):
     """Exact top-k by inner product (full score matrix: small tests only); score desc, then lower index."""
-    S = (xq.float() @ xb.float().T).double()  # (nq, nb)
+    S = (xq.double() @ xb.double().T)  # (nq, nb)
     nq, nb = S.shape
+    bad = torch.zeros((nq, nb), dtype=torch.bool)
     if exclude_ptr is not None:
-        for q in range(nq):
-            S[q, exclude_idx[exclude_ptr[q]:exclude_ptr[q + 1]]] = float("nan")
-    D = torch.full((nq, k), float("-inf"))
+        rows = torch.repeat_interleave(torch.arange(nq), exclude_ptr[1:] - exclude_ptr[:-1])
+        bad[rows, exclude_idx] = True
+    key = torch.where(bad, torch.inf, -S)
+    key, order = torch.sort(key, dim=1, stable=True)  # stable: lower index first among equal scores
+    D = torch.full((nq, k), float("-inf"), dtype=torch.float32)
     I = torch.full((nq, k), -1, dtype=torch.int64)
-    for q in range(nq):
-        items = [(-S[q, j].item(), j) for j in range(nb) if not torch.isnan(S[q, j])]
-        items.sort()
-        for r, (s, j) in enumerate(items[:k]):
-            D[q, r], I[q, r] = -s, j
-    return D.float(), I
+    m = min(k, nb)
+    ok = torch.isfinite(key[:, :m])
+    D[:, :m] = torch.where(ok, -key[:, :m], float("-inf")).float()
+    I[:, :m] = torch.where(ok, order[:, :m], -1)
+    return D, I
 
 
 def grouped_ranks(xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule="index", budget_bytes=64 << 20):
