@@ -88,12 +88,16 @@ def _drop_excluded(D, I, excl, nb: int, k: int):
     return _pad(D[:, :k], I[:, :k], k)
 
 
-def _rescore(xq: np.ndarray, xb: np.ndarray, I: np.ndarray) -> np.ndarray:
-    """Exact scores (nq, kk) of candidates ``I`` (-1 -> -inf); rows of ``xb`` read once, sorted."""
-    flat = np.where(I >= 0, I, 0).reshape(-1)
-    uniq, inv = np.unique(flat, return_inverse=True)  # sorted reads: friendlier to memmaps
-    C = _f32(xb[uniq])[inv].reshape(*I.shape, xb.shape[1])
-    return np.where(I >= 0, np.einsum("nd,nkd->nk", xq, C), -np.inf).astype(np.float32)
+def _rescore(xq: np.ndarray, xb: np.ndarray, I: np.ndarray, budget_bytes: int) -> np.ndarray:
+    """Exact scores (nq, kk) of candidates ``I`` (-1 -> -inf), a budget-sized block of queries at a time."""
+    out = np.empty(I.shape, np.float32)
+    step = max(1, budget_bytes // max(1, 6 * I.shape[1] * xb.shape[1]))
+    for s in range(0, len(I), step):
+        Ib = I[s:s + step]
+        C = xb[np.where(Ib >= 0, Ib, 0)].astype(np.float32, copy=False)  # (m, kk, d)
+        sc = np.matmul(C, xq[s:s + step, :, None])[..., 0]
+        out[s:s + step] = np.where(Ib >= 0, sc, -np.inf)
+    return out
 
 
 def _gpu_available() -> bool:
@@ -160,7 +164,7 @@ class FaissIndex:
     streamed chunk, and ``faiss.knn_gpu`` is used when a GPU build sees a GPU), or an approximate
     index such as ``IVF1024,Flat``, ``IVF1024,SQ8``, ``IVF1024,PQ64``, ``HNSW32`` (built on the CPU).
     ``nprobe``: IVF lists visited per query (HNSW: efSearch); None = a default (nlist // 16, >= 1).
-    ``train_sample``: rows used to train IVF/PQ (default max(64 x nlist, 10,000), at most nb), drawn with ``seed``.
+    ``train_sample``: rows used to train IVF/PQ (default max(50 x nlist, 10,000), at most nb), drawn with ``seed``.
     ``refine``: approximate indexes fetch refine x k candidates and re-score them exactly from ``xb``
     (so returned scores are exact and PQ/SQ code errors only affect which candidates are seen).
     ``xb`` may be an fp16 memmap: it is converted to float32 one chunk (``budget_bytes``) at a time.
@@ -207,7 +211,7 @@ class FaissIndex:
             raise ValueError(f"index {self.factory!r} has {nlist} lists for a corpus of {self.nb} rows; "
                              f"use fewer lists (about 4*sqrt(nb)) or 'Flat'")
         if not index.is_trained:
-            n = train_sample or max(64 * (nlist or 1), 10_000)  # PQ codebooks want >= 39 x 256 rows
+            n = train_sample or max(50 * (nlist or 1), 10_000)  # PQ codebooks want >= 39 x 256 rows
             n = min(int(n), self.nb)
             rows = np.sort(np.random.default_rng(seed).choice(self.nb, n, replace=False))
             ivf = faiss.try_extract_index_ivf(index)
@@ -261,7 +265,7 @@ class FaissIndex:
                 self.index.hnsw.efSearch = max(self.nprobe or 64, kr)
             D, I = self.index.search(xq, kr)
             if self.refine > 1:
-                D = _rescore(xq, self.xb, I)
+                D = _rescore(xq, self.xb, I, self.budget_bytes)
             D, I = _sort_rows(D, I)
         return _drop_excluded(D, I, excl, self.nb, k)
 

@@ -24,7 +24,7 @@ log = logging.getLogger("hardrank.mine")
 
 DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text"), "i2i": ("image", "image")}
 RUN_VERSION = 1
-_REFINE = 4            # approximate search fetches 4x the candidates, then re-scores them exactly
+_REFINE = {"PQ": 8, "": 2}  # approximate search fetches 2x (PQ codes: 8x) candidates, re-scored exactly
 _TARGET_RECALL = 0.95  # nprobe auto-tuning stops once recall@10 on the sample reaches this
 _HIST_BINS = 40        # score histogram: 40 bins over [-1, 1]
 
@@ -152,9 +152,7 @@ def _f32(x) -> np.ndarray:
 
 def _gather(xb, I) -> np.ndarray:
     """(m, kk, d) float32 rows of ``xb`` for candidate indices ``I`` (-1 -> row 0, masked by callers)."""
-    flat = np.where(I >= 0, I, 0).reshape(-1)
-    uniq, inv = np.unique(flat, return_inverse=True)  # sorted reads: friendlier to memmaps
-    return _f32(xb[uniq])[inv].reshape(*I.shape, xb.shape[1])
+    return xb[np.where(I >= 0, I, 0)].astype(np.float32, copy=False)
 
 
 # -- searchers: (xq (m, d) f32, kk, exclude CSR) -> exact-scored (D, I) sorted desc, padded ----------
@@ -187,15 +185,16 @@ class _KernelSearch:
 
 
 class _FaissSearch:
-    """A FAISS index; approximate ones fetch _REFINE x candidates and re-score them exactly from ``xb``."""
+    """A FAISS index; approximate ones fetch _REFINE x the candidates and re-score them exactly from ``xb``."""
 
     def __init__(self, xb, factory: str, opts: MineOptions, budget_bytes: int):
         from .faiss_search import FaissIndex
 
+        refine = _REFINE["PQ"] if "PQ" in factory else _REFINE[""]
         self.index = FaissIndex(xb, factory, nprobe=opts.nprobe, budget_bytes=budget_bytes // 4, seed=opts.seed,
-                                refine=_REFINE)
+                                refine=refine)
         self.exact = self.index.exact
-        self.info = {"method": "faiss", "factory": factory, "gpu": self.index.gpu, "refine": _REFINE}
+        self.info = {"method": "faiss", "factory": factory, "gpu": self.index.gpu, "refine": refine}
 
     def __call__(self, xq, kk, excl):
         return self.index.search(xq, kk, exclude=excl)
@@ -229,7 +228,7 @@ def _build_searcher(problem: MineProblem, opts: MineOptions):
     method, factory = _choose(problem, opts)
     budget = opts.budget_mb << 20
     if method == "exact":
-        return _KernelSearch(problem.xb, budget)
+        return _KernelSearch(problem.xb, budget // 4)  # corpus (<= budget) + score tiles
     return _FaissSearch(problem.xb, factory, opts, budget)
 
 
@@ -306,10 +305,10 @@ def _mine_block(search, problem: MineProblem, rows: np.ndarray, opts: MineOption
     out_S = np.full((n, k), -np.inf, np.float32)
     out_I = np.full((n, k), -1, np.int64)
     todo = np.arange(n)
-    kk = min(nb, 2 * k)  # headroom for filtered candidates; grows x4 for queries left short
+    kk = min(nb, k + max(4, k // 2))  # headroom for filtered candidates; grows x4 for queries left short
     while len(todo) and nb:
         D, I = search(xq[todo], kk, _csr_take(*excl, todo) if excl else None)
-        reason = _filter(D, I, xq[todo], problem.xb, _csr_take(*pos, todo) if pos else None, opts, budget)
+        reason = _filter(D, I, xq[todo], problem.xb, _csr_take(*pos, todo) if pos else None, opts, budget // 4)
         keep = reason == 0
         kept = np.cumsum(keep, 1)
         exhausted = (I[:, -1] < 0) | (kk >= nb)
@@ -331,11 +330,7 @@ def _mine_block(search, problem: MineProblem, rows: np.ndarray, opts: MineOption
 
 # -- outputs ----------------------------------------------------------------------------------
 def _digest(strings) -> str:
-    h = hashlib.blake2b(digest_size=12)
-    for s in strings:
-        h.update(s.encode("utf-8"))
-        h.update(b"\0")
-    return h.hexdigest()
+    return hashlib.blake2b("\0".join(strings).encode("utf-8"), digest_size=12).hexdigest()
 
 
 def _write_parquet_atomic(table: pa.Table, path: Path) -> None:
@@ -393,7 +388,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     killed run resumes), then write ``out/summary.json`` and return it.
 
     Search: ``exact`` = kernels.topk over the fp32 corpus in memory; ``faiss:<factory>`` = a FAISS
-    index (approximate ones re-score _REFINE x k candidates exactly); ``auto`` = exact while the fp32
+    index (approximate ones re-score 2x, PQ 8x, the candidates exactly); ``auto`` = exact while the fp32
     corpus fits ``budget_mb``, else an IVF index (SQ8 codes, or PQ when even those do not fit)."""
     echo = echo or (lambda s: None)
     problem.validate()
