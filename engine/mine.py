@@ -306,12 +306,13 @@ def _mine_block(search, problem: MineProblem, rows: np.ndarray, opts: MineOption
     out_I = np.full((n, k), -1, np.int64)
     todo = np.arange(n)
     kk = min(nb, k + max(4, k // 2))  # headroom for filtered candidates; grows x4 for queries left short
+    cap = min(nb, max(1024, 100 * k))  # past this many candidates a query stays short (counted)
     while len(todo) and nb:
         D, I = search(xq[todo], kk, _csr_take(*excl, todo) if excl else None)
         reason = _filter(D, I, xq[todo], problem.xb, _csr_take(*pos, todo) if pos else None, opts, budget // 4)
         keep = reason == 0
         kept = np.cumsum(keep, 1)
-        exhausted = (I[:, -1] < 0) | (kk >= nb)
+        exhausted = (I[:, -1] < 0) | (kk >= cap)
         if opts.min_sim is not None:
             exhausted |= D[:, -1] < opts.min_sim  # sorted: nothing further can pass
         done = (kept[:, -1] >= k) | exhausted
@@ -324,7 +325,7 @@ def _mine_block(search, problem: MineProblem, rows: np.ndarray, opts: MineOption
                 stats[name] += int((reason[j, :cut] == code).sum())
             stats["short"] += int(len(sel) < k)
         todo = todo[~done]
-        kk = min(nb, kk * 4)
+        kk = min(cap, kk * 4)
     return out_S, out_I
 
 

@@ -51,7 +51,8 @@ def add_mine_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--images", default=None, help="root of the relative image paths in .json/.parquet inputs")
     p.add_argument("--dup-threshold", type=_sim, default=0.95,
                    help="drop candidates more similar than this to any positive (near duplicates)")
-    p.add_argument("--no-dup-filter", action="store_true", help="keep near duplicates of positives")
+    p.add_argument("--dup-filter", action=argparse.BooleanOptionalAction, default=True,
+                   help="drop near duplicates of positives (--no-dup-filter keeps them)")
     p.add_argument("--max-sim", type=_sim, default=None, help="drop candidates scoring above this with the query "
                    "(likely unlabelled positives)")
     p.add_argument("--min-sim", type=_sim, default=None, help="drop candidates scoring below this")
@@ -90,7 +91,7 @@ def run_mine(args) -> int:
         except ImportError:
             pass
     try:
-        opts = MineOptions(k=args.k, dup_threshold=None if args.no_dup_filter else args.dup_threshold,
+        opts = MineOptions(k=args.k, dup_threshold=args.dup_threshold if args.dup_filter else None,
                            max_sim=args.max_sim, min_sim=args.min_sim, search=args.search, budget_mb=args.budget_mb,
                            block_size=args.block_size, nprobe=args.nprobe, recall_sample=args.recall_sample)
         cfg = MineConfig(corpus=args.corpus, queries=args.queries, out=args.out, direction=args.direction,
