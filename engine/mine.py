@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 import uuid
 from collections import Counter
@@ -24,7 +25,6 @@ log = logging.getLogger("hardrank.mine")
 
 DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text"), "i2i": ("image", "image")}
 RUN_VERSION = 1
-_REFINE = {"PQ": 8, "": 2}  # approximate search fetches 2x (PQ codes: 8x) candidates, re-scored exactly
 _TARGET_RECALL = 0.95  # nprobe auto-tuning stops once recall@10 on the sample reaches this
 _HIST_BINS = 40        # score histogram: 40 bins over [-1, 1]
 
@@ -185,12 +185,12 @@ class _KernelSearch:
 
 
 class _FaissSearch:
-    """A FAISS index; approximate ones fetch _REFINE x the candidates and re-score them exactly from ``xb``."""
+    """A FAISS index; approximate ones over-fetch candidates (``_refine``) and re-score them exactly from ``xb``."""
 
     def __init__(self, xb, factory: str, opts: MineOptions, budget_bytes: int):
         from .faiss_search import FaissIndex
 
-        refine = _REFINE["PQ"] if "PQ" in factory else _REFINE[""]
+        refine = _refine(factory, xb.shape[1])
         self.index = FaissIndex(xb, factory, nprobe=opts.nprobe, budget_bytes=budget_bytes // 4, seed=opts.seed,
                                 refine=refine)
         self.exact = self.index.exact
@@ -201,15 +201,28 @@ class _FaissSearch:
 
 
 def _auto_factory(nb: int, d: int, budget_bytes: int) -> str:
-    """IVF with about 2*sqrt(nb) lists (a power of two, >= 39 training rows each); SQ8 codes while
-    they fit the budget (1 byte per dim), else PQ with d/8 sub-quantisers."""
+    """IVF with about 2*sqrt(nb) lists (a power of two, >= 39 training rows each) and 4-bit fast-scan
+    PQ codes of 2 dims per sub-quantiser (d/4 bytes a row; 4 or 8 dims when that exceeds the budget).
+    Candidates are re-scored exactly, so recall is set by nprobe, not by the codes, and fast-scan
+    scans lists several times faster than SQ8 on AVX2 (benchmarks/README.md)."""
     nlist = 2 ** max(4, round(math.log2(2 * math.sqrt(max(nb, 1)))))
     while nlist > 16 and nb < 39 * nlist:
         nlist //= 2
-    if nb * d <= budget_bytes:
+    if d % 2:
         return f"IVF{nlist},SQ8"
-    m = max(x for x in range(1, d // 8 + 1) if d % x == 0)
-    return f"IVF{nlist},PQ{m}"
+    for dims in (2, 4, 8):
+        if d % dims == 0 and nb * (d // dims) // 2 <= budget_bytes:
+            break
+    return f"IVF{nlist},PQ{d // dims}x4fs"
+
+
+def _refine(factory: str, d: int) -> int:
+    """Candidates fetched per result before exact re-scoring: 2 for SQ/flat codes, 4 for PQ with
+    <= 2 dims per sub-quantiser, 8 for coarser PQ."""
+    m = re.search(r"PQ(\d+)", factory)
+    if m is None:
+        return 2
+    return 4 if 2 * int(m.group(1)) >= d else 8
 
 
 def _choose(problem: MineProblem, opts: MineOptions) -> tuple[str, str | None]:
@@ -234,7 +247,7 @@ def _build_searcher(problem: MineProblem, opts: MineOptions):
 
 def _measure_recall(search, problem: MineProblem, opts: MineOptions) -> dict:
     """recall@10 of the approximate path (no exclusions) against exact FAISS search on a sample;
-    with ``nprobe`` unset, nprobe is doubled from nlist/128 until the recall reaches _TARGET_RECALL."""
+    with ``nprobe`` unset, nprobe is doubled from nlist/512 until the recall reaches _TARGET_RECALL."""
     from .faiss_search import FaissIndex, recall_at_k
 
     nq = len(problem.xq)
@@ -250,7 +263,7 @@ def _measure_recall(search, problem: MineProblem, opts: MineOptions) -> dict:
     tune = opts.nprobe is None and index.nlist is not None
     top = index.nlist or 0
     if tune:
-        index.set_nprobe(max(1, top // 128))
+        index.set_nprobe(max(1, top // 512))
     tried = []
     while True:
         _, Ia = search(xs, 10, None)
@@ -389,8 +402,8 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     killed run resumes), then write ``out/summary.json`` and return it.
 
     Search: ``exact`` = kernels.topk over the fp32 corpus in memory; ``faiss:<factory>`` = a FAISS
-    index (approximate ones re-score 2x, PQ 8x, the candidates exactly); ``auto`` = exact while the fp32
-    corpus fits ``budget_mb``, else an IVF index (SQ8 codes, or PQ when even those do not fit)."""
+    index (approximate ones over-fetch 2-8x candidates and re-score them exactly); ``auto`` = exact
+    while the fp32 corpus fits ``budget_mb``, else IVF with fast-scan PQ codes (``_auto_factory``)."""
     echo = echo or (lambda s: None)
     problem.validate()
     t_start = time.perf_counter()

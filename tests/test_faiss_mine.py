@@ -327,8 +327,11 @@ def test_auto_search_switches_to_faiss_beyond_budget(monkeypatch):
                       corpus_ids=[""] * 300_000)
     assert mine_mod._choose(big, MineOptions(budget_mb=16)) == ("faiss", "IVF16,SQ8")
     monkeypatch.undo()
-    assert mine_mod._auto_factory(1_000_000, 512, 1 << 30) == "IVF2048,SQ8"
-    assert mine_mod._auto_factory(1_000_000, 512, 256 << 20) == "IVF2048,PQ64"
+    assert mine_mod._auto_factory(1_000_000, 512, 1 << 30) == "IVF2048,PQ256x4fs"  # 128 MB of codes
+    assert mine_mod._auto_factory(1_000_000, 512, 100 << 20) == "IVF2048,PQ128x4fs"
+    assert mine_mod._auto_factory(5_000, 33, 1 << 30) == "IVF128,SQ8"
+    assert (mine_mod._refine("IVF2048,PQ256x4fs", 512), mine_mod._refine("IVF9,PQ64", 512),
+            mine_mod._refine("IVF9,SQ8", 512)) == (4, 8, 2)
 
 
 def test_mine_resumes_only_missing_blocks(kernels, tmp_path):
