@@ -273,8 +273,9 @@ class FaissIndex:
 def faiss_topk(xq, xb, k: int, *, factory: str = "Flat", exclude=None, gpu="auto", nprobe: int | None = None,
                train_sample: int | None = None, budget_bytes: int = 256 << 20) -> tuple[np.ndarray, np.ndarray]:
     """Top-k inner-product search of ``xq (nq, d)`` over ``xb (nb, d)`` with a FAISS index (see
-    ``FaissIndex``); same contract as ``kernels.topk``: excluded rows never returned, score desc then
-    lower index, padded with -inf / -1 when fewer than k rows qualify."""
+    ``FaissIndex``); the contract of ``kernels.topk``: excluded rows never returned, score desc then
+    lower index, padded with -inf / -1 when fewer than k rows qualify; one difference: of several rows
+    tied at the k-th score, FAISS may return any (the kernels return the lowest indices)."""
     return FaissIndex(xb, factory, nprobe=nprobe, train_sample=train_sample, gpu=gpu,
                       budget_bytes=budget_bytes).search(xq, k, exclude=exclude)
 
