@@ -5,16 +5,10 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 __all__ = ["add_mine_parser", "run_mine"]
 
 EXIT_OK, EXIT_DATA, EXIT_FAILURES = 0, 3, 4
-
-
-def _default_store() -> str:
-    base = os.environ.get("HARDRANK_CACHE") or str(Path.home() / ".cache" / "hardrank")
-    return str(Path(base) / "store")
 
 
 def _sim(text: str) -> float:
@@ -80,6 +74,7 @@ def run_mine(args) -> int:
     from engine.embed import TooManyFailures
     from engine.mine import MineConfig, MineOptions, mine
     from engine.suites import SuiteFormatError
+    from jobs.cli import _default_store
 
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     progress = None
