@@ -41,6 +41,7 @@ class EvalConfig:
     budget_mb: int = 256                    # kernel tile budget (score tiles), MiB
     max_failures: int | None = 100          # unreadable images tolerated before stopping
     embeddings: str | None = None           # precomputed embeddings (Parquet: kind, id, embedding) instead of a model
+    search: str = "exhaustive"              # ranking search: exhaustive (kernels) | faiss:<factory> (engine.faiss_search)
 
 
 @dataclass
@@ -100,14 +101,18 @@ def _drop_failed(suite: Suite, tables: Tables) -> Suite:
 def _score_suite(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: EvalConfig) -> tuple[dict, list]:
     outcomes: list[pa.Table] = []
     timings = {}
+    search_info: dict = {}
     if suite.ranking:
         metrics: dict = {}
         counts: dict = {}
         for task in suite.ranking:
             t0 = time.perf_counter()
             ranks = score_ranking(task, emb[task.query_modality], emb[task.gallery_modality],
-                                  tie_rule=suite.tie_rule, device=device, budget_bytes=cfg.budget_mb << 20)
+                                  tie_rule=suite.tie_rule, device=device, budget_bytes=cfg.budget_mb << 20,
+                                  search=cfg.search)
             timings[f"rank_{task.name}"] = time.perf_counter() - t0
+            if getattr(ranks, "info", None):
+                search_info[task.name] = ranks.info
             per_view, outs = ranking_metrics(task, ranks)
             for view, m in per_view.items():
                 metrics.setdefault(view, {})[task.name] = m
@@ -128,7 +133,8 @@ def _score_suite(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: Eva
             o["mean"] = {f"R@{k}": (o["i2t"][f"R@{k}"] + o["t2i"][f"R@{k}"]) / 2 for k in (1, 5, 10)}
         add_drops(metrics)
         average_views(metrics, suite.view_average)
-        return {"task_type": "ranking", "metrics": metrics, "counts": counts, "timings": timings}, outcomes
+        return {"task_type": "ranking", "metrics": metrics, "counts": counts, "timings": timings,
+                "search": search_info}, outcomes
     metrics, counts, verdicts_by_task = {}, {}, {}
     for task in suite.choice:
         t0 = time.perf_counter()
@@ -185,6 +191,8 @@ def evaluate(cfg: EvalConfig, *, progress=None, echo=None) -> EvalReport:
                 "config": {k: v for k, v in asdict(cfg).items() if k != "suite_options"},
                 "suite_options": asdict(cfg.suite_options),
             }
+            if res.get("search"):
+                result["provenance"]["search"] = res["search"]
             files = write_result(Path(cfg.out) / label, suite.name, result, outcomes)
             report.results.append(result)
             report.files.extend(files)

@@ -30,9 +30,19 @@ def _as_tensor(x: np.ndarray, device: str) -> torch.Tensor:
 
 
 def score_ranking(task: RankingTask, query_emb: np.ndarray, gallery_emb: np.ndarray, *, tie_rule: str = "index",
-                  device: str = "cpu", budget_bytes: int = 256 << 20) -> RankArrays:
+                  device: str = "cpu", budget_bytes: int = 256 << 20, search: str = "exhaustive"):
     """One kernel pass over the union of all groups. ``*_emb`` are whole-table embeddings of the
-    query / gallery modality; rows are gathered by the task's item indices."""
+    query / gallery modality; rows are gathered by the task's item indices. ``search="faiss:<factory>"``
+    uses per-group FAISS top-k instead (engine.faiss_search.FaissRanks: censored counts, ``info``)."""
+    if search != "exhaustive":
+        if not search.startswith("faiss:") or len(search) == len("faiss:"):
+            raise ValueError(f"search must be 'exhaustive' or 'faiss:<factory>' (e.g. faiss:Flat, "
+                             f"faiss:IVF1024,Flat), got {search!r}")
+        from .faiss_search import faiss_grouped_ranks
+
+        return faiss_grouped_ranks(query_emb[task.query_items], gallery_emb[task.gallery_items], task.group_bounds,
+                                   task.pos_ptr, task.pos_idx, tie_rule=tie_rule, factory=search[len("faiss:"):],
+                                   gpu="auto" if device.startswith("cuda") else False, budget_bytes=budget_bytes)
     xq = _as_tensor(query_emb[task.query_items], device)      # (nq, d)
     xb = _as_tensor(gallery_emb[task.gallery_items], device)  # (nb, d)
     r = grouped_ranks(xq, xb, torch.from_numpy(task.group_bounds).to(device),

@@ -101,6 +101,10 @@ class EmbeddingStore:
                  for chunk in col.chunks if len(chunk)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def keys(self, modality: str) -> list[str]:
+        """Every stored key of ``modality``, in shard order."""
+        return list(self._index[modality])
+
     def count(self, modality: str) -> int:
         return len(self._index[modality])
 

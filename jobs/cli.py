@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--predictions", default=None, help="amodal: folder of mask predictions to score (no model needed)")
     ev.add_argument("--baseline", default=None, choices=["clip-regions"],
                     help="amodal: answer each question with the instance crop most similar to it (needs --model)")
+    ev.add_argument("--search", default="exhaustive", help="ranking search: exhaustive (exact kernels) or "
+                    "faiss:<factory> (per-group top-k; mean/median rank become lower bounds, see README)")
     _add_eval_args(ev)
 
     dm = sub.add_parser("demo", help="build the toy world and evaluate all toy checkpoints on it",
@@ -103,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                                "  hardrank demo --out results/demo --dry-run\n  hardrank report results/demo")
     dm.add_argument("--world", default=None, help="toy world folder (default: <out>/toy_world)")
     _add_eval_args(dm)
+
+    from jobs.mine import add_mine_parser
+
+    add_mine_parser(sub)
 
     toy = sub.add_parser("toy", help="toy world and toy checkpoints", formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog="examples:\n  hardrank toy world --out /tmp/toy_world\n  hardrank toy train")
@@ -146,7 +152,8 @@ def _cmd_eval(args, *, model: str | None, checkpoints: tuple, suites: tuple, sui
     cfg = EvalConfig(model=model, checkpoints=checkpoints, suites=suites, out=args.out,
                      store=args.store or _default_store(), suite_options=suite_opts, precision=args.precision,
                      device=args.device, batch_size=args.batch_size, decode_threads=args.decode_threads,
-                     budget_mb=args.budget_mb, max_failures=args.max_failures, embeddings=embeddings)
+                     budget_mb=args.budget_mb, max_failures=args.max_failures, embeddings=embeddings,
+                     search=getattr(args, "search", "exhaustive"))
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     report = evaluate(cfg, progress=_progress(args.quiet), echo=echo)
     print(format_table(report.table_rows()))
@@ -213,12 +220,20 @@ def main(argv: list[str] | None = None) -> int:
                                 image_variants=tuple(args.image_variants), seeds=tuple(args.seeds),
                                 text_variants=tuple(args.text_variants) if args.text_variants is not None else None,
                                 tie_rule=args.tie_rule)
+            if args.search != "exhaustive" and not (args.search.startswith("faiss:") and len(args.search) > 6):
+                print(f"hardrank eval: --search must be exhaustive or faiss:<factory>, got {args.search!r}",
+                      file=sys.stderr)
+                return EXIT_USAGE
             if (args.model is None) == (args.embeddings is None):
                 print("hardrank eval: give --model (with --checkpoint files) or --embeddings FILE.parquet",
                       file=sys.stderr)
                 return EXIT_USAGE
             return _cmd_eval(args, model=args.model, checkpoints=_expand_checkpoints(args.checkpoint),
                              suites=tuple(args.suite), suite_opts=opts, embeddings=args.embeddings)
+        if args.command == "mine":
+            from jobs.mine import run_mine
+
+            return run_mine(args)
         if args.command == "demo":
             from jobs.demo import demo_inputs
 

@@ -1,0 +1,265 @@
+"""Mining inputs: Karpathy JSON, image folder, Parquet listing or store folder -> embeddings and positives."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .items import ImageRef, ItemTable, Tables
+from .mine import DIRECTIONS, MineConfig, MineProblem
+from .store import EmbeddingStore
+from .text import pre_caption
+
+__all__ = ["build_problem", "IMAGE_EXTENSIONS"]
+
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
+
+
+@dataclass
+class _Items:
+    """Items of one modality of one source. Items sharing ``group`` are each other's positives
+    (Karpathy: an image and its captions); ``group_key`` names the group across sources."""
+
+    ids: list[str]
+    entries: list | None      # ImageRef / normalised caption; None for store sources (keys given)
+    group: np.ndarray         # (n,) int64
+    group_key: list[str] | None = None  # None: the item's own content key
+    keys: list[str] | None = None       # content keys ("" = unreadable), filled by build_problem
+
+
+@dataclass
+class _Source:
+    kind: str                 # karpathy | folder | parquet | store
+    path: str
+    items: dict[str, _Items]
+    store: EmbeddingStore | None = None
+    group_names: list[str] | None = None  # Karpathy: image path of each group
+
+
+def _source_error(path, what: str) -> ValueError:
+    return ValueError(f"{path}: {what}. A corpus or query set is a Karpathy-format .json (with --images), an "
+                      f"image folder, a .parquet listing with columns id + path (images) or id + text, or an "
+                      f"embedding store fingerprint folder (holding manifest.json)")
+
+
+def _open_store(p: Path) -> EmbeddingStore:
+    m = json.loads((p / "manifest.json").read_text())
+    if m.get("fingerprint") != p.name or "dim" not in m:
+        raise _source_error(p, f"manifest.json names fingerprint {m.get('fingerprint')!r}, not this folder")
+    return EmbeddingStore(p.parent, p.name, dim=int(m["dim"]), dtype=m["dtype"], meta=m.get("meta"))
+
+
+def _load_source(path: str, images: str | None) -> _Source:
+    from .suites.karpathy import read_karpathy
+
+    p = Path(path)
+    if p.is_dir() and (p / "manifest.json").is_file():
+        store = _open_store(p)
+        items = {}
+        for mod in ("image", "text"):
+            keys = store.keys(mod)
+            if keys:
+                items[mod] = _Items(ids=keys, entries=None, group=np.arange(len(keys)), keys=keys)
+        return _Source("store", path, items, store)
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
+        if not files:
+            raise _source_error(p, f"folder holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+        ids = [f.relative_to(p).as_posix() for f in files]
+        return _Source("folder", path, {"image": _Items(ids, [ImageRef(os.fspath(f)) for f in files],
+                                                        np.arange(len(files)))})
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} does not exist")
+    if p.suffix == ".json":
+        clean = read_karpathy(p)
+        owner = np.repeat(np.arange(len(clean)), [len(c) for _, c in clean])
+        caps = [c for _, cs in clean for c in cs]
+        items = {"text": _Items(caps, [pre_caption(c) for c in caps], owner)}
+        paths = [im for im, _ in clean]
+        if images is not None:
+            items["image"] = _Items(paths, [ImageRef(os.fspath(Path(images) / im)) for im in paths],
+                                    np.arange(len(clean)))
+        return _Source("karpathy", path, items, group_names=paths)
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        cols = pq.read_schema(p).names
+        if "id" not in cols or ("path" in cols) == ("text" in cols):
+            raise _source_error(p, f"listing has columns {cols}; expected 'id' and one of 'path' or 'text'")
+        t = pq.read_table(p, columns=["id", "path" if "path" in cols else "text"])
+        ids = [str(v) for v in t.column("id").to_pylist()]
+        if "text" in cols:
+            texts = t.column("text").to_pylist()
+            return _Source("parquet", path, {"text": _Items(ids, [pre_caption(x) for x in texts], np.arange(len(ids)))})
+        root = Path(images) if images is not None else p.parent
+        refs = [ImageRef(os.fspath(root / x)) for x in t.column("path").to_pylist()]
+        return _Source("parquet", path, {"image": _Items(ids, refs, np.arange(len(ids)))})
+    raise _source_error(p, f"unrecognised input (suffix {p.suffix!r})")
+
+
+def _model_store(cfg: MineConfig, sources: list[_Source], echo):
+    """(model or None, the store new embeddings go to)."""
+    stores = [s.store for s in sources if s.store is not None]
+    if cfg.model is None:
+        if any(s.store is None for s in sources):
+            raise ValueError("embedding a Karpathy file, an image folder or a Parquet listing needs --model "
+                             "(and --checkpoint); without a model, pass store folders for both inputs")
+        fps = {s.fingerprint for s in stores}
+        if len(fps) > 1:
+            raise ValueError(f"corpus and queries come from different models' stores {sorted(fps)}; "
+                             f"their embeddings are not comparable")
+        return None, stores[0]
+    from .models import ModelSpec, load_model
+
+    model = load_model(ModelSpec(cfg.model, cfg.checkpoint, cfg.precision, cfg.device))
+    for s in stores:
+        if s.fingerprint != model.fingerprint:
+            raise ValueError(f"store folder {s.dir} holds embeddings of {s.fingerprint}, but --model/--checkpoint "
+                             f"give {model.fingerprint}; pass the matching model or a store folder of this model")
+    if cfg.store is None:
+        raise ValueError("--store is needed to embed the inputs (embeddings are kept and reused there)")
+    store = EmbeddingStore(cfg.store, model.fingerprint, dim=model.embed_dim, dtype=model.store_dtype,
+                           meta={"arch": model.arch_name, "checkpoint": model.spec.checkpoint,
+                                 "precision": model.precision, "preprocess": model.preprocess_cfg})
+    echo(f"model {model.arch_name} ({model.fingerprint}) on {model.device}")
+    return model, store
+
+
+def _karpathy_groups(src: _Source, tables: Tables, rows: dict) -> None:
+    """Name each Karpathy group by its image's content key (so a corpus from another file or an image
+    folder matches), or by its image path when images are not given or unreadable."""
+    img = src.items.get("image")
+    if img is not None and img.keys is None:
+        if (id(src), "image") in rows:
+            all_keys = tables.images.keys()
+            img.keys = [all_keys[r] if r not in tables.images.failed else "" for r in rows[(id(src), "image")]]
+        else:  # images not embedded in this run (t2t): hash them for their keys only
+            t = ItemTable("image")
+            t.add_many(img.entries)
+            img.keys = t.keys()
+    keys = img.keys if img is not None else [""] * len(src.group_names)
+    group_key = [k or f"path:{p}" for k, p in zip(keys, src.group_names)]
+    for it in src.items.values():
+        it.group_key = [group_key[g] for g in it.group]
+
+
+def build_problem(cfg: MineConfig, *, progress=None, echo=None) -> MineProblem:
+    """Load both inputs, embed what the store lacks, and compile queries, corpus and positives.
+
+    Positives of a query (in the corpus modality) are the items of its own source in its group: for
+    a Karpathy file, a caption's image or an image's captions (t2t: every caption of the image, i2i:
+    the image); elsewhere, the item itself in same-modal mining and none across modalities. Corpus
+    rows are never returned for a query when their content key is a positive's, or their group
+    (Karpathy image, keyed by image content when --images is given) is the query's. Duplicate query
+    ids are merged, their positives united."""
+    echo = echo or (lambda s: None)
+    qmod, cmod = DIRECTIONS[cfg.direction]
+    csrc = _load_source(cfg.corpus, cfg.images)
+    qsrc = csrc if os.path.abspath(cfg.queries) == os.path.abspath(cfg.corpus) else _load_source(cfg.queries, cfg.images)
+    for src, mod, role in ((csrc, cmod, "corpus"), (qsrc, qmod, "queries")):
+        if mod not in src.items:
+            hint = " (pass --images for the Karpathy file's images)" if src.kind == "karpathy" else ""
+            raise ValueError(f"{role} {src.path} ({src.kind}) has no {mod}s, which direction {cfg.direction} "
+                             f"needs{hint}; it has {sorted(src.items) or 'nothing'}")
+    if qsrc.kind == "karpathy" and cmod not in qsrc.items:
+        raise ValueError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
+                         f"excluded) is known")
+    model, store = _model_store(cfg, [csrc, qsrc], echo)
+    pos_items = qsrc.items.get(cmod)
+    needed = [(csrc, cmod), (qsrc, qmod)] + ([(qsrc, cmod)] if pos_items is not None else [])
+    tables = Tables.empty()
+    rows: dict[tuple[int, str], np.ndarray] = {}
+    for src, mod in needed:
+        it = src.items[mod]
+        if it.entries is not None and (id(src), mod) not in rows:
+            rows[(id(src), mod)] = tables.of(mod).add_many(it.entries, it.ids)
+    embed = {}
+    if model is not None and (len(tables.images) or len(tables.texts)):
+        from .embed import embed_tables
+
+        stats = embed_tables(tables, [model], [store], batch_size=cfg.batch_size,
+                             decode_threads=cfg.decode_threads, max_failures=cfg.max_failures, progress=progress)
+        embed = {k: v.as_dict() for k, v in stats.items()}
+        for mod, st in stats.items():
+            if st.total:
+                echo(f"{mod}s: {st.total} unique, {st.from_store} from the store, {st.encoded} encoded, "
+                     f"{st.failed} failed ({st.seconds:.1f}s)")
+    for src, mod in needed:
+        it = src.items[mod]
+        if it.keys is None:
+            table = tables.of(mod)
+            all_keys = table.keys()
+            it.keys = [all_keys[r] if r not in table.failed else "" for r in rows[(id(src), mod)]]
+
+    for src in {id(s): s for s in (csrc, qsrc)}.values():
+        if src.kind == "karpathy":
+            _karpathy_groups(src, tables, rows)
+
+    def read(src: _Source, mod: str, sel: list[int]) -> np.ndarray:
+        it = src.items[mod]
+        return (src.store or store).read(mod, [it.keys[i] for i in sel])
+
+    def gkey(it: _Items, i: int) -> str:
+        return it.group_key[i] if it.group_key is not None else it.keys[i]
+
+    # corpus
+    cit = csrc.items[cmod]
+    c_rows = [i for i, k in enumerate(cit.keys) if k]
+    by_key: dict[str, list[int]] = {}
+    for j, i in enumerate(c_rows):
+        by_key.setdefault(cit.keys[i], []).append(j)
+        g = gkey(cit, i)
+        if g != cit.keys[i]:
+            by_key.setdefault(g, []).append(j)
+    xb = read(csrc, cmod, c_rows)
+    # queries, merged by id; positives = same-group items of the query source, in the corpus modality
+    qit = qsrc.items[qmod]
+    members: dict[int, list[int]] = {}
+    if pos_items is not None:
+        for i, g in enumerate(pos_items.group):
+            if pos_items.keys[i]:
+                members.setdefault(int(g), []).append(i)
+    order: dict[str, int] = {}
+    q_rows, q_pos, q_excl = [], [], []
+    for i, k in enumerate(qit.keys):
+        if not k:
+            continue
+        pos = members.get(int(qit.group[i]), []) if pos_items is not None else []
+        if qsrc.kind != "karpathy" and qmod != cmod:
+            pos = []  # no grouping across modalities outside Karpathy files
+        keys = {pos_items.keys[p] for p in pos} | {gkey(qit, i), k}
+        j = order.setdefault(qit.ids[i], len(q_rows))
+        if j == len(q_rows):
+            q_rows.append(i)
+            q_pos.append(list(pos))
+            q_excl.append(keys)
+        else:
+            q_pos[j] = sorted(set(q_pos[j]) | set(pos))
+            q_excl[j] |= keys
+    xq = read(qsrc, qmod, q_rows).astype(np.float32)
+    excl = [sorted({r for key in keys for r in by_key.get(key, ())}) for keys in q_excl]
+    exclude_ptr = np.zeros(len(q_rows) + 1, np.int64)
+    np.cumsum([len(e) for e in excl], out=exclude_ptr[1:])
+    pos_ptr = np.zeros(len(q_rows) + 1, np.int64)
+    np.cumsum([len(p) for p in q_pos], out=pos_ptr[1:])
+    flat_pos = [p for ps in q_pos for p in ps]
+    if pos_items is not None and flat_pos:
+        uniq, inv = np.unique(flat_pos, return_inverse=True)
+        pos_emb = read(qsrc, cmod, uniq.tolist())[inv]
+    else:
+        pos_emb = np.zeros((0, xb.shape[1]), np.float32)
+    fp = store.fingerprint
+    meta = {"corpus": {"path": cfg.corpus, "kind": csrc.kind, "rows": len(c_rows), "skipped": len(cit.keys) - len(c_rows)},
+            "queries": {"path": cfg.queries, "kind": qsrc.kind, "rows": len(q_rows),
+                        "skipped": sum(1 for k in qit.keys if not k)},
+            "model_fingerprint": fp, "embed": embed}
+    return MineProblem(
+        xq=xq, xb=xb, query_ids=[qit.ids[i] for i in q_rows], corpus_ids=[cit.ids[i] for i in c_rows],
+        modality=cmod, direction=cfg.direction,
+        exclude_ptr=exclude_ptr, exclude_idx=np.array([r for e in excl for r in e], np.int64),
+        pos_ptr=pos_ptr, pos_emb=pos_emb,
+        pos_ids=[[pos_items.ids[p] for p in ps] for ps in q_pos] if pos_items is not None else None,
+        meta=meta)
