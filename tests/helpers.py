@@ -8,7 +8,7 @@ import numpy as np
 
 TINY_CFG = {
     "embed_dim": 16,
-    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 16},
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 16},
     "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1},
 }
 
