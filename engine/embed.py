@@ -265,17 +265,18 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
     """Embed every table row missing from any model's store; K models share each decoded batch.
     Returns stats per modality. Failed images are recorded in ``tables.images.failed``.
 
-    runner: None runs in-process on ``models``; otherwise a callable ``runner(job: EmbedJob,
-    sink: EmbedSink)`` that executes the job elsewhere (``jobs.ray_executor.RayRunner``) and
-    delivers every row to ``sink.add`` or ``sink.fail``."""
+    runner: None runs in-process on ``models``; otherwise a callable ``runner(work)`` that executes
+    ``work``, a list of ``(EmbedJob, EmbedSink)`` (one per modality with missing rows), elsewhere
+    (``jobs.ray_executor.RayRunner``) and delivers every row to its sink's ``add`` or ``fail``."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
     if len({m.preprocess_cfg.__repr__() for m in models}) > 1:
         raise ValueError("models in one embed pass must share preprocessing; group checkpoints by architecture")
-    stats = {}
+    stats: dict[str, EmbedStats] = {}
+    work: list[tuple[EmbedJob, EmbedSink]] = []
     for modality in ("image", "text"):
         table: ItemTable = tables.of(modality)
-        st = EmbedStats(total=len(table))
+        st = stats[modality] = EmbedStats(total=len(table))
         t0 = time.perf_counter()
         keys = table.keys()
         st.stage_seconds["key"] = time.perf_counter() - t0
@@ -308,19 +309,29 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
                            preprocess_cfg=dict(models[0].preprocess_cfg), decoder=decoder,
                            batch_size=batch_size, decode_threads=decode_threads)
             bar = progress(total=len(rows), desc=f"embed {modality}s") if progress else None
-            sink = EmbedSink(table, keys, stores, have, st, flush_rows=flush_rows, max_failures=max_failures,
-                             bar=bar)
-            try:
-                (runner or (lambda j, s: _run_local(j, s, models)))(job, sink)
-                sink.flush()
-            finally:
-                if bar:
-                    bar.close()
+            work.append((job, EmbedSink(table, keys, stores, have, st, flush_rows=flush_rows,
+                                        max_failures=max_failures, bar=bar)))
+        st.seconds = time.perf_counter() - t0
+    try:
+        if runner is None:
+            for job, sink in work:
+                t = time.perf_counter()
+                _run_local(job, sink, models)
+                sink.stats.seconds += time.perf_counter() - t
+        elif work:
+            t = time.perf_counter()
+            runner(work)  # one pipeline for both modalities: workers start once
+            for _, sink in work:
+                sink.stats.seconds += time.perf_counter() - t
+    finally:  # also on errors and interrupts: whatever was encoded is committed
+        for _, sink in work:
+            sink.flush()
+            if sink.bar:
+                sink.bar.close()
+    for modality, st in stats.items():
         st.failed = len(st.failures)
         for r, _, why in st.failures:
-            table.failed[r] = why
-        st.seconds = time.perf_counter() - t0
-        stats[modality] = st
+            tables.of(modality).failed[r] = why
     return stats
 
 
