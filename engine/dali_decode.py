@@ -36,32 +36,31 @@ def _geometry(cfg: dict) -> tuple[str, tuple[int, int]]:
     return mode, hw
 
 
-def _plan(w: int, h: int, mode: str, out_hw: tuple[int, int]) -> tuple[float, float, float, float]:
-    """(resize_h, resize_w, crop_pos_y, crop_pos_x) exactly as torchvision's ``Resize(int)`` +
-    ``CenterCrop`` compute them (int() truncation of the long side, Python round() of the offset)."""
+def _plan(w: int, h: int, mode: str, out_hw: tuple[int, int]) -> np.ndarray:
+    """Resize ROI (y0, x0, y1, x1) in input pixels whose resize to ``out_hw`` equals torchvision's
+    ``Resize(int)`` + ``CenterCrop`` on a (h, w) image: the long side is int()-truncated, the crop
+    offset uses Python's round(). Resampling only the crop window samples the same points with the
+    same filter scale as resizing the whole image and then cropping, at ~3/4 of the cost."""
     th, tw = out_hw
     if mode == "squash":
-        return float(th), float(tw), 0.0, 0.0
-    s = th
+        return np.array([0.0, 0.0, h, w], dtype=np.float32)
     if w <= h:
-        nw, nh = s, int(s * h / w)
+        nw, nh = th, int(th * h / w)
     else:
-        nh, nw = s, int(s * w / h)
+        nh, nw = th, int(th * w / h)
     top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))
-    # DALI's anchor is trunc(pos * (extent - crop)); +0.5 keeps float error away from the integer edge.
-    pos_y = (top + 0.5) / (nh - th) if nh > th else 0.0
-    pos_x = (left + 0.5) / (nw - tw) if nw > tw else 0.0
-    return float(nh), float(nw), pos_y, pos_x
+    sy, sx = h / nh, w / nw
+    return np.array([top * sy, left * sx, (top + th) * sy, (left + tw) * sx], dtype=np.float32)
 
 
 class DaliDecoder:
     """Stage: ``{"ref": [ImageRef]}`` -> ``{"pixels": (B, 3, H, W) float32, "ok": (B,) bool,
     "error": [str|None]}``, the same contract (and the same failure messages) as ``PillowDecoder``.
 
-    One DALI pipeline decodes encoded bytes fed through ``external_source``, slices the ref's crop
-    (zero padding outside the image, as Pillow's ``crop``), resizes to the size torchvision would
-    pick with the model's interpolation and antialiasing, then centre-crops and normalises in one
-    ``crop_mirror_normalize``. Each call feeds exactly its rows (variable batch size), so no row is
+    A DALI pipeline decodes encoded bytes fed through ``external_source``, slices the ref's crop
+    (zero padding outside the image, as Pillow's ``crop``), resamples the centre-crop window of the
+    size torchvision would resize to (the model's interpolation, antialiased), and normalises to
+    CHW float in ``crop_mirror_normalize``. Each call feeds exactly its rows (variable batch size), so no row is
     duplicated or dropped (the reason for ``LastBatchPolicy.PARTIAL`` with iterators); rows stay
     in input order. DALI fails a whole batch on one bad image, so a failing batch is retried image
     by image, and images DALI cannot take go to the Pillow path.
@@ -84,9 +83,10 @@ class DaliDecoder:
         self.batch_size = max(1, int(batch_size))
         self.fallback = PillowDecoder(preprocess_cfg, threads=1)
         self.io = ThreadPoolExecutor(self.threads)
-        self.pipe = self._build()
+        self._pipes: dict[bool, object] = {}
 
-    def _build(self):
+    def _build(self, crop: bool):
+        """The pipeline for images without (``crop=False``) or with a ref crop (an extra slice)."""
         import nvidia.dali.fn as fn
         import nvidia.dali.types as types
         from nvidia.dali import Pipeline
@@ -101,18 +101,18 @@ class DaliDecoder:
                         exec_async=False, exec_pipelined=False, prefetch_queue_depth=1)
         with pipe:
             enc = fn.external_source(name="enc", dtype=types.UINT8, ndim=1)
-            box = fn.external_source(name="box", dtype=types.INT64, ndim=1)      # (y0, x0, h, w)
-            plan = fn.external_source(name="plan", dtype=types.FLOAT, ndim=1)    # (rh, rw, pos_y, pos_x)
+            roi = fn.external_source(name="roi", dtype=types.FLOAT, ndim=1)      # (y0, x0, y1, x1)
             # Pillow ignores EXIF orientation here and upsamples chroma like libjpeg's default.
             img = fn.decoders.image(enc, device="mixed" if gpu else "cpu", output_type=types.RGB,
                                     adjust_orientation=False, jpeg_fancy_upsampling=True)
-            img = fn.slice(img, box[0:2], box[2:4], axes=(0, 1), out_of_bounds_policy="pad", fill_values=0)
+            if crop:  # Pillow's crop box, zero-padded outside the image
+                box = fn.external_source(name="box", dtype=types.INT64, ndim=1)  # (y0, x0, h, w)
+                img = fn.slice(img, box[0:2], box[2:4], axes=(0, 1), out_of_bounds_policy="pad", fill_values=0)
             # torchvision resizes PIL images with Pillow's antialiased filters (kernel widened by the
             # downscale factor); DALI's antialias=True does the same.
-            img = fn.resize(img, size=plan[0:2], interp_type=interp, antialias=True)
-            out = fn.crop_mirror_normalize(img, crop=self.size, crop_pos_y=plan[2], crop_pos_x=plan[3],
-                                           rounding="truncate", mean=mean, std=std, dtype=types.FLOAT,
-                                           output_layout="CHW")
+            img = fn.resize(img, size=self.size, roi_start=roi[0:2], roi_end=roi[2:4], roi_relative=False,
+                            interp_type=interp, antialias=True)
+            out = fn.crop_mirror_normalize(img, mean=mean, std=std, dtype=types.FLOAT, output_layout="CHW")
             pipe.set_outputs(out)
         pipe.build()
         return pipe
@@ -132,27 +132,33 @@ class DaliDecoder:
         except Exception:
             return None
         if ref.crop is None:
-            y0, x0, bh, bw = 0, 0, h, w
+            box = None
+            bh, bw = h, w
         else:
             x, y, cw, ch = ref.crop
             x0, y0, x1, y1 = int(x), int(y), int(x + cw), int(y + ch)  # as Pillow's crop box
             bh, bw = y1 - y0, x1 - x0
             if bh <= 0 or bw <= 0:
                 return None
-        return (np.frombuffer(data, dtype=np.uint8), np.array([y0, x0, bh, bw], dtype=np.int64),
-                np.array(_plan(bw, bh, self.mode, self.size), dtype=np.float32))
+            box = np.array([y0, x0, bh, bw], dtype=np.int64)
+        return np.frombuffer(data, dtype=np.uint8), box, _plan(bw, bh, self.mode, self.size)
 
     def _run(self, items: list) -> np.ndarray:
-        self.pipe.feed_input("enc", [it[0] for it in items])
-        self.pipe.feed_input("box", [it[1] for it in items])
-        self.pipe.feed_input("plan", [it[2] for it in items])
-        (out,) = self.pipe.run()
+        crop = items[0][1] is not None
+        pipe = self._pipes.get(crop) or self._pipes.setdefault(crop, self._build(crop))
+        pipe.feed_input("enc", [it[0] for it in items])
+        pipe.feed_input("roi", [it[2] for it in items])
+        if crop:
+            pipe.feed_input("box", [it[1] for it in items])
+        (out,) = pipe.run()
         if self.device == "gpu":
             out = out.as_cpu()
         return out.as_array()  # (n, 3, H, W) float32
 
     def _decode(self, items: list, idx: list[int], pixels: torch.Tensor, ok: np.ndarray) -> list[int]:
-        """Decode ``items`` into ``pixels[idx]``; returns the positions DALI could not decode."""
+        """Decode ``items`` (all with or all without a crop) into ``pixels[idx]``; returns the
+        positions DALI could not decode."""
+        bad = []
         for s in range(0, len(items), self.batch_size):
             part, pidx = items[s:s + self.batch_size], idx[s:s + self.batch_size]
             try:
@@ -161,29 +167,35 @@ class DaliDecoder:
                 continue
             except Exception as exc:  # one bad image fails the batch: retry one by one
                 log.info("DALI batch of %d failed (%s); retrying image by image", len(part), exc)
-                self.pipe = self._build()
-            bad = []
+                self._pipes.clear()  # a pipeline that raised is not reused
             for it, i in zip(part, pidx):
                 try:
                     pixels[i] = torch.from_numpy(self._run([it])[0])
                     ok[i] = True
                 except Exception:
-                    self.pipe = self._build()
+                    self._pipes.clear()
                     bad.append(i)
-            return bad + self._decode(items[s + self.batch_size:], idx[s + self.batch_size:], pixels, ok)
-        return []
+        return bad
 
     def __call__(self, batch: dict) -> dict:
         refs: list[ImageRef] = list(batch["ref"])
         n = len(refs)
-        pixels = torch.zeros((n, 3, *self.size), dtype=torch.float32)
-        ok = np.zeros(n, dtype=bool)
         error: list[str | None] = [None] * n
-        read = list(self.io.map(self._read, refs))
-        idx = [i for i, r in enumerate(read) if r is not None]
+        read = list(self.io.map(self._read, refs)) if self.threads > 1 else [self._read(r) for r in refs]
+        if 0 < n <= self.batch_size and all(r is not None for r in read) and len({r[1] is None for r in read}) == 1:
+            try:  # the common case: one DALI run, its output is the batch (no second copy)
+                pixels = torch.from_numpy(self._run(read))
+                return {**batch, "pixels": pixels, "ok": np.ones(n, dtype=bool), "error": error}
+            except Exception as exc:
+                log.info("DALI batch of %d failed (%s); retrying image by image", n, exc)
+                self._pipes.clear()
+        pixels = torch.empty((n, 3, *self.size), dtype=torch.float32)
+        ok = np.zeros(n, dtype=bool)
         rest = [i for i, r in enumerate(read) if r is None]
-        if idx:
-            rest += self._decode([read[i] for i in idx], idx, pixels, ok)
+        for crop in (False, True):
+            idx = [i for i, r in enumerate(read) if r is not None and (r[1] is not None) == crop]
+            if idx:
+                rest += self._decode([read[i] for i in idx], idx, pixels, ok)
         if rest:  # the Pillow reference path: decodes what it can, records the rest
             rest.sort()
             fb = self.fallback({"ref": [refs[i] for i in rest]})
@@ -192,4 +204,5 @@ class DaliDecoder:
                 error[i] = fb["error"][j]
                 if ok[i]:
                     pixels[i] = fb["pixels"][j]
+        pixels[torch.from_numpy(~ok)] = 0.0
         return {**batch, "pixels": pixels, "ok": ok, "error": error}
