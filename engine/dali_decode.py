@@ -155,16 +155,18 @@ class DaliDecoder:
             out = out.as_cpu()
         return out.as_array()  # (n, 3, H, W) float32
 
-    def _decode(self, items: list, idx: list[int], pixels: torch.Tensor, ok: np.ndarray) -> list[int]:
+    def _decode(self, items: list, idx: list[int], pixels: torch.Tensor, ok: np.ndarray,
+                batched: bool = True) -> list[int]:
         """Decode ``items`` (all with or all without a crop) into ``pixels[idx]``; returns the
-        positions DALI could not decode."""
+        positions DALI could not decode. ``batched=False``: image by image straight away."""
         bad = []
         for s in range(0, len(items), self.batch_size):
             part, pidx = items[s:s + self.batch_size], idx[s:s + self.batch_size]
             try:
-                pixels[pidx] = torch.from_numpy(self._run(part))
-                ok[pidx] = True
-                continue
+                if batched:
+                    pixels[pidx] = torch.from_numpy(self._run(part))
+                    ok[pidx] = True
+                    continue
             except Exception as exc:  # one bad image fails the batch: retry one by one
                 log.info("DALI batch of %d failed (%s); retrying image by image", len(part), exc)
                 self._pipes.clear()  # a pipeline that raised is not reused
@@ -182,20 +184,22 @@ class DaliDecoder:
         n = len(refs)
         error: list[str | None] = [None] * n
         read = list(self.io.map(self._read, refs)) if self.threads > 1 else [self._read(r) for r in refs]
+        batched = True
         if 0 < n <= self.batch_size and all(r is not None for r in read) and len({r[1] is None for r in read}) == 1:
             try:  # the common case: one DALI run, its output is the batch (no second copy)
                 pixels = torch.from_numpy(self._run(read))
                 return {**batch, "pixels": pixels, "ok": np.ones(n, dtype=bool), "error": error}
-            except Exception as exc:
+            except Exception as exc:  # one bad image fails the batch: retry one by one
                 log.info("DALI batch of %d failed (%s); retrying image by image", n, exc)
                 self._pipes.clear()
+                batched = False
         pixels = torch.empty((n, 3, *self.size), dtype=torch.float32)
         ok = np.zeros(n, dtype=bool)
         rest = [i for i, r in enumerate(read) if r is None]
         for crop in (False, True):
             idx = [i for i, r in enumerate(read) if r is not None and (r[1] is not None) == crop]
             if idx:
-                rest += self._decode([read[i] for i in idx], idx, pixels, ok)
+                rest += self._decode([read[i] for i in idx], idx, pixels, ok, batched)
         if rest:  # the Pillow reference path: decodes what it can, records the rest
             rest.sort()
             fb = self.fallback({"ref": [refs[i] for i in rest]})
