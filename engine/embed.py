@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -13,8 +13,8 @@ from .items import ImageRef, ItemTable, Tables, decode_image
 from .models import LoadedModel
 from .store import EmbeddingStore
 
-__all__ = ["PillowDecoder", "ImageEncoder", "TextEncoder", "EmbedStats", "embed_tables",
-           "TooManyFailures", "make_transform"]
+__all__ = ["PillowDecoder", "ImageEncoder", "TextEncoder", "EmbedStats", "EmbedJob", "EmbedSink", "embed_tables",
+           "TooManyFailures", "make_transform", "encode_text", "DECODERS"]
 
 log = logging.getLogger("hardrank.embed")
 
@@ -80,7 +80,8 @@ class ImageEncoder:
 
 class TextEncoder:
     """Stage: ``{"text": [str]}`` -> embeddings per model. Texts are tokenised once per distinct
-    tokenizer, not once per checkpoint."""
+    tokenizer, not once per checkpoint, and each batch runs at its longest caption's length where
+    that is exact (see ``encode_text``)."""
 
     def __init__(self, models: list[LoadedModel]):
         self.models = models
@@ -94,9 +95,49 @@ class TextEncoder:
             if tid not in tokens_by_tok:
                 tokens_by_tok[tid] = m.tokenizer(batch["text"])
             tok = tokens_by_tok[tid].to(m.device)
-            emb = m.model.encode_text(tok).float()
+            emb = encode_text(m.model, tok).float()
             out[f"emb{i}"] = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
         return out
+
+
+def _pool_index(model, tokens: torch.Tensor) -> torch.Tensor | None:
+    """(B,) position each row's text embedding is pooled from, when cutting the padding is exact:
+    an open_clip ``CLIP`` text tower with a causal mask (position i never sees j > i) and argmax/eos/
+    first pooling. None otherwise (no causal mask, 'last' pooling, custom/HF towers)."""
+    import open_clip
+
+    if not isinstance(model, open_clip.CLIP) or getattr(model, "attn_mask", None) is None:
+        return None
+    pool = model.text_pool_type
+    if pool == "argmax":
+        return tokens.argmax(dim=-1)
+    if pool == "eos" and getattr(model, "text_eos_id", None) is not None:
+        return (tokens == model.text_eos_id).int().argmax(dim=-1)
+    if pool == "first":
+        return torch.zeros(len(tokens), dtype=torch.long)
+    return None
+
+
+def encode_text(model, tokens: torch.Tensor) -> torch.Tensor:
+    """``model.encode_text(tokens)`` run on ``tokens[:, :L]``, L = the batch's last pooled position + 1
+    (its longest caption), where the tower allows it (``_pool_index``); equal to the full-length
+    result up to float summation order. Falls back to ``model.encode_text`` otherwise."""
+    from open_clip.transformer import text_global_pool
+
+    pos = _pool_index(model, tokens) if len(tokens) else None
+    if pos is None or int(pos.max()) + 1 >= tokens.shape[1]:
+        return model.encode_text(tokens)
+    n = int(pos.max()) + 1
+    tokens = tokens[:, :n]  # (B, n)
+    cast_dtype = model.transformer.get_cast_dtype()
+    x = model.token_embedding(tokens).to(cast_dtype)  # (B, n, width): mirrors CLIP.encode_text
+    x = x + model.positional_embedding[:n].to(cast_dtype)
+    x = model.transformer(x, attn_mask=model.attn_mask[:n, :n])
+    x = model.ln_final(x)
+    x = text_global_pool(x, tokens, model.text_pool_type, eos_token_id=getattr(model, "text_eos_id", None))
+    if model.text_projection is not None:
+        x = model.text_projection(x) if isinstance(model.text_projection, torch.nn.Linear) else x @ model.text_projection
+    return x
 
 
 @dataclass
@@ -129,22 +170,113 @@ def _check_failures(st: EmbedStats, max_failures: int | None) -> None:
             f"in the store and a rerun resumes.")
 
 
-def _batches(rows: np.ndarray, size: int):
-    for s in range(0, len(rows), size):
-        yield rows[s:s + size]
+DECODERS = ("pillow", "dali")
+
+
+@dataclass(frozen=True)
+class EmbedJob:
+    """One modality's missing work as plain data (no live models): what a runner executes.
+    Workers rebuild the models from ``specs`` and must arrive at ``fingerprints``."""
+
+    modality: str                      # "image" | "text"
+    rows: np.ndarray                   # (N,) table rows to embed, one per distinct missing key
+    items: tuple                       # (N,) ImageRef (images) or str (texts), aligned with rows
+    specs: tuple                       # ModelSpec per checkpoint, precision resolved
+    fingerprints: tuple                # expected fingerprint per checkpoint
+    preprocess_cfg: dict               # the checkpoints' shared eval transform
+    decoder: str = "pillow"            # "pillow" | "dali" (images only)
+    batch_size: int = 256              # rows per encoder batch
+    decode_threads: int = 2            # decoder threads per decoder
+
+    def batches(self):
+        """(rows, items) per encoder batch. Every executor encodes exactly these batches, so the
+        floating point (batch-size dependent GEMM paths) is identical across executors."""
+        for s in range(0, len(self.rows), self.batch_size):
+            yield self.rows[s:s + self.batch_size], self.items[s:s + self.batch_size]
+
+    def decoder_stage(self):
+        """A fresh decode stage for this job (call inside the worker that runs it)."""
+        if self.decoder == "dali":
+            from .dali_decode import DaliDecoder
+
+            return DaliDecoder(self.preprocess_cfg, threads=self.decode_threads, batch_size=self.batch_size,
+                               device="auto")
+        return PillowDecoder(self.preprocess_cfg, threads=self.decode_threads)
+
+
+class EmbedSink:
+    """Where a runner delivers results, in any order: records failures (stopping past
+    ``max_failures``), buffers embeddings, and writes one atomic shard per store every
+    ``flush_rows`` rows, so a killed run keeps what was flushed and a rerun does only the rest."""
+
+    def __init__(self, table: ItemTable, keys: list[str], stores: list[EmbeddingStore], have: list[np.ndarray],
+                 stats: EmbedStats, *, flush_rows: int, max_failures: int | None, bar=None):
+        self.table, self.keys, self.stores, self.have = table, keys, stores, have
+        self.stats, self.flush_rows, self.max_failures, self.bar = stats, max(1, flush_rows), max_failures, bar
+        self._pending: list[list] = [[] for _ in stores]  # per store: (keys, (n, D) embeddings) chunks
+        self._pending_rows = 0
+
+    def time(self, stage: str, seconds: float) -> None:
+        self.stats.stage_seconds[stage] = self.stats.stage_seconds.get(stage, 0.0) + seconds
+
+    def fail(self, rows, errors) -> None:
+        """Record rows that could not be decoded; raises TooManyFailures (after flushing) past the limit."""
+        for r, why in zip(rows, errors):
+            r = int(r)
+            self.stats.failures.append((r, self.table.entries[r].uri, why))
+            log.warning("skipping image %s: %s", self.table.entries[r].uri, why)
+        if self.bar and len(rows):
+            self.bar.update(len(rows))
+        if self.max_failures is not None and len(self.stats.failures) > self.max_failures:
+            self.flush()
+            _check_failures(self.stats, self.max_failures)
+
+    def add(self, rows, embeddings) -> None:
+        """``embeddings[i]``: (len(rows), D) L2-normalised embeddings of model i for ``rows``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(embeddings) != len(self.stores):
+            raise ValueError(f"got embeddings of {len(embeddings)} models for {len(self.stores)} stores")
+        bkeys = [self.keys[r] for r in rows]
+        for i, emb in enumerate(embeddings):
+            need = ~self.have[i][rows]
+            if need.any():
+                self._pending[i].append(([k for k, n in zip(bkeys, need) if n], np.asarray(emb)[need]))
+        self._pending_rows += len(rows)
+        self.stats.encoded += len(rows)
+        if self._pending_rows >= self.flush_rows:
+            self.flush()
+        if self.bar:
+            self.bar.update(len(rows))
+
+    def flush(self) -> None:
+        t = time.perf_counter()
+        for i, store in enumerate(self.stores):
+            if self._pending[i]:
+                ks = [k for part, _ in self._pending[i] for k in part]
+                store.write(self.table.modality, ks, np.concatenate([e for _, e in self._pending[i]]))
+                self._pending[i] = []
+        self._pending_rows = 0
+        self.time("write", time.perf_counter() - t)
 
 
 def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[EmbeddingStore], *,
-                 batch_size: int = 256, flush_rows: int = 8192, decode_threads: int = 2,
-                 max_failures: int | None = 100, progress=None) -> dict[str, EmbedStats]:
+                 batch_size: int = 256, flush_rows: int = 8192, decode_threads: int = 2, decoder: str = "pillow",
+                 max_failures: int | None = 100, progress=None, runner=None) -> dict[str, EmbedStats]:
     """Embed every table row missing from any model's store; K models share each decoded batch.
-    Returns stats per modality. Failed images are recorded in ``tables.images.failed``."""
+    Returns stats per modality. Failed images are recorded in ``tables.images.failed``.
+
+    runner: None runs in-process on ``models``; otherwise a callable ``runner(work)`` that executes
+    ``work``, a list of ``(EmbedJob, EmbedSink)`` (one per modality with missing rows), elsewhere
+    (``jobs.ray_executor.RayRunner``) and delivers every row to its sink's ``add`` or ``fail``."""
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
     if len({m.preprocess_cfg.__repr__() for m in models}) > 1:
         raise ValueError("models in one embed pass must share preprocessing; group checkpoints by architecture")
-    stats = {}
+    stats: dict[str, EmbedStats] = {}
+    work: list[tuple[EmbedJob, EmbedSink]] = []
     for modality in ("image", "text"):
         table: ItemTable = tables.of(modality)
-        st = EmbedStats(total=len(table))
+        st = stats[modality] = EmbedStats(total=len(table))
         t0 = time.perf_counter()
         keys = table.keys()
         st.stage_seconds["key"] = time.perf_counter() - t0
@@ -161,6 +293,8 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
             if keys[r] not in seen:
                 seen.add(keys[r])
                 rows.append(r)
+        if modality == "text":  # similar lengths share a batch, so trimming padding pays off
+            rows.sort(key=lambda r: len(table.entries[r]))
         rows = np.array(rows, dtype=np.int64)
         st.from_store = int(len(keys) - need_any.sum() - len(failed_rows))
         if len(failed_rows):
@@ -169,91 +303,71 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
                 log.warning("skipping image %s: %s", table.entries[r].uri, table.failed[r])
             _check_failures(st, max_failures)
         if len(rows):
-            _run(table, keys, rows, models, stores, have, st, batch_size=batch_size, flush_rows=flush_rows,
-                 decode_threads=decode_threads, max_failures=max_failures, progress=progress)
+            job = EmbedJob(modality=modality, rows=rows, items=tuple(table.entries[r] for r in rows),
+                           specs=tuple(replace(m.spec, precision=m.precision) for m in models),
+                           fingerprints=tuple(m.fingerprint for m in models),
+                           preprocess_cfg=dict(models[0].preprocess_cfg), decoder=decoder,
+                           batch_size=batch_size, decode_threads=decode_threads)
+            bar = progress(total=len(rows), desc=f"embed {modality}s") if progress else None
+            work.append((job, EmbedSink(table, keys, stores, have, st, flush_rows=flush_rows,
+                                        max_failures=max_failures, bar=bar)))
+        st.seconds = time.perf_counter() - t0
+    try:
+        if runner is None:
+            for job, sink in work:
+                t = time.perf_counter()
+                _run_local(job, sink, models)
+                sink.stats.seconds += time.perf_counter() - t
+        elif work:
+            t = time.perf_counter()
+            runner(work)  # one pipeline for both modalities: workers start once
+            for _, sink in work:
+                sink.stats.seconds += time.perf_counter() - t
+    finally:  # also on errors and interrupts: whatever was encoded is committed
+        for _, sink in work:
+            sink.flush()
+            if sink.bar:
+                sink.bar.close()
+    for modality, st in stats.items():
         st.failed = len(st.failures)
         for r, _, why in st.failures:
-            table.failed[r] = why
-        st.seconds = time.perf_counter() - t0
-        stats[modality] = st
+            tables.of(modality).failed[r] = why
     return stats
 
 
-def _run(table, keys, rows, models, stores, have, st, *, batch_size, flush_rows, decode_threads,
-         max_failures, progress):
-    modality = table.modality
-    if modality == "image":
-        decoder = PillowDecoder(models[0].preprocess_cfg, threads=decode_threads)
-        encoder = ImageEncoder(models)
+def _run_local(job: EmbedJob, sink: EmbedSink, models: list[LoadedModel]) -> None:
+    """The in-process executor: decode batch i+1 in a thread while batch i encodes."""
+    if job.modality == "image":
+        decoder, encoder = job.decoder_stage(), ImageEncoder(models)
     else:
-        decoder = None
-        encoder = TextEncoder(models)
-    pending: list[list] = [[] for _ in models]  # per model: (keys, emb) chunks
-    pending_rows = 0
+        decoder, encoder = None, TextEncoder(models)
 
-    def flush():
-        nonlocal pending_rows
-        for i, store in enumerate(stores):
-            if pending[i]:
-                ks = [k for part, _ in pending[i] for k in part]
-                em = np.concatenate([e for _, e in pending[i]])
-                store.write(modality, ks, em)
-                pending[i] = []
-        pending_rows = 0
-
-    bar = progress(total=len(rows), desc=f"embed {modality}s") if progress else None
-    prefetch = ThreadPoolExecutor(1)
-
-    def load(batch_rows):
+    def load(batch_rows, batch_items):
         t = time.perf_counter()
-        if decoder is None:
-            b = {"text": [table.entries[r] for r in batch_rows]}
-        else:
-            b = decoder({"ref": [table.entries[r] for r in batch_rows]})
+        b = decoder({"ref": list(batch_items)}) if decoder else {"text": list(batch_items)}
         b["rows"] = batch_rows
         b["_decode_s"] = time.perf_counter() - t
         return b
 
-    batches = list(_batches(rows, batch_size))
-    fut = prefetch.submit(load, batches[0]) if batches else None
-    for bi in range(len(batches)):
-        b = fut.result()
-        if bi + 1 < len(batches):
-            fut = prefetch.submit(load, batches[bi + 1])  # decode next while encoding this one
-        st.stage_seconds["decode" if decoder else "read"] = st.stage_seconds.get("decode" if decoder else "read", 0) + b["_decode_s"]
-        ok = b.get("ok", np.ones(len(b["rows"]), dtype=bool))
-        if not ok.all():
-            for r, good, err in zip(b["rows"], ok, b["error"]):
-                if not good:
-                    st.failures.append((int(r), table.entries[r].uri, err))
-                    log.warning("skipping image %s: %s", table.entries[r].uri, err)
-            if max_failures is not None and len(st.failures) > max_failures:
-                flush()
-                prefetch.shutdown(cancel_futures=True)
-                _check_failures(st, max_failures)
-            sel = np.nonzero(ok)[0]
-            if len(sel) == 0:
-                continue
-            b = {**b, "pixels": b["pixels"][torch.from_numpy(sel)], "rows": b["rows"][sel]}
-        t = time.perf_counter()
-        out = encoder(b)
-        st.stage_seconds["encode"] = st.stage_seconds.get("encode", 0) + time.perf_counter() - t
-        bkeys = [keys[r] for r in out["rows"]]
-        for i in range(len(models)):
-            need = ~have[i][out["rows"]]
-            if need.any():
-                pending[i].append(([k for k, n in zip(bkeys, need) if n], out[f"emb{i}"][need]))
-        pending_rows += len(bkeys)
-        st.encoded += len(bkeys)
-        if pending_rows >= flush_rows:
+    batches = list(job.batches())
+    prefetch = ThreadPoolExecutor(1)
+    try:
+        fut = prefetch.submit(load, *batches[0]) if batches else None
+        for bi in range(len(batches)):
+            b = fut.result()
+            if bi + 1 < len(batches):
+                fut = prefetch.submit(load, *batches[bi + 1])  # decode next while encoding this one
+            sink.time("decode" if decoder else "read", b["_decode_s"])
+            ok = b.get("ok", np.ones(len(b["rows"]), dtype=bool))
+            if not ok.all():
+                sink.fail(b["rows"][~ok], [e for e, good in zip(b["error"], ok) if not good])
+                sel = np.nonzero(ok)[0]
+                if len(sel) == 0:
+                    continue
+                b = {**b, "pixels": b["pixels"][torch.from_numpy(sel)], "rows": b["rows"][sel]}
             t = time.perf_counter()
-            flush()
-            st.stage_seconds["write"] = st.stage_seconds.get("write", 0) + time.perf_counter() - t
-        if bar:
-            bar.update(len(b["rows"]))
-    t = time.perf_counter()
-    flush()
-    st.stage_seconds["write"] = st.stage_seconds.get("write", 0) + time.perf_counter() - t
-    prefetch.shutdown()
-    if bar:
-        bar.close()
+            out = encoder(b)
+            sink.time("encode", time.perf_counter() - t)
+            sink.add(out["rows"], [out[f"emb{i}"] for i in range(len(models))])
+    finally:
+        prefetch.shutdown(cancel_futures=True)

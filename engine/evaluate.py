@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from .choice_macro import suite_aggregates
-from .embed import embed_tables
+from .embed import DECODERS, embed_tables
 from .items import Tables
 from .metrics import add_drops, average_views, choice_metrics, ranking_metrics
 from .models import LoadedModel, ModelSpec, load_model
@@ -24,6 +24,7 @@ from .tasks import Suite
 __all__ = ["EvalConfig", "evaluate", "EvalReport"]
 
 log = logging.getLogger("hardrank.eval")
+EXECUTORS = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ class EvalConfig:
     max_failures: int | None = 100          # unreadable images tolerated before stopping
     embeddings: str | None = None           # precomputed embeddings (Parquet: kind, id, embedding) instead of a model
     search: str = "exhaustive"              # ranking search: exhaustive (kernels) | faiss:<factory> (engine.faiss_search)
+    executor: str = "local"                 # local (in-process) | ray (Ray Data; evaluate() then needs a runner)
+    decoder: str = "pillow"                 # pillow (reference) | dali (within a tested bound; own store fingerprint)
+
+    def __post_init__(self):
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}, got {self.decoder!r}")
 
 
 @dataclass
@@ -162,8 +171,16 @@ def _score_suite(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: Eva
     return {"task_type": "choice", "metrics": metrics, "counts": counts, "timings": timings}, outcomes
 
 
-def evaluate(cfg: EvalConfig, *, progress=None, echo=None) -> EvalReport:
-    """Run every checkpoint on every suite. K checkpoints of one architecture share one decode."""
+def evaluate(cfg: EvalConfig, *, progress=None, echo=None, runner=None) -> EvalReport:
+    """Run every checkpoint on every suite. K checkpoints of one architecture share one decode.
+
+    runner: the embed runner for ``cfg.executor == "ray"`` (``jobs.ray_executor.RayRunner``; the
+    engine never imports Ray). None for the local executor."""
+    if cfg.executor == "ray" and runner is None and not cfg.embeddings:
+        raise ValueError("executor 'ray' needs a runner: evaluate(cfg, runner=jobs.ray_executor.RayRunner(...)); "
+                         "`hardrank eval --executor ray` passes one")
+    if cfg.executor == "local" and runner is not None:
+        raise ValueError("a runner was given but cfg.executor is 'local'; set executor='ray' or drop the runner")
     echo = echo or (lambda s: None)
     t_start = time.perf_counter()
     tables = Tables.empty()
@@ -175,7 +192,7 @@ def evaluate(cfg: EvalConfig, *, progress=None, echo=None) -> EvalReport:
     if cfg.embeddings:
         sources, report, failures = _byo_sources(cfg, tables)
     else:
-        sources, report, failures, suites = _model_sources(cfg, tables, suites, progress, echo)
+        sources, report, failures, suites = _model_sources(cfg, tables, suites, progress, echo, runner)
     for label, ident, device, get_emb in sources:
         emb = get_emb()
         for suite in suites:
@@ -200,14 +217,16 @@ def evaluate(cfg: EvalConfig, *, progress=None, echo=None) -> EvalReport:
     return report
 
 
-def _model_sources(cfg: EvalConfig, tables: Tables, suites: list[Suite], progress, echo):
+def _model_sources(cfg: EvalConfig, tables: Tables, suites: list[Suite], progress, echo, runner=None):
     models = [load_model(ModelSpec(cfg.model, c, cfg.precision, cfg.device)) for c in cfg.checkpoints]
+    # DALI pixels differ from Pillow's (within a tested bound): never mix the two in one store
+    suffix = "" if cfg.decoder == "pillow" else f"-{cfg.decoder}"
     labels = _unique_labels([m.label for m in models])
-    stores = [EmbeddingStore(cfg.store, m.fingerprint, dim=m.embed_dim, dtype=m.store_dtype,
+    stores = [EmbeddingStore(cfg.store, m.fingerprint + suffix, dim=m.embed_dim, dtype=m.store_dtype,
                              meta={"arch": m.arch_name, "checkpoint": m.spec.checkpoint, "precision": m.precision,
-                                   "preprocess": m.preprocess_cfg}) for m in models]
+                                   "preprocess": m.preprocess_cfg, "decoder": cfg.decoder}) for m in models]
     stats = embed_tables(tables, models, stores, batch_size=cfg.batch_size, decode_threads=cfg.decode_threads,
-                         max_failures=cfg.max_failures, progress=progress)
+                         decoder=cfg.decoder, max_failures=cfg.max_failures, progress=progress, runner=runner)
     report = EvalReport(embed_stats={k: v.as_dict() for k, v in stats.items()})
     for mod, st in stats.items():
         echo(f"{mod}s: {st.total} unique, {st.from_store} from the store, {st.encoded} encoded "
@@ -217,7 +236,7 @@ def _model_sources(cfg: EvalConfig, tables: Tables, suites: list[Suite], progres
                 for mod, st in stats.items() for r, u, w in st.failures]
     sources = []
     for model, store, label in zip(models, stores, labels):
-        ident = {"checkpoint_path": model.spec.checkpoint, "model_fingerprint": model.fingerprint,
+        ident = {"checkpoint_path": model.spec.checkpoint, "model_fingerprint": store.fingerprint,
                  "provenance": {"architecture": model.arch_name, "precision": model.precision, "device": model.device,
                                 "checkpoint_hash": model.checkpoint_hash}}
         sources.append((label, ident, model.device, lambda st=store: {

@@ -50,6 +50,15 @@ def _add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-failures", type=int, default=100,
                    help="unreadable images tolerated (recorded, skipped) before the run stops")
     p.add_argument("--tie-rule", default="index", choices=["index", "optimistic", "pessimistic"])
+    p.add_argument("--executor", default="local", choices=["local", "ray"],
+                   help="local (default): in-process threads, no cluster start-up, best for small jobs and CI; "
+                        "ray: Ray Data actor pools (decode actors, one encoder per GPU holding all checkpoints); "
+                        "joins --ray-address / $RAY_ADDRESS or starts a local cluster")
+    p.add_argument("--decoder", default="pillow", choices=["pillow", "dali"],
+                   help="pillow (default): the model's own transform, the reference; dali: NVIDIA DALI decode + "
+                        "resize (GPU if present, else CPU), within a tested bound of pillow, stored separately")
+    p.add_argument("--ray-address", default=None, help="Ray cluster to join with --executor ray "
+                   "(default: $RAY_ADDRESS, else a local cluster)")
     p.add_argument("--quiet", action="store_true", help="no progress output (bars on a terminal, "
                    "periodic lines in logs)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (suites, unique items, store hits per "
@@ -149,13 +158,26 @@ def _cmd_eval(args, *, model: str | None, checkpoints: tuple, suites: tuple, sui
     from engine.evaluate import EvalConfig, evaluate
     from engine.results import format_table
 
+    if args.ray_address and args.executor != "ray":
+        print("hardrank: --ray-address needs --executor ray", file=sys.stderr)
+        return EXIT_USAGE
     cfg = EvalConfig(model=model, checkpoints=checkpoints, suites=suites, out=args.out,
                      store=args.store or _default_store(), suite_options=suite_opts, precision=args.precision,
                      device=args.device, batch_size=args.batch_size, decode_threads=args.decode_threads,
                      budget_mb=args.budget_mb, max_failures=args.max_failures, embeddings=embeddings,
-                     search=getattr(args, "search", "exhaustive"))
+                     search=getattr(args, "search", "exhaustive"),
+                     executor=args.executor, decoder=args.decoder)
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    report = evaluate(cfg, progress=_progress(args.quiet), echo=echo)
+    runner = None
+    if args.executor == "ray" and not embeddings:
+        from jobs.ray_executor import RayRunner
+
+        runner = RayRunner(address=args.ray_address)
+    try:
+        report = evaluate(cfg, progress=_progress(args.quiet), echo=echo, runner=runner)
+    finally:
+        if runner is not None:
+            runner.close()
     print(format_table(report.table_rows()))
     return EXIT_OK
 

@@ -1,0 +1,272 @@
+"""The Ray executor: embed jobs on Ray Data actor pools (decode actors -> K-checkpoint encoder actors)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import ray
+import ray.data
+
+from engine.embed import EmbedJob, EmbedSink
+
+__all__ = ["RayRunner"]
+
+log = logging.getLogger("hardrank.ray")
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+class RayRunner:
+    """``runner(work)`` for ``embed_tables`` / ``evaluate``: runs ``EmbedJob``s on one Ray Data pipeline.
+
+    One Ray row is one encoder batch of the job (``job.batches()``), so every checkpoint sees
+    exactly the batches the in-process executor would encode: the embeddings are identical for
+    the same decoder. Decode actors (Pillow or DALI, CPU) feed encoder actors that each hold all K
+    checkpoints (one per GPU, ``num_gpus=1``; one on a CPU-only cluster) and return one embedding
+    column per checkpoint. The driver writes results to the stores as they stream in
+    (``iter_batches``), and the sink commits an atomic shard every ``flush_rows`` rows, so a killed
+    run keeps its work. Actors are built from the job's configs, never from live models, and are
+    restarted (and their task retried) if they die. Ray Data's streaming back-pressure bounds
+    memory: at most ``inflight`` batches per actor are queued.
+
+    address: a Ray cluster to join (default ``$RAY_ADDRESS``; neither: start a local cluster).
+    An already initialised Ray session in this process is used as it is.
+    """
+
+    def __init__(self, address: str | None = None, *, decode_actors: int | None = None,
+                 encode_actors: int | None = None, inflight: int = 2):
+        for name, v in (("decode_actors", decode_actors), ("encode_actors", encode_actors), ("inflight", inflight)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"RayRunner {name} must be a positive int or None, got {v!r}")
+        self.address = address or os.environ.get("RAY_ADDRESS") or None
+        self.decode_actors, self.encode_actors, self.inflight = decode_actors, encode_actors, inflight
+        self._owned = False
+
+    # -- cluster -------------------------------------------------------------------------
+    def _connect(self) -> None:
+        if ray.is_initialized():
+            return
+        if self.address:  # ship this checkout's code so workers run exactly what the driver runs
+            mods = [str(_ROOT / m) for m in ("engine", "jobs", "kernels") if (_ROOT / m).is_dir()]
+            env = {"py_modules": mods, "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
+            ray.init(address=self.address, runtime_env=env, logging_level=logging.WARNING)
+        else:
+            path = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
+            ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False,
+                     logging_level=logging.WARNING)
+        self._owned = True
+
+    def close(self) -> None:
+        """Shut Ray down if this runner started or joined it."""
+        if self._owned and ray.is_initialized():
+            ray.shutdown()
+        self._owned = False
+
+    def __enter__(self) -> "RayRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- running -------------------------------------------------------------------------
+    def __call__(self, work: list[tuple[EmbedJob, EmbedSink]]) -> None:
+        _run(work, self, _DecodeActor)
+
+    def _plan(self, image_job: EmbedJob | None, specs: tuple, n_batches: int, n_image_batches: int) -> dict:
+        res = ray.cluster_resources()
+        cpus, gpus = max(1, int(res.get("CPU", 1))), int(res.get("GPU", 0))
+        gpu = gpus > 0 and all(s.device == "auto" or s.device.startswith("cuda") for s in specs)
+        n_enc = max(1, min(self.encode_actors or (gpus if gpu else 1), n_batches))
+        # On a CPU-only cluster the encoder shares the cores with the decoders (as the in-process
+        # executor's threads do) instead of reserving one that would idle while they decode.
+        n_dec = max(1, min(self.decode_actors or max(1, cpus - (n_enc if gpu else 0)), n_image_batches))
+        threads = image_job.decode_threads if image_job else 1
+        return {"gpu": gpu, "n_enc": n_enc, "n_dec": n_dec, "dec_threads": max(1, threads // n_dec),
+                "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
+
+
+def _configure_data_context() -> None:
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.enable_auto_log_stats = False
+    ctx.print_on_execution_start = False
+    # One row (one encoder batch of pixels) may exceed the default block size; never split rows.
+    ctx.target_max_block_size = max(ctx.target_max_block_size or 0, 1 << 30)
+
+
+_SCHEMA = pa.schema([("batch", pa.int64()), ("modality", pa.string()), ("rows", pa.list_(pa.int64())),
+                     ("uri", pa.list_(pa.string())), ("crop", pa.list_(pa.list_(pa.float64(), 4))),
+                     ("text", pa.list_(pa.string()))])
+
+
+def _source(work: list[tuple[EmbedJob, EmbedSink]]) -> list[pa.Table]:
+    """One single-row Arrow table (one block) per encoder batch, texts first (they are quick)."""
+    out = []
+    for job, _ in sorted(work, key=lambda w: w[0].modality != "text"):
+        for rows, items in job.batches():
+            image = job.modality == "image"
+            crop = [list(r.crop) if r.crop is not None else [np.nan] * 4 for r in items] if image else []
+            out.append(pa.table([[len(out)], [job.modality], [rows.tolist()],
+                                 [[r.uri for r in items] if image else []], [crop],
+                                 [[] if image else list(items)]], schema=_SCHEMA))
+    return out
+
+
+def _light(job: EmbedJob | None) -> EmbedJob | None:
+    """What actors need: the job's configs, not its rows."""
+    return None if job is None else dataclasses.replace(job, rows=np.zeros(0, np.int64), items=())
+
+
+def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls) -> None:
+    jobs = {job.modality: job for job, _ in work}
+    sinks = {job.modality: sink for job, sink in work}
+    if not jobs:
+        return
+    image_job, text_job = _light(jobs.get("image")), _light(jobs.get("text"))
+    specs = next(iter(jobs.values())).specs
+    runner._connect()
+    _configure_data_context()
+    tables = _source(work)
+    n_img = sum(1 for t in tables if t["modality"][0].as_py() == "image")
+    plan = runner._plan(image_job, specs, len(tables), n_img)
+    # Ray Data actor pools default to max_restarts=-1, max_task_retries=-1: a crashed actor is
+    # restarted and its batch redone (pinned by tests/test_ray_dali.py).
+    ds = ray.data.from_arrow(tables)
+    if image_job is not None:
+        ds = ds.map_batches(decode_cls, fn_constructor_args=(image_job, plan["dec_threads"]), batch_size=1,
+                            batch_format="numpy", num_cpus=1,
+                            compute=ray.data.ActorPoolStrategy(size=plan["n_dec"],
+                                                               max_tasks_in_flight_per_actor=runner.inflight))
+    ds = ds.map_batches(_EncodeActor, fn_constructor_args=(image_job, text_job, plan["enc_threads"]), batch_size=1,
+                        batch_format="numpy", num_gpus=1 if plan["gpu"] else 0,
+                        num_cpus=1 if plan["gpu"] else 0.01,
+                        compute=ray.data.ActorPoolStrategy(size=plan["n_enc"],
+                                                           max_tasks_in_flight_per_actor=runner.inflight))
+    k = len(specs)
+    t0 = time.perf_counter()
+    for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        for j in range(len(out["batch"])):
+            sink = sinks[str(out["modality"][j])]
+            rows = np.asarray(out["rows"][j], dtype=np.int64)
+            ok = np.asarray(out["ok"][j], dtype=bool)
+            if not ok.all():
+                errors = json.loads(out["error"][j])
+                sink.fail(rows[~ok], [e for e, good in zip(errors, ok) if not good])
+            if ok.any():
+                sink.add(rows[ok], [np.asarray(out[f"emb{i}"][j])[ok] for i in range(k)])
+            sink.time("decode_actor", float(out["decode_s"][j]))
+            sink.time("encode_actor", float(out["encode_s"][j]))
+    for sink in sinks.values():
+        sink.time("ray", time.perf_counter() - t0)
+
+
+class _DecodeActor:
+    """Ray Data UDF: batch rows of (rows, uri, crop) -> pixels, ok, error; text rows pass through."""
+
+    def __init__(self, job: EmbedJob, threads: int):
+        self.stage = dataclasses.replace(job, decode_threads=threads).decoder_stage()
+        size = job.preprocess_cfg.get("size", 224)
+        self.hw = (size, size) if isinstance(size, int) else tuple(size)
+
+    def __call__(self, batch: dict) -> dict:
+        from engine.items import ImageRef
+
+        out = {c: [] for c in ("batch", "modality", "rows", "text", "pixels", "ok", "error", "decode_s")}
+        for j in range(len(batch["batch"])):
+            rows = np.asarray(batch["rows"][j], dtype=np.int64)
+            for c in ("batch", "modality"):
+                out[c].append(batch[c][j])
+            out["text"].append([str(t) for t in batch["text"][j]])
+            out["rows"].append(rows)
+            if batch["modality"][j] != "image":
+                out["pixels"].append(np.zeros((0, 3, *self.hw), np.float32))
+                out["ok"].append(np.ones(len(rows), dtype=bool))
+                out["error"].append("[]")
+                out["decode_s"].append(0.0)
+                continue
+            crops = np.asarray(list(batch["crop"][j]), dtype=np.float64).reshape(-1, 4)
+            refs = [ImageRef(str(u), None if np.isnan(c[0]) else tuple(float(v) for v in c))
+                    for u, c in zip(batch["uri"][j], crops)]
+            t = time.perf_counter()
+            d = self.stage({"ref": refs})
+            out["decode_s"].append(time.perf_counter() - t)
+            out["pixels"].append(d["pixels"].numpy())  # (n, 3, H, W) float32
+            out["ok"].append(np.asarray(d["ok"], dtype=bool))
+            out["error"].append(json.dumps(d["error"]))
+        return _stack(out)
+
+
+class _EncodeActor:
+    """Ray Data UDF holding all K checkpoints: a batch row -> ``emb0..emb{K-1}`` (n, D) each."""
+
+    def __init__(self, image_job: EmbedJob | None, text_job: EmbedJob | None, threads: int):
+        import torch
+
+        from engine.embed import ImageEncoder, TextEncoder
+        from engine.models import load_model
+
+        job = image_job or text_job
+        if threads:
+            torch.set_num_threads(threads)
+        models = [load_model(s) for s in job.specs]
+        for m, fp in zip(models, job.fingerprints):
+            if m.fingerprint != fp:
+                raise RuntimeError(f"worker built model {m.fingerprint} but the driver expects {fp} "
+                                   f"({m.spec.checkpoint}): the worker runs a different open_clip/hardrank "
+                                   f"or sees a different file")
+        self.dims = [m.embed_dim for m in models]
+        self.image, self.text = ImageEncoder(models), TextEncoder(models)
+
+    def __call__(self, batch: dict) -> dict:
+        import torch
+
+        k = len(self.dims)
+        out = {c: [] for c in ("batch", "modality", "rows", "ok", "error", "decode_s", "encode_s")}
+        out.update({f"emb{i}": [] for i in range(k)})
+        for j in range(len(batch["batch"])):
+            rows = np.asarray(batch["rows"][j], dtype=np.int64)
+            n = len(rows)
+            embs = [np.zeros((n, d), dtype=np.float32) for d in self.dims]
+            ok = np.asarray(batch["ok"][j], dtype=bool) if "ok" in batch else np.ones(n, dtype=bool)
+            t = time.perf_counter()
+            sel = np.nonzero(ok)[0]
+            if batch["modality"][j] == "image" and len(sel):
+                with warnings.catch_warnings():  # read-only Arrow buffer; the encoder never writes to it
+                    warnings.simplefilter("ignore", UserWarning)
+                    pixels = torch.from_numpy(np.ascontiguousarray(batch["pixels"][j]))
+                # exactly what the in-process executor feeds: the batch minus its failures
+                enc = self.image({"pixels": pixels if len(sel) == n else pixels[torch.from_numpy(sel)]})
+            elif len(sel):
+                enc = self.text({"text": [str(s) for s in batch["text"][j]]})
+            for i in range(k if len(sel) else 0):
+                embs[i][sel] = enc[f"emb{i}"]
+            out["encode_s"].append(time.perf_counter() - t)
+            for c in ("batch", "modality"):
+                out[c].append(batch[c][j])
+            out["rows"].append(rows)
+            out["ok"].append(ok)
+            out["error"].append(str(batch["error"][j]) if "error" in batch else "[]")
+            out["decode_s"].append(float(batch["decode_s"][j]) if "decode_s" in batch else 0.0)
+            for i in range(k):
+                out[f"emb{i}"].append(embs[i])
+        return _stack(out)
+
+
+def _stack(cols: dict) -> dict:
+    """Per-row values -> a numpy batch; per-row arrays and lists become object arrays of arrays."""
+    out = {}
+    for name, vals in cols.items():
+        if vals and isinstance(vals[0], (np.ndarray, list)):
+            arr = np.empty(len(vals), dtype=object)
+            for i, v in enumerate(vals):
+                arr[i] = v if isinstance(v, list) else np.asarray(v)
+            out[name] = arr
+        else:
+            out[name] = np.asarray(vals)
+    return out
