@@ -89,15 +89,23 @@ class TextEncoder:
     @torch.inference_mode()
     def __call__(self, batch: dict) -> dict:
         out = dict(batch)
-        tokens_by_tok: dict[int, torch.Tensor] = {}
+        tokens_by_tok: dict[tuple, torch.Tensor] = {}
         for i, m in enumerate(self.models):
-            tid = id(m.tokenizer)
+            tid = _tokenizer_key(m.tokenizer)
             if tid not in tokens_by_tok:
                 tokens_by_tok[tid] = m.tokenizer(batch["text"])
             tok = tokens_by_tok[tid].to(m.device)
             emb = encode_text(m.model, tok).float()
             out[f"emb{i}"] = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
         return out
+
+
+def _tokenizer_key(tok) -> tuple:
+    """Equal keys tokenise identically: each checkpoint gets its own tokenizer object, but K
+    checkpoints of one architecture share the class, the context length and the vocabulary."""
+    inner = getattr(tok, "tokenizer", None)
+    return (type(tok).__module__, type(tok).__qualname__, getattr(tok, "context_length", None),
+            getattr(inner, "name_or_path", None), len(getattr(tok, "encoder", ()) or ()))
 
 
 def _pool_index(model, tokens: torch.Tensor) -> torch.Tensor | None:
