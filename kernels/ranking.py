@@ -38,15 +38,19 @@ class GroupedRanks:
 
 
 # --- the per-tile reduction: count of scores above a per-row threshold, and the row max ---------
+# Counts are int32 (a tile has far fewer than 2**31 columns): summing a bool mask into int64 makes
+# torch cast the whole mask to int64 first, an extra pass over 8 bytes per score.
 
 def _count_amax(s: torch.Tensor, thr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """s (m, w) float32, thr (m,) -> count of s[i] > thr[i] (m,) int64, row max (m,) float32."""
-    return (s > thr[:, None]).sum(1), s.amax(1)
+    """s (m, w) float32, thr (m,) -> count of s[i] > thr[i] (m,) int32, row max (m,) float32."""
+    return (s > thr[:, None]).sum(1, dtype=torch.int32), s.amax(1)
 
 
 # torch.compile fuses the compare, the count and the max into one pass over the tile (CPU:
-# ~0.3 ns/score against ~1.5 ns eager, with the GEMM at ~5 ns/score for d=512). Compiling costs
-# seconds, so it is used for big calls only, or once it exists; HARDRANK_COMPILE=0 disables it.
+# ~0.3 ns/score against ~1.2 ns eager, with the GEMM at ~5 ns/score/core for d=512). Compiling
+# costs seconds (tens on a cold cache), so by default it is used for calls of at least
+# _COMPILE_MIN_SCORES scores, and by every call once built. HARDRANK_COMPILE=0 never compiles,
+# HARDRANK_COMPILE=1 compiles for any call. CPU only: GPU runs stay eager.
 _COMPILE_MIN_SCORES = 1 << 30
 _compiled = None   # the compiled function once built; False when compiling failed
 
@@ -62,35 +66,70 @@ def _compiled_count_amax():
 
 
 def _use_compiled(device: torch.device, n_scores: int) -> bool:
-    if device.type != "cpu" or os.environ.get("HARDRANK_COMPILE", "1") == "0" or _compiled is False:
+    mode = os.environ.get("HARDRANK_COMPILE", "auto")
+    if device.type != "cpu" or mode == "0" or _compiled is False:
         return False
-    return _compiled is not None or n_scores >= _COMPILE_MIN_SCORES
+    return mode == "1" or _compiled is not None or n_scores >= _COMPILE_MIN_SCORES
 
 
-def _tile_count_amax(s: torch.Tensor, thr: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk(w: int) -> int:
+    """Chunk width for two-level row maxima (0: none divides w)."""
+    for c in (128, 64, 32, 16):
+        if w % c == 0 and w > c:
+            return c
+    return 0
+
+
+def _tile_count_amax(s: torch.Tensor, thr: torch.Tensor, fused: bool):
+    """(count (m,) int32, row max (m,) float32, chunk maxima (m, w / c) or None) of s (m, w)."""
     global _compiled
     m, w = s.shape
     if fused and m >= 2 and w >= 2:  # sizes 0/1 would force extra specialised compiles
         fn = _compiled_count_amax()
         if fn:
             try:
-                return fn(s, thr)
+                cnt, mx = fn(s, thr)
+                return cnt, mx, None
             except Exception:  # compile failed at first call: stay eager from now on
                 _compiled = False
-    mx = s.amax(1)  # (m,) float32, cheap
+    c = _chunk(w) if s.is_contiguous() else 0
+    if c:
+        # maxima of 128-wide chunks: as cheap as the row max, and they locate the argmax later
+        cm = s.view(m, w // c, c).amax(2)  # (m, w / c)
+        mx = cm.amax(1)
+    else:
+        cm, mx = None, s.amax(1)
     if s.device.type != "cpu":
-        return (s > thr[:, None]).sum(1), mx
+        return (s > thr[:, None]).sum(1, dtype=torch.int32), mx, cm
     # CPU: rows whose max does not pass the threshold count 0; with a good model that is nearly
     # every row of nearly every tile, so count only the rows that can score.
     active = mx > thr
     n_active = int(active.sum())
     if 2 * n_active >= m:
-        return (s > thr[:, None]).sum(1), mx
-    cnt = torch.zeros(m, dtype=torch.long, device=s.device)
+        return (s > thr[:, None]).sum(1, dtype=torch.int32), mx, cm
+    cnt = torch.zeros(m, dtype=torch.int32, device=s.device)
     if n_active:
         rows = torch.nonzero(active).squeeze(1)
-        cnt[rows] = (s[rows] > thr[rows, None]).sum(1)
-    return cnt, mx
+        cnt[rows] = (s[rows] > thr[rows, None]).sum(1, dtype=torch.int32)
+    return cnt, mx, cm
+
+
+def _first_max_index(v: torch.Tensor, mx: torch.Tensor, cm, rows=None) -> torch.Tensor:
+    """First column of each row of v (or of v[rows]) holding its max mx; argmax over a whole tile
+    is slow on CPU, so find the first chunk holding the max, then the argmax inside it."""
+    m, w = v.shape
+    c = _chunk(w) if v.is_contiguous() else 0
+    if not c:
+        return (v if rows is None else v[rows]).argmax(1)
+    v3 = v.view(m, w // c, c)
+    if rows is None:
+        rows = torch.arange(m, device=v.device)
+        cm = v3.amax(2) if cm is None else cm
+    else:
+        mx = mx[rows]
+        cm = v3[rows].amax(2) if cm is None else cm[rows]
+    j = (cm == mx[:, None]).to(torch.uint8).argmax(1)  # first chunk holding the max
+    return j * c + v3[rows, j].argmax(1)
 
 
 def _flushes_denormals(device: torch.device) -> bool:
@@ -233,15 +272,15 @@ def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts,
             k += 1
             whole = lo == c0 and hi == c1
             v = s if whole else s[:, lo - c0:hi - c0]  # (nqb, hi - lo) piece of group g
-            cnt, mx = _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused and whole)
+            cnt, mx, cm = _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused and whole)
             rows = contain.get(k)
             if rows is not None:
                 sub = v[rows]  # (r, hi - lo) float32, positives already -inf
                 ss = s_star[rows, None]
                 before = torch.arange(lo, hi, device=device)[None, :] < p_star[rows, None]
-                cnt[rows] = ((sub > ss) | ((sub == ss) & before)).sum(1)
+                cnt[rows] = ((sub > ss) | ((sub == ss) & before)).sum(1, dtype=torch.int32)
             cnt_blk[:, g] += cnt
-            _update_best(v, lo, mx, nsc_blk, nix_blk, g)
+            _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g)
 
 
 def _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused):
@@ -256,8 +295,9 @@ def _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused):
         ge = p_star >= lo  # piece before (or holding) p*: ties come first in gallery order
     if two_compares and ge is not None:
         ge_rows = ge if isinstance(ge, torch.Tensor) else torch.ones_like(p_star, dtype=torch.bool)
-        cnt = torch.where(ge_rows, (v >= s_star[:, None]).sum(1), (v > s_star[:, None]).sum(1))
-        return cnt, v.amax(1)
+        cnt = torch.where(ge_rows, (v >= s_star[:, None]).sum(1, dtype=torch.int32),
+                          (v > s_star[:, None]).sum(1, dtype=torch.int32))
+        return cnt, v.amax(1), None
     if ge is None:
         thr = s_star
     elif ge is True:
@@ -267,7 +307,7 @@ def _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused):
     return _tile_count_amax(v, thr, fused)
 
 
-def _update_best(v, lo, mx, nsc_blk, nix_blk, g) -> None:
+def _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g) -> None:
     """Fold the piece's max into the group's running best non-positive. Later pieces hold higher
     indices, so only a strictly greater max replaces the running one; the index (first maximal
     column) is looked up for those rows only."""
@@ -283,8 +323,8 @@ def _update_best(v, lo, mx, nsc_blk, nix_blk, g) -> None:
         return
     if 2 * n_better >= nqb:
         nsc_blk[:, g] = torch.where(better, mx, run)
-        nix_blk[:, g] = torch.where(better, v.argmax(1) + lo, nix_blk[:, g])
+        nix_blk[:, g] = torch.where(better, _first_max_index(v, mx, cm) + lo, nix_blk[:, g])
     else:
         rows = torch.nonzero(better).squeeze(1)
         nsc_blk[rows, g] = mx[rows]
-        nix_blk[rows, g] = v[rows].argmax(1) + lo
+        nix_blk[rows, g] = _first_max_index(v, mx, cm, rows) + lo
