@@ -56,15 +56,18 @@ def best_time(fn, device, reps):
 
 
 def coco_like(nq, nb, d, device, dtype, seed=0):
-    """Random unit vectors; query i owns captions [5i, 5i + 5) (the last queries take the remainder),
-    the gallery split into 'original' and 'added' halves like a RoCOCO view."""
+    """Random unit vectors shaped like COCO i2t: query i owns gallery items [5i, 5i + 5) (the last
+    queries take what is left over: 25,010 = 4,990 x 5 + 10 x 6), the gallery cut in two groups."""
     g = torch.Generator().manual_seed(seed)
     xq = torch.nn.functional.normalize(torch.randn(nq, d, generator=g), dim=1).to(device, dtype)
     xb = torch.nn.functional.normalize(torch.randn(nb, d, generator=g), dim=1).to(device, dtype)
-    per = nb // 2 // nq
-    ptr = torch.arange(nq + 1) * per
-    ptr[-1] = nb // 2
-    idx = torch.arange(nb // 2)
+    per = max(1, nb // nq)
+    lens = torch.full((nq,), per)
+    extra = nb - per * nq
+    if extra > 0:
+        lens[nq - extra:] += 1  # never more than nb - per * nq < nq
+    ptr = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
+    idx = torch.arange(int(ptr[-1])) % nb
     bounds = torch.tensor([0, nb // 2, nb])
     return xq, xb, bounds, ptr, idx
 
@@ -77,6 +80,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--baseline-nq", type=int, default=500, help="queries for the full-matrix baseline")
     ap.add_argument("--q-block", type=int, default=None)
     ap.add_argument("--g-block", type=int, default=None)
@@ -85,6 +89,8 @@ def main() -> None:
                     help="also time grouped_ranks with the torch.compile'd tile reduction (CPU)")
     args = ap.parse_args()
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     xq, xb, bounds, ptr, idx = coco_like(args.nq, args.nb, args.d, device, getattr(torch, args.dtype))
     nq, nb, d = args.nq, args.nb, args.d

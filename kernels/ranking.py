@@ -218,17 +218,45 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
     pidx = pidx.to(device)
     neg_inf = torch.tensor(float("-inf"), device=device)
 
-    for r0 in range(0, nq, plan.q_block):
-        r1 = min(r0 + plan.q_block, nq)
-        _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, plan, op_dtype,
-                    tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index, neg_score,
-                    neg_index)
+    width = tiles[0][2] - tiles[0][0]
+    pos_tile = torch.searchsorted(tile_starts.cpu(), pidx.cpu(), right=True) - 1  # owner tile per positive
+    for r0, r1, cache_tiles in _query_blocks(nq, ptr, pos_tile, plan.q_block, budget_bytes, width,
+                                             adaptive=q_block is None):
+        _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, cache_tiles,
+                    op_dtype, tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index,
+                    neg_score, neg_index)
     return GroupedRanks(counts, pos_score, pos_index, neg_score, neg_index)
 
 
-def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, plan, op_dtype,
-                tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index, neg_score,
-                neg_index) -> None:
+_Q_MIN = 256  # adaptive blocks stop shrinking here: smaller GEMMs lose more than recomputing
+
+
+def _query_blocks(nq, ptr, pos_tile, q_block, budget, width, adaptive):
+    """[(r0, r1, cache_tiles)] query blocks. A block's tiles holding positives are computed before
+    its counting pass and kept for it when the budget allows; past that they are computed twice.
+    When the caller left q_block to us, a block whose positive tiles would not fit is halved
+    (down to _Q_MIN rows): smaller tiles and fewer positive tiles per block (COCO-like data has
+    each block's positives in one contiguous run of the gallery)."""
+    out, r0 = [], 0
+    while r0 < nq:
+        q = q_block
+        while True:
+            r1 = min(r0 + q, nq)
+            tile_bytes = (r1 - r0) * width * 4
+            cap = max(0, (budget - 2 * tile_bytes) // tile_bytes)  # beyond the tile + its temporaries
+            if not adaptive or q <= _Q_MIN:
+                break
+            if torch.unique(pos_tile[ptr[r0]:ptr[r1]]).numel() <= cap:
+                break
+            q = max(_Q_MIN, q // 2)
+        out.append((r0, r1, cap))
+        r0 = r1
+    return out
+
+
+def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, cache_tiles,
+                op_dtype, tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index,
+                neg_score, neg_index) -> None:
     """Fill rows r0:r1 of the outputs."""
     device = xq.device
     nb = xb.shape[0]
@@ -245,7 +273,7 @@ def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts,
         c0, _, c1 = tiles[t]
         s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
         pval[pa:pb] = s[prow[pa:pb], pcol[pa:pb] - c0]
-        if len(cache) < plan.cache_tiles:
+        if len(cache) < cache_tiles:
             cache[t] = s
     s_star = torch.full((nqb,), float("-inf"), device=device).scatter_reduce_(0, prow, pval, "amax")
     best = torch.where(pval == s_star[prow], pcol, nb)
