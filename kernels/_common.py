@@ -27,7 +27,8 @@ def check_embeddings(name: str, x, d: int | None = None) -> torch.Tensor:
     if d is not None and x.shape[1] != d:
         raise ValueError(f"{name} has width d={x.shape[1]} but the queries have d={d}; "
                          "both tables must come from the same embedding space")
-    if x.numel() and not bool(torch.isfinite(x).all()):
+    # amax/amin propagate NaN and expose Inf in two cheap passes (isfinite would be four)
+    if x.numel() and not bool(torch.isfinite(torch.stack([x.amax(), x.amin()])).all()):
         raise ValueError(f"{name} contains NaN or Inf; scores would be meaningless (check the encoder output)")
     return x
 
@@ -76,9 +77,8 @@ def check_csr(ptr_name: str, idx_name: str, ptr, idx, n_rows: int, n_cols: int, 
 
 @dataclass(frozen=True)
 class Plan:
-    q_block: int      # query rows per block
-    g_block: int      # max gallery columns per tile
-    cache_tiles: int  # score tiles that may be kept alive at once beyond the working tile
+    q_block: int  # query rows per block
+    g_block: int  # gallery columns per tile
 
 
 def _check_pos_int(name: str, v) -> int:
@@ -106,9 +106,7 @@ def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | N
     if nq > 0:
         q = min(q, nq)
         q = math.ceil(nq / math.ceil(nq / q))  # balanced blocks: no tiny remainder block
-    tile_bytes = q * g * 4
-    cache = (budget - q * g * _WORK_BYTES_PER_SCORE) // tile_bytes
-    return Plan(q_block=q, g_block=g, cache_tiles=int(cache))
+    return Plan(q_block=q, g_block=g)
 
 
 def gallery_tiles(nb: int, g_block: int) -> list[tuple[int, int, int]]:
@@ -156,15 +154,16 @@ def operand_dtype(xq: torch.Tensor, xb: torch.Tensor, device: torch.device) -> t
     return torch.float32
 
 
-_OUT_DTYPE_OK: dict[str, bool] = {}
+_OUT_DTYPE_OK: dict[tuple[str, torch.dtype], bool] = {}
 
 
-def _mm_out_fp32_supported(device: torch.device) -> bool:
-    """Whether ``torch.mm(..., out_dtype=torch.float32)`` exists for fp16/bf16 on this device (probed once)."""
-    key = str(device)
+def _mm_out_fp32_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch.mm(..., out_dtype=torch.float32)`` takes ``dtype`` operands on ``device``
+    (probed once; older torch has no such overload)."""
+    key = (str(device), dtype)
     if key not in _OUT_DTYPE_OK:
         try:
-            a = torch.ones(2, 2, dtype=torch.float16, device=device)
+            a = torch.ones(2, 2, dtype=dtype, device=device)
             ok = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
         except (TypeError, RuntimeError, NotImplementedError):
             ok = False
@@ -173,10 +172,11 @@ def _mm_out_fp32_supported(device: torch.device) -> bool:
 
 
 def mm_fp32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
-    """a (m, d) @ b_t (d, n) -> (m, n) float32, accumulating in fp32 for fp16/bf16 operands."""
+    """a (m, d) @ b_t (d, n) -> (m, n) float32, accumulating in fp32 for fp16/bf16 operands
+    (cuBLAS fp16 GEMMs with an fp16 output would round every score to 11 bits)."""
     if a.dtype == torch.float32:
         return torch.mm(a, b_t)
-    if a.device.type == "cuda" and _mm_out_fp32_supported(a.device):
+    if a.device.type == "cuda" and _mm_out_fp32_supported(a.device, a.dtype):
         return torch.mm(a, b_t, out_dtype=torch.float32)
     return torch.mm(a.float(), b_t.float())
 

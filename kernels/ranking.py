@@ -40,13 +40,15 @@ class GroupedRanks:
 # --- the per-tile reduction: count of scores above a per-row threshold, and the row max ---------
 
 def _count_amax(s: torch.Tensor, thr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """s (m, w) float32, thr (m,) -> count of s[i] > thr[i] (m,) int64, row max (m,) float32."""
-    return (s > thr[:, None]).sum(1), s.amax(1)
+    """s (m, w) float32, thr (m,) -> count of s[i] > thr[i] (m,) int32, row max (m,) float32."""
+    return (s > thr[:, None]).sum(1, dtype=torch.int32), s.amax(1)
 
 
 # torch.compile fuses the compare, the count and the max into one pass over the tile (CPU:
-# ~0.3 ns/score against ~1.5 ns eager, with the GEMM at ~5 ns/score for d=512). Compiling costs
-# seconds, so it is used for big calls only, or once it exists; HARDRANK_COMPILE=0 disables it.
+# ~0.3 ns/score against ~1.2 ns eager, with the GEMM at ~5 ns/score/core for d=512). Compiling
+# costs seconds (tens on a cold cache), so by default it is used for calls of at least
+# _COMPILE_MIN_SCORES scores, and by every call once built. HARDRANK_COMPILE=0 never compiles,
+# HARDRANK_COMPILE=1 compiles for any call. CPU only: GPU runs stay eager.
 _COMPILE_MIN_SCORES = 1 << 30
 _compiled = None   # the compiled function once built; False when compiling failed
 
@@ -62,35 +64,83 @@ def _compiled_count_amax():
 
 
 def _use_compiled(device: torch.device, n_scores: int) -> bool:
-    if device.type != "cpu" or os.environ.get("HARDRANK_COMPILE", "1") == "0" or _compiled is False:
+    mode = os.environ.get("HARDRANK_COMPILE", "auto")
+    if device.type != "cpu" or mode == "0" or _compiled is False:
         return False
-    return _compiled is not None or n_scores >= _COMPILE_MIN_SCORES
+    return mode == "1" or _compiled is not None or n_scores >= _COMPILE_MIN_SCORES
 
 
-def _tile_count_amax(s: torch.Tensor, thr: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk(w: int) -> int:
+    """Chunk width for two-level row maxima (0: none divides w)."""
+    for c in (128, 64, 32, 16):
+        if w % c == 0 and w > c:
+            return c
+    return 0
+
+
+def _count_gt(s: torch.Tensor, thr: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:
+    """(m,) int32 count of s[i] > thr[i]. On CPU, summing a bool mask makes torch first cast it to
+    the sum's dtype (an extra pass); comparing straight into a float32 buffer and summing that is
+    ~2x faster, and exact (counts are integers far below 2**24)."""
+    if s.device.type != "cpu" or s.shape[1] >= 1 << 24:
+        return (s > thr[:, None]).sum(1, dtype=torch.int32)
+    if buf is None or buf.shape != s.shape:
+        buf = torch.empty(s.shape, dtype=torch.float32, device=s.device)
+    torch.gt(s, thr[:, None], out=buf)
+    return buf.sum(1).to(torch.int32)
+
+
+def _tile_count_amax(s: torch.Tensor, thr: torch.Tensor, fused: bool, buf: torch.Tensor | None = None):
+    """(count (m,) int32, row max (m,) float32, chunk maxima (m, w / c) or None) of s (m, w);
+    ``buf`` is optional float32 scratch of s's shape."""
     global _compiled
     m, w = s.shape
     if fused and m >= 2 and w >= 2:  # sizes 0/1 would force extra specialised compiles
         fn = _compiled_count_amax()
         if fn:
             try:
-                return fn(s, thr)
+                cnt, mx = fn(s, thr)
+                return cnt, mx, None
             except Exception:  # compile failed at first call: stay eager from now on
                 _compiled = False
-    mx = s.amax(1)  # (m,) float32, cheap
+    c = _chunk(w) if s.is_contiguous() else 0
+    if c:
+        # maxima of 128-wide chunks: as cheap as the row max, and they locate the argmax later
+        cm = s.view(m, w // c, c).amax(2)  # (m, w / c)
+        mx = cm.amax(1)
+    else:
+        cm, mx = None, s.amax(1)
     if s.device.type != "cpu":
-        return (s > thr[:, None]).sum(1), mx
+        return _count_gt(s, thr), mx, cm
     # CPU: rows whose max does not pass the threshold count 0; with a good model that is nearly
     # every row of nearly every tile, so count only the rows that can score.
     active = mx > thr
     n_active = int(active.sum())
     if 2 * n_active >= m:
-        return (s > thr[:, None]).sum(1), mx
-    cnt = torch.zeros(m, dtype=torch.long, device=s.device)
+        return _count_gt(s, thr, buf), mx, cm
+    cnt = torch.zeros(m, dtype=torch.int32, device=s.device)
     if n_active:
         rows = torch.nonzero(active).squeeze(1)
-        cnt[rows] = (s[rows] > thr[rows, None]).sum(1)
-    return cnt, mx
+        cnt[rows] = _count_gt(s[rows], thr[rows])
+    return cnt, mx, cm
+
+
+def _first_max_index(v: torch.Tensor, cm, rows=None) -> torch.Tensor:
+    """First column of each row of v (or of v[rows]) holding the row max. A row-wide argmax is
+    slow on CPU (~1.4 ns/score); instead take the first chunk whose max is the row max, then the
+    first max inside that chunk (``max(dim)`` returns the first maximal index)."""
+    m, w = v.shape
+    c = _chunk(w) if v.is_contiguous() else 0
+    if not c:
+        return (v if rows is None else v[rows]).max(1).indices
+    v3 = v.view(m, w // c, c)
+    if rows is None:
+        rows = torch.arange(m, device=v.device)
+        cm = v3.amax(2) if cm is None else cm
+    else:
+        cm = v3[rows].amax(2) if cm is None else cm[rows]
+    j = cm.max(1).indices  # (r,) first chunk holding the row max
+    return j * c + v3[rows, j].max(1).indices
 
 
 def _flushes_denormals(device: torch.device) -> bool:
@@ -168,17 +218,45 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
     pidx = pidx.to(device)
     neg_inf = torch.tensor(float("-inf"), device=device)
 
-    for r0 in range(0, nq, plan.q_block):
-        r1 = min(r0 + plan.q_block, nq)
-        _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, plan, op_dtype,
-                    tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index, neg_score,
-                    neg_index)
+    width = tiles[0][2] - tiles[0][0]
+    pos_tile = torch.searchsorted(tile_starts.cpu(), pidx.cpu(), right=True) - 1  # owner tile per positive
+    for r0, r1, cache_tiles in _query_blocks(nq, ptr, pos_tile, plan.q_block, budget_bytes, width,
+                                             adaptive=q_block is None):
+        _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, cache_tiles,
+                    op_dtype, tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index,
+                    neg_score, neg_index)
     return GroupedRanks(counts, pos_score, pos_index, neg_score, neg_index)
 
 
-def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, plan, op_dtype,
-                tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index, neg_score,
-                neg_index) -> None:
+_Q_MIN = 256  # adaptive blocks stop shrinking here: smaller GEMMs lose more than recomputing
+
+
+def _query_blocks(nq, ptr, pos_tile, q_block, budget, width, adaptive):
+    """[(r0, r1, cache_tiles)] query blocks. A block's tiles holding positives are computed before
+    its counting pass and kept for it when the budget allows; past that they are computed twice.
+    When the caller left q_block to us, a block whose positive tiles would not fit is halved
+    (down to _Q_MIN rows): smaller tiles and fewer positive tiles per block (COCO-like data has
+    each block's positives in one contiguous run of the gallery)."""
+    out, r0 = [], 0
+    while r0 < nq:
+        q = q_block
+        while True:
+            r1 = min(r0 + q, nq)
+            tile_bytes = (r1 - r0) * width * 4
+            cap = max(0, (budget - 2 * tile_bytes) // tile_bytes)  # beyond the tile + its temporaries
+            if not adaptive or q <= _Q_MIN:
+                break
+            if torch.unique(pos_tile[ptr[r0]:ptr[r1]]).numel() <= cap:
+                break
+            q = max(_Q_MIN, q // 2)
+        out.append((r0, r1, cap))
+        r0 = r1
+    return out
+
+
+def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, cache_tiles,
+                op_dtype, tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index,
+                neg_score, neg_index) -> None:
     """Fill rows r0:r1 of the outputs."""
     device = xq.device
     nb = xb.shape[0]
@@ -195,7 +273,7 @@ def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts,
         c0, _, c1 = tiles[t]
         s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
         pval[pa:pb] = s[prow[pa:pb], pcol[pa:pb] - c0]
-        if len(cache) < plan.cache_tiles:
+        if len(cache) < cache_tiles:
             cache[t] = s
     s_star = torch.full((nqb,), float("-inf"), device=device).scatter_reduce_(0, prow, pval, "amax")
     best = torch.where(pval == s_star[prow], pcol, nb)
@@ -218,6 +296,10 @@ def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts,
             contain[k] = order[o:o + c]
             o += c
 
+    # float32 scratch for the CPU count, reused by every tile (allocating it per tile costs page faults)
+    scratch = None
+    if device.type == "cpu" and not fused and tiles:
+        scratch = torch.empty(nqb, tiles[0][2] - tiles[0][0], dtype=torch.float32, device=device)
     cnt_blk = counts[r0:r1]     # (nqb, G) views into the outputs
     nsc_blk = neg_score[r0:r1]
     nix_blk = neg_index[r0:r1]
@@ -233,21 +315,21 @@ def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts,
             k += 1
             whole = lo == c0 and hi == c1
             v = s if whole else s[:, lo - c0:hi - c0]  # (nqb, hi - lo) piece of group g
-            cnt, mx = _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused and whole)
+            cnt, mx, cm = _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares,
+                                       fused and whole, scratch if whole else None)
             rows = contain.get(k)
             if rows is not None:
-                sub = v[rows]  # (r, hi - lo) float32, positives already -inf
-                ss = s_star[rows, None]
-                before = torch.arange(lo, hi, device=device)[None, :] < p_star[rows, None]
-                cnt[rows] = ((sub > ss) | ((sub == ss) & before)).sum(1)
+                # these rows were counted with >= (p* >= lo); ties after p* do not beat it
+                after = torch.arange(lo, hi, device=device)[None, :] > p_star[rows, None]
+                cnt[rows] -= ((v[rows] == s_star[rows, None]) & after).sum(1, dtype=torch.int32)
             cnt_blk[:, g] += cnt
-            _update_best(v, lo, mx, nsc_blk, nix_blk, g)
+            _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g)
 
 
-def _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused):
+def _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused, scratch):
     """Per row: items of the piece v (columns from gallery index lo) scoring above the row's
     threshold, and the piece's max. Under ``index`` the rows whose p* lies in the piece are
-    approximate here (counted with >=) and redone exactly by the caller."""
+    counted with >= here; the caller takes off the ties after p*."""
     if tie_rule == "optimistic":
         ge = None
     elif tie_rule == "pessimistic":
@@ -256,18 +338,19 @@ def _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused):
         ge = p_star >= lo  # piece before (or holding) p*: ties come first in gallery order
     if two_compares and ge is not None:
         ge_rows = ge if isinstance(ge, torch.Tensor) else torch.ones_like(p_star, dtype=torch.bool)
-        cnt = torch.where(ge_rows, (v >= s_star[:, None]).sum(1), (v > s_star[:, None]).sum(1))
-        return cnt, v.amax(1)
+        cnt = torch.where(ge_rows, (v >= s_star[:, None]).sum(1, dtype=torch.int32),
+                          (v > s_star[:, None]).sum(1, dtype=torch.int32))
+        return cnt, v.amax(1), None
     if ge is None:
         thr = s_star
     elif ge is True:
         thr = s_below
     else:
         thr = torch.where(ge, s_below, s_star)
-    return _tile_count_amax(v, thr, fused)
+    return _tile_count_amax(v, thr, fused, scratch)
 
 
-def _update_best(v, lo, mx, nsc_blk, nix_blk, g) -> None:
+def _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g) -> None:
     """Fold the piece's max into the group's running best non-positive. Later pieces hold higher
     indices, so only a strictly greater max replaces the running one; the index (first maximal
     column) is looked up for those rows only."""
@@ -283,8 +366,8 @@ def _update_best(v, lo, mx, nsc_blk, nix_blk, g) -> None:
         return
     if 2 * n_better >= nqb:
         nsc_blk[:, g] = torch.where(better, mx, run)
-        nix_blk[:, g] = torch.where(better, v.argmax(1) + lo, nix_blk[:, g])
+        nix_blk[:, g] = torch.where(better, _first_max_index(v, cm) + lo, nix_blk[:, g])
     else:
         rows = torch.nonzero(better).squeeze(1)
         nsc_blk[rows, g] = mx[rows]
-        nix_blk[rows, g] = v[rows].argmax(1) + lo
+        nix_blk[rows, g] = _first_max_index(v, cm, rows) + lo

@@ -90,6 +90,20 @@ def test_grouped_ranks_few_levels_heavy_ties(tie_rule):
         check_ranks(xq, xb, bounds, pos, tie_rule, qb, gb)
 
 
+@pytest.mark.parametrize("g_block", [32, 48, 64, 256])
+def test_grouped_ranks_wide_tiles_with_ties(g_block):
+    # tile widths divisible by 16 take the two-level (chunk max, then argmax) best-negative search
+    gen = torch.Generator().manual_seed(17)
+    xq = torch.randint(-1, 2, (40, 16), generator=gen).float() / 4
+    xb = torch.randint(-1, 2, (300, 16), generator=gen).float() / 4
+    xb[200:] = xb[:100]
+    bounds = torch.tensor([0, 100, 101, 256, 300])
+    pos = random_positives(40, 300, gen)
+    for rule in TIE_RULES:
+        for qb in (None, 8):
+            check_ranks(xq, xb, bounds, pos, rule, qb, g_block)
+
+
 @pytest.mark.parametrize("nb", [12, 13, 14, 25, 26, 27, 39])
 @pytest.mark.parametrize("nq", [6, 7, 8, 14, 15])
 def test_grouped_ranks_tile_boundaries(nq, nb):
@@ -439,7 +453,7 @@ def test_grouped_ranks_memory_stays_within_the_tile_budget():
         nq = nb = 20000
         xq = torch.randn(nq, 64, generator=g); xb = torch.randn(nb, 64, generator=g)
         ptr = torch.arange(nq + 1) * 2
-        idx = torch.randint(0, nb, (2 * nq,), generator=g)  # scattered: every block hits every tile
+        idx = torch.stack([torch.arange(nq), (torch.arange(nq) + 1) % nb], 1).flatten()
         bounds = torch.tensor([0, 12345, nb])
         grouped_ranks(xq[:64], xb[:3000], torch.tensor([0, 3000]), ptr[:65], idx[:128] % 3000,
                       budget_bytes=8 << 20)  # warm up: libraries, thread pools, allocator
