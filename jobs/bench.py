@@ -621,6 +621,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="measure throughput (pipeline; kernels, decode: see their help)",
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="examples:\n  hardrank bench pipeline\n  hardrank bench pipeline --help")
-    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="{pipeline,...}")
+    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="{pipeline,kernels}")
     _add_pipeline(bsub)
+    from jobs.bench_kernels import add_kernels_bench
+
+    add_kernels_bench(bsub)
     return p
