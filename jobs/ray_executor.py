@@ -10,7 +10,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import ray
 import ray.data
 
@@ -83,12 +82,15 @@ class RayRunner:
         cpus, gpus = max(1, int(res.get("CPU", 1))), int(res.get("GPU", 0))
         gpu = gpus > 0 and all(s.device == "auto" or s.device.startswith("cuda") for s in specs)
         n_enc = max(1, min(self.encode_actors or (gpus if gpu else 1), n_batches))
-        # On a CPU-only cluster the encoder shares the cores with the decoders (as the in-process
-        # executor's threads do) instead of reserving one that would idle while they decode.
         n_dec = max(1, min(self.decode_actors or max(1, cpus - (n_enc if gpu else 0)), n_image_batches))
+        # Every actor must fit at once, or the encoder waits for the decoders to finish (no
+        # streaming). On a CPU-only cluster the encoder shares the cores with the decoders, as the
+        # in-process executor's threads do; with a GPU it keeps one core to feed it.
+        enc_cpus = 1.0 if gpu else 0.5
+        dec_cpus = max(0.25, min(1.0, (cpus - enc_cpus * n_enc) / n_dec))
         threads = image_job.decode_threads if image_job else 1
-        return {"gpu": gpu, "n_enc": n_enc, "n_dec": n_dec, "dec_threads": max(1, threads // n_dec),
-                "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
+        return {"gpu": gpu, "n_enc": n_enc, "n_dec": n_dec, "enc_cpus": enc_cpus, "dec_cpus": dec_cpus,
+                "dec_threads": max(1, threads // n_dec), "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
 
 
 def _configure_data_context() -> None:
@@ -100,21 +102,18 @@ def _configure_data_context() -> None:
     ctx.target_max_block_size = max(ctx.target_max_block_size or 0, 1 << 30)
 
 
-_SCHEMA = pa.schema([("batch", pa.int64()), ("modality", pa.string()), ("rows", pa.list_(pa.int64())),
-                     ("uri", pa.list_(pa.string())), ("crop", pa.list_(pa.list_(pa.float64(), 4))),
-                     ("text", pa.list_(pa.string()))])
-
-
-def _source(work: list[tuple[EmbedJob, EmbedSink]]) -> list[pa.Table]:
-    """One single-row Arrow table (one block) per encoder batch, texts first (they are quick)."""
+def _source(work: list[tuple[EmbedJob, EmbedSink]]) -> list[dict]:
+    """One Ray row per encoder batch, texts first (they are quick). The items travel as JSON:
+    images as [uri, crop or null], texts as strings."""
     out = []
     for job, _ in sorted(work, key=lambda w: w[0].modality != "text"):
         for rows, items in job.batches():
-            image = job.modality == "image"
-            crop = [list(r.crop) if r.crop is not None else [np.nan] * 4 for r in items] if image else []
-            out.append(pa.table([[len(out)], [job.modality], [rows.tolist()],
-                                 [[r.uri for r in items] if image else []], [crop],
-                                 [[] if image else list(items)]], schema=_SCHEMA))
+            if job.modality == "image":
+                payload = [[r.uri, list(r.crop) if r.crop is not None else None] for r in items]
+            else:
+                payload = list(items)
+            out.append({"batch": len(out), "modality": job.modality, "rows": rows.tolist(),
+                        "items": json.dumps(payload)})
     return out
 
 
@@ -132,20 +131,21 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls) 
     specs = next(iter(jobs.values())).specs
     runner._connect()
     _configure_data_context()
-    tables = _source(work)
-    n_img = sum(1 for t in tables if t["modality"][0].as_py() == "image")
-    plan = runner._plan(image_job, specs, len(tables), n_img)
+    source = _source(work)
+    n_img = sum(1 for b in source if b["modality"] == "image")
+    plan = runner._plan(image_job, specs, len(source), n_img)
     # Ray Data actor pools default to max_restarts=-1, max_task_retries=-1: a crashed actor is
     # restarted and its batch redone (pinned by tests/test_ray_dali.py).
-    ds = ray.data.from_arrow(tables)
+    # one block per batch, built on the driver (no metadata tasks)
+    ds = ray.data.from_items(source, override_num_blocks=len(source))
     if image_job is not None:
         ds = ds.map_batches(decode_cls, fn_constructor_args=(image_job, plan["dec_threads"]), batch_size=1,
-                            batch_format="numpy", num_cpus=1,
+                            batch_format="numpy", num_cpus=plan["dec_cpus"],
                             compute=ray.data.ActorPoolStrategy(size=plan["n_dec"],
                                                                max_tasks_in_flight_per_actor=runner.inflight))
     ds = ds.map_batches(_EncodeActor, fn_constructor_args=(image_job, text_job, plan["enc_threads"]), batch_size=1,
                         batch_format="numpy", num_gpus=1 if plan["gpu"] else 0,
-                        num_cpus=1 if plan["gpu"] else 0.01,
+                        num_cpus=plan["enc_cpus"],
                         compute=ray.data.ActorPoolStrategy(size=plan["n_enc"],
                                                            max_tasks_in_flight_per_actor=runner.inflight))
     k = len(specs)
@@ -167,7 +167,7 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls) 
 
 
 class _DecodeActor:
-    """Ray Data UDF: batch rows of (rows, uri, crop) -> pixels, ok, error; text rows pass through."""
+    """Ray Data UDF: image batch rows -> pixels (n, 3, H, W), ok, error; text rows pass through."""
 
     def __init__(self, job: EmbedJob, threads: int):
         self.stage = dataclasses.replace(job, decode_threads=threads).decoder_stage()
@@ -177,12 +177,11 @@ class _DecodeActor:
     def __call__(self, batch: dict) -> dict:
         from engine.items import ImageRef
 
-        out = {c: [] for c in ("batch", "modality", "rows", "text", "pixels", "ok", "error", "decode_s")}
+        out = {c: [] for c in ("batch", "modality", "rows", "items", "pixels", "ok", "error", "decode_s")}
         for j in range(len(batch["batch"])):
             rows = np.asarray(batch["rows"][j], dtype=np.int64)
-            for c in ("batch", "modality"):
+            for c in ("batch", "modality", "items"):
                 out[c].append(batch[c][j])
-            out["text"].append([str(t) for t in batch["text"][j]])
             out["rows"].append(rows)
             if batch["modality"][j] != "image":
                 out["pixels"].append(np.zeros((0, 3, *self.hw), np.float32))
@@ -190,9 +189,7 @@ class _DecodeActor:
                 out["error"].append("[]")
                 out["decode_s"].append(0.0)
                 continue
-            crops = np.asarray(list(batch["crop"][j]), dtype=np.float64).reshape(-1, 4)
-            refs = [ImageRef(str(u), None if np.isnan(c[0]) else tuple(float(v) for v in c))
-                    for u, c in zip(batch["uri"][j], crops)]
+            refs = [ImageRef(u, None if c is None else tuple(c)) for u, c in json.loads(batch["items"][j])]
             t = time.perf_counter()
             d = self.stage({"ref": refs})
             out["decode_s"].append(time.perf_counter() - t)
@@ -243,7 +240,7 @@ class _EncodeActor:
                 # exactly what the in-process executor feeds: the batch minus its failures
                 enc = self.image({"pixels": pixels if len(sel) == n else pixels[torch.from_numpy(sel)]})
             elif len(sel):
-                enc = self.text({"text": [str(s) for s in batch["text"][j]]})
+                enc = self.text({"text": json.loads(batch["items"][j])})
             for i in range(k if len(sel) else 0):
                 embs[i][sel] = enc[f"emb{i}"]
             out["encode_s"].append(time.perf_counter() - t)
