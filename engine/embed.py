@@ -329,6 +329,7 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
             if sink.bar:
                 sink.bar.close()
     for modality, st in stats.items():
+        st.failures.sort(key=lambda f: f[0])  # by row: the same list whichever executor ran
         st.failed = len(st.failures)
         for r, _, why in st.failures:
             tables.of(modality).failed[r] = why

@@ -1,6 +1,7 @@
 """The Ray executor: embed jobs on Ray Data actor pools (decode actors -> K-checkpoint encoder actors)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -54,7 +55,11 @@ class RayRunner:
         if self.address:  # ship this checkout's code so workers run exactly what the driver runs
             mods = [str(_ROOT / m) for m in ("engine", "jobs", "kernels") if (_ROOT / m).is_dir()]
             env = {"py_modules": mods, "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
-            ray.init(address=self.address, runtime_env=env, logging_level=logging.WARNING)
+            try:
+                ray.init(address=self.address, runtime_env=env, logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ValueError(f"could not join the Ray cluster at {self.address!r} ({exc}); check "
+                                 f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
         else:
             path = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
             ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False,
@@ -93,13 +98,20 @@ class RayRunner:
                 "dec_threads": max(1, threads // n_dec), "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
 
 
-def _configure_data_context() -> None:
+@contextlib.contextmanager
+def _data_context():
+    """Quiet, row-preserving Ray Data settings for one run; the caller's settings come back after."""
     ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.enable_auto_log_stats = False
-    ctx.print_on_execution_start = False
+    keys = ("enable_progress_bars", "enable_auto_log_stats", "print_on_execution_start", "target_max_block_size")
+    old = {k: getattr(ctx, k) for k in keys}
+    ctx.enable_progress_bars = ctx.enable_auto_log_stats = ctx.print_on_execution_start = False
     # One row (one encoder batch of pixels) may exceed the default block size; never split rows.
     ctx.target_max_block_size = max(ctx.target_max_block_size or 0, 1 << 30)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(ctx, k, v)
 
 
 def _source(work: list[tuple[EmbedJob, EmbedSink]]) -> list[dict]:
@@ -130,38 +142,38 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls) 
     image_job, text_job = _light(jobs.get("image")), _light(jobs.get("text"))
     specs = next(iter(jobs.values())).specs
     runner._connect()
-    _configure_data_context()
     source = _source(work)
     n_img = sum(1 for b in source if b["modality"] == "image")
     plan = runner._plan(image_job, specs, len(source), n_img)
-    # Ray Data actor pools default to max_restarts=-1, max_task_retries=-1: a crashed actor is
-    # restarted and its batch redone (pinned by tests/test_ray_dali.py).
-    # one block per batch, built on the driver (no metadata tasks)
-    ds = ray.data.from_items(source, override_num_blocks=len(source))
-    if image_job is not None:
-        ds = ds.map_batches(decode_cls, fn_constructor_args=(image_job, plan["dec_threads"]), batch_size=1,
-                            batch_format="numpy", num_cpus=plan["dec_cpus"],
-                            compute=ray.data.ActorPoolStrategy(size=plan["n_dec"],
+    log.info("ray executor: %d batches, plan %s", len(source), plan)
+    with _data_context():
+        # Ray Data actor pools default to max_restarts=-1, max_task_retries=-1: a crashed actor is
+        # restarted and its batch redone (pinned by tests/test_ray_dali.py).
+        ds = ray.data.from_items(source, override_num_blocks=len(source))  # a block per batch, no metadata tasks
+        if image_job is not None:
+            ds = ds.map_batches(decode_cls, fn_constructor_args=(image_job, plan["dec_threads"]), batch_size=1,
+                                batch_format="numpy", num_cpus=plan["dec_cpus"],
+                                compute=ray.data.ActorPoolStrategy(size=plan["n_dec"],
+                                                                   max_tasks_in_flight_per_actor=runner.inflight))
+        ds = ds.map_batches(_EncodeActor, fn_constructor_args=(image_job, text_job, plan["enc_threads"]),
+                            batch_size=1, batch_format="numpy", num_gpus=1 if plan["gpu"] else 0,
+                            num_cpus=plan["enc_cpus"],
+                            compute=ray.data.ActorPoolStrategy(size=plan["n_enc"],
                                                                max_tasks_in_flight_per_actor=runner.inflight))
-    ds = ds.map_batches(_EncodeActor, fn_constructor_args=(image_job, text_job, plan["enc_threads"]), batch_size=1,
-                        batch_format="numpy", num_gpus=1 if plan["gpu"] else 0,
-                        num_cpus=plan["enc_cpus"],
-                        compute=ray.data.ActorPoolStrategy(size=plan["n_enc"],
-                                                           max_tasks_in_flight_per_actor=runner.inflight))
-    k = len(specs)
-    t0 = time.perf_counter()
-    for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        for j in range(len(out["batch"])):
-            sink = sinks[str(out["modality"][j])]
-            rows = np.asarray(out["rows"][j], dtype=np.int64)
-            ok = np.asarray(out["ok"][j], dtype=bool)
-            if not ok.all():
-                errors = json.loads(out["error"][j])
-                sink.fail(rows[~ok], [e for e, good in zip(errors, ok) if not good])
-            if ok.any():
-                sink.add(rows[ok], [np.asarray(out[f"emb{i}"][j])[ok] for i in range(k)])
-            sink.time("decode_actor", float(out["decode_s"][j]))
-            sink.time("encode_actor", float(out["encode_s"][j]))
+        k = len(specs)
+        t0 = time.perf_counter()
+        for out in ds.iter_batches(batch_size=None, batch_format="numpy"):  # streams as batches finish
+            for j in range(len(out["batch"])):
+                sink = sinks[str(out["modality"][j])]
+                rows = np.asarray(out["rows"][j], dtype=np.int64)
+                ok = np.asarray(out["ok"][j], dtype=bool)
+                if not ok.all():
+                    errors = json.loads(out["error"][j])
+                    sink.fail(rows[~ok], [e for e, good in zip(errors, ok) if not good])
+                if ok.any():
+                    sink.add(rows[ok], [np.asarray(out[f"emb{i}"][j])[ok] for i in range(k)])
+                sink.time("decode_actor", float(out["decode_s"][j]))
+                sink.time("encode_actor", float(out["encode_s"][j]))
     for sink in sinks.values():
         sink.time("ray", time.perf_counter() - t0)
 
