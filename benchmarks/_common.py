@@ -95,9 +95,14 @@ class Timeline:
 
         return _Bar()
 
-    def rate(self) -> float:
-        """Rows/s from the first delivered batch to the last: the steady state, start-up excluded."""
-        if len(self.events) < 2:
+    def rate(self, after: float = 0.5) -> float:
+        """Rows/s over the rows delivered after the first ``after`` fraction: the steady state, with
+        start-up (and any backlog the decoders built while the encoder was starting) excluded."""
+        import numpy as np
+
+        if len(self.events) < 3:
             return float("nan")
-        (t0, n0), t1 = self.events[0], self.events[-1][0]
-        return (sum(n for _, n in self.events) - n0) / (t1 - t0)
+        t = np.array([e[0] for e in self.events])
+        n = np.cumsum([e[1] for e in self.events])
+        i = min(int(np.searchsorted(n, after * n[-1])), len(t) - 2)
+        return float((n[-1] - n[i]) / (t[-1] - t[i]))
