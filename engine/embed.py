@@ -173,7 +173,7 @@ def _check_failures(st: EmbedStats, max_failures: int | None) -> None:
 DECODERS = ("pillow", "dali")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EmbedJob:
     """One modality's missing work as plain data (no live models): what a runner executes.
     Workers rebuild the models from ``specs`` and must arrive at ``fingerprints``."""
