@@ -28,7 +28,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from benchmarks._images import coco_like_jpegs
+    from benchmarks._common import coco_like_jpegs
     from engine.dali_decode import DaliDecoder
     from engine.embed import PillowDecoder
     from engine.items import ImageRef

@@ -181,7 +181,7 @@ def _check_failures(st: EmbedStats, max_failures: int | None) -> None:
 DECODERS = ("pillow", "dali")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EmbedJob:
     """One modality's missing work as plain data (no live models): what a runner executes.
     Workers rebuild the models from ``specs`` and must arrive at ``fingerprints``."""
@@ -337,6 +337,7 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
             if sink.bar:
                 sink.bar.close()
     for modality, st in stats.items():
+        st.failures.sort(key=lambda f: f[0])  # by row: the same list whichever executor ran
         st.failed = len(st.failures)
         for r, _, why in st.failures:
             tables.of(modality).failed[r] = why

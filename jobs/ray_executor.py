@@ -1,6 +1,7 @@
 """The Ray executor: embed jobs on Ray Data actor pools (decode actors -> K-checkpoint encoder actors)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -10,7 +11,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import ray
 import ray.data
 
@@ -55,7 +55,11 @@ class RayRunner:
         if self.address:  # ship this checkout's code so workers run exactly what the driver runs
             mods = [str(_ROOT / m) for m in ("engine", "jobs", "kernels") if (_ROOT / m).is_dir()]
             env = {"py_modules": mods, "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
-            ray.init(address=self.address, runtime_env=env, logging_level=logging.WARNING)
+            try:
+                ray.init(address=self.address, runtime_env=env, logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ValueError(f"could not join the Ray cluster at {self.address!r} ({exc}); check "
+                                 f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
         else:
             path = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
             ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False,
@@ -83,38 +87,45 @@ class RayRunner:
         cpus, gpus = max(1, int(res.get("CPU", 1))), int(res.get("GPU", 0))
         gpu = gpus > 0 and all(s.device == "auto" or s.device.startswith("cuda") for s in specs)
         n_enc = max(1, min(self.encode_actors or (gpus if gpu else 1), n_batches))
-        # On a CPU-only cluster the encoder shares the cores with the decoders (as the in-process
-        # executor's threads do) instead of reserving one that would idle while they decode.
         n_dec = max(1, min(self.decode_actors or max(1, cpus - (n_enc if gpu else 0)), n_image_batches))
+        # Every actor must fit at once, or the encoder waits for the decoders to finish (no
+        # streaming). On a CPU-only cluster the encoder shares the cores with the decoders, as the
+        # in-process executor's threads do; with a GPU it keeps one core to feed it.
+        enc_cpus = 1.0 if gpu else 0.5
+        dec_cpus = max(0.25, min(1.0, (cpus - enc_cpus * n_enc) / n_dec))
         threads = image_job.decode_threads if image_job else 1
-        return {"gpu": gpu, "n_enc": n_enc, "n_dec": n_dec, "dec_threads": max(1, threads // n_dec),
-                "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
+        return {"gpu": gpu, "n_enc": n_enc, "n_dec": n_dec, "enc_cpus": enc_cpus, "dec_cpus": dec_cpus,
+                "dec_threads": max(1, threads // n_dec), "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
 
 
-def _configure_data_context() -> None:
+@contextlib.contextmanager
+def _data_context():
+    """Quiet, row-preserving Ray Data settings for one run; the caller's settings come back after."""
     ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.enable_auto_log_stats = False
-    ctx.print_on_execution_start = False
+    keys = ("enable_progress_bars", "enable_auto_log_stats", "print_on_execution_start", "target_max_block_size")
+    old = {k: getattr(ctx, k) for k in keys}
+    ctx.enable_progress_bars = ctx.enable_auto_log_stats = ctx.print_on_execution_start = False
     # One row (one encoder batch of pixels) may exceed the default block size; never split rows.
     ctx.target_max_block_size = max(ctx.target_max_block_size or 0, 1 << 30)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(ctx, k, v)
 
 
-_SCHEMA = pa.schema([("batch", pa.int64()), ("modality", pa.string()), ("rows", pa.list_(pa.int64())),
-                     ("uri", pa.list_(pa.string())), ("crop", pa.list_(pa.list_(pa.float64(), 4))),
-                     ("text", pa.list_(pa.string()))])
-
-
-def _source(work: list[tuple[EmbedJob, EmbedSink]]) -> list[pa.Table]:
-    """One single-row Arrow table (one block) per encoder batch, texts first (they are quick)."""
+def _source(work: list[tuple[EmbedJob, EmbedSink]]) -> list[dict]:
+    """One Ray row per encoder batch, texts first (they are quick). The items travel as JSON:
+    images as [uri, crop or null], texts as strings."""
     out = []
     for job, _ in sorted(work, key=lambda w: w[0].modality != "text"):
         for rows, items in job.batches():
-            image = job.modality == "image"
-            crop = [list(r.crop) if r.crop is not None else [np.nan] * 4 for r in items] if image else []
-            out.append(pa.table([[len(out)], [job.modality], [rows.tolist()],
-                                 [[r.uri for r in items] if image else []], [crop],
-                                 [[] if image else list(items)]], schema=_SCHEMA))
+            if job.modality == "image":
+                payload = [[r.uri, list(r.crop) if r.crop is not None else None] for r in items]
+            else:
+                payload = list(items)
+            out.append({"batch": len(out), "modality": job.modality, "rows": rows.tolist(),
+                        "items": json.dumps(payload)})
     return out
 
 
@@ -131,43 +142,44 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls) 
     image_job, text_job = _light(jobs.get("image")), _light(jobs.get("text"))
     specs = next(iter(jobs.values())).specs
     runner._connect()
-    _configure_data_context()
-    tables = _source(work)
-    n_img = sum(1 for t in tables if t["modality"][0].as_py() == "image")
-    plan = runner._plan(image_job, specs, len(tables), n_img)
-    # Ray Data actor pools default to max_restarts=-1, max_task_retries=-1: a crashed actor is
-    # restarted and its batch redone (pinned by tests/test_ray_dali.py).
-    ds = ray.data.from_arrow(tables)
-    if image_job is not None:
-        ds = ds.map_batches(decode_cls, fn_constructor_args=(image_job, plan["dec_threads"]), batch_size=1,
-                            batch_format="numpy", num_cpus=1,
-                            compute=ray.data.ActorPoolStrategy(size=plan["n_dec"],
+    source = _source(work)
+    n_img = sum(1 for b in source if b["modality"] == "image")
+    plan = runner._plan(image_job, specs, len(source), n_img)
+    log.info("ray executor: %d batches, plan %s", len(source), plan)
+    with _data_context():
+        # Ray Data actor pools default to max_restarts=-1, max_task_retries=-1: a crashed actor is
+        # restarted and its batch redone (pinned by tests/test_ray_dali.py).
+        ds = ray.data.from_items(source, override_num_blocks=len(source))  # a block per batch, no metadata tasks
+        if image_job is not None:
+            ds = ds.map_batches(decode_cls, fn_constructor_args=(image_job, plan["dec_threads"]), batch_size=1,
+                                batch_format="numpy", num_cpus=plan["dec_cpus"],
+                                compute=ray.data.ActorPoolStrategy(size=plan["n_dec"],
+                                                                   max_tasks_in_flight_per_actor=runner.inflight))
+        ds = ds.map_batches(_EncodeActor, fn_constructor_args=(image_job, text_job, plan["enc_threads"]),
+                            batch_size=1, batch_format="numpy", num_gpus=1 if plan["gpu"] else 0,
+                            num_cpus=plan["enc_cpus"],
+                            compute=ray.data.ActorPoolStrategy(size=plan["n_enc"],
                                                                max_tasks_in_flight_per_actor=runner.inflight))
-    ds = ds.map_batches(_EncodeActor, fn_constructor_args=(image_job, text_job, plan["enc_threads"]), batch_size=1,
-                        batch_format="numpy", num_gpus=1 if plan["gpu"] else 0,
-                        num_cpus=1 if plan["gpu"] else 0.01,
-                        compute=ray.data.ActorPoolStrategy(size=plan["n_enc"],
-                                                           max_tasks_in_flight_per_actor=runner.inflight))
-    k = len(specs)
-    t0 = time.perf_counter()
-    for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        for j in range(len(out["batch"])):
-            sink = sinks[str(out["modality"][j])]
-            rows = np.asarray(out["rows"][j], dtype=np.int64)
-            ok = np.asarray(out["ok"][j], dtype=bool)
-            if not ok.all():
-                errors = json.loads(out["error"][j])
-                sink.fail(rows[~ok], [e for e, good in zip(errors, ok) if not good])
-            if ok.any():
-                sink.add(rows[ok], [np.asarray(out[f"emb{i}"][j])[ok] for i in range(k)])
-            sink.time("decode_actor", float(out["decode_s"][j]))
-            sink.time("encode_actor", float(out["encode_s"][j]))
+        k = len(specs)
+        t0 = time.perf_counter()
+        for out in ds.iter_batches(batch_size=None, batch_format="numpy"):  # streams as batches finish
+            for j in range(len(out["batch"])):
+                sink = sinks[str(out["modality"][j])]
+                rows = np.asarray(out["rows"][j], dtype=np.int64)
+                ok = np.asarray(out["ok"][j], dtype=bool)
+                if not ok.all():
+                    errors = json.loads(out["error"][j])
+                    sink.fail(rows[~ok], [e for e, good in zip(errors, ok) if not good])
+                if ok.any():
+                    sink.add(rows[ok], [np.asarray(out[f"emb{i}"][j])[ok] for i in range(k)])
+                sink.time("decode_actor", float(out["decode_s"][j]))
+                sink.time("encode_actor", float(out["encode_s"][j]))
     for sink in sinks.values():
         sink.time("ray", time.perf_counter() - t0)
 
 
 class _DecodeActor:
-    """Ray Data UDF: batch rows of (rows, uri, crop) -> pixels, ok, error; text rows pass through."""
+    """Ray Data UDF: image batch rows -> pixels (n, 3, H, W), ok, error; text rows pass through."""
 
     def __init__(self, job: EmbedJob, threads: int):
         self.stage = dataclasses.replace(job, decode_threads=threads).decoder_stage()
@@ -177,12 +189,11 @@ class _DecodeActor:
     def __call__(self, batch: dict) -> dict:
         from engine.items import ImageRef
 
-        out = {c: [] for c in ("batch", "modality", "rows", "text", "pixels", "ok", "error", "decode_s")}
+        out = {c: [] for c in ("batch", "modality", "rows", "items", "pixels", "ok", "error", "decode_s")}
         for j in range(len(batch["batch"])):
             rows = np.asarray(batch["rows"][j], dtype=np.int64)
-            for c in ("batch", "modality"):
+            for c in ("batch", "modality", "items"):
                 out[c].append(batch[c][j])
-            out["text"].append([str(t) for t in batch["text"][j]])
             out["rows"].append(rows)
             if batch["modality"][j] != "image":
                 out["pixels"].append(np.zeros((0, 3, *self.hw), np.float32))
@@ -190,9 +201,7 @@ class _DecodeActor:
                 out["error"].append("[]")
                 out["decode_s"].append(0.0)
                 continue
-            crops = np.asarray(list(batch["crop"][j]), dtype=np.float64).reshape(-1, 4)
-            refs = [ImageRef(str(u), None if np.isnan(c[0]) else tuple(float(v) for v in c))
-                    for u, c in zip(batch["uri"][j], crops)]
+            refs = [ImageRef(u, None if c is None else tuple(c)) for u, c in json.loads(batch["items"][j])]
             t = time.perf_counter()
             d = self.stage({"ref": refs})
             out["decode_s"].append(time.perf_counter() - t)
@@ -243,7 +252,7 @@ class _EncodeActor:
                 # exactly what the in-process executor feeds: the batch minus its failures
                 enc = self.image({"pixels": pixels if len(sel) == n else pixels[torch.from_numpy(sel)]})
             elif len(sel):
-                enc = self.text({"text": [str(s) for s in batch["text"][j]]})
+                enc = self.text({"text": json.loads(batch["items"][j])})
             for i in range(k if len(sel) else 0):
                 embs[i][sel] = enc[f"emb{i}"]
             out["encode_s"].append(time.perf_counter() - t)
