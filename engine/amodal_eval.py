@@ -238,7 +238,7 @@ def evaluate_amodal(cfg: AmodalConfig, *, progress=None, echo=None) -> list[dict
 
 
 def _clip_regions_runs(cfg: AmodalConfig, data: AmodalSet, protocol: dict, progress, echo) -> list[dict]:
-    from .embed import embed_tables
+    from .embed import embed_tables, table_embeddings
     from .models import ModelSpec, load_model
     from .results import write_result
     from .store import EmbeddingStore
@@ -257,15 +257,7 @@ def _clip_regions_runs(cfg: AmodalConfig, data: AmodalSet, protocol: dict, progr
     failed = len(tables.images.failed)
     out = []
     for model, store in zip(models, stores):
-        emb = {}
-        for mod in ("image", "text"):
-            table = tables.of(mod)
-            keys = table.keys()
-            good = [i for i, k in enumerate(keys) if k and i not in table.failed]
-            arr = np.zeros((len(keys), store.dim), dtype=np.float32)
-            if good:
-                arr[good] = store.read(mod, [keys[i] for i in good])
-            emb[mod] = arr
+        emb = {mod: table_embeddings(store, tables.of(mod), np.float32) for mod in ("image", "text")}
         t = time.perf_counter()
         res = clip_regions(data, items, emb["image"], emb["text"], device=model.device)
         res["counts"]["unreadable_images"] = failed

@@ -13,7 +13,7 @@ from .items import ImageRef, ItemTable, Tables, decode_image
 from .models import LoadedModel
 from .store import EmbeddingStore
 
-__all__ = ["PillowDecoder", "ImageEncoder", "TextEncoder", "EmbedStats", "EmbedJob", "EmbedSink", "embed_tables",
+__all__ = ["table_embeddings", "PillowDecoder", "ImageEncoder", "TextEncoder", "EmbedStats", "EmbedJob", "EmbedSink", "embed_tables",
            "TooManyFailures", "make_transform", "encode_text", "DECODERS"]
 
 log = logging.getLogger("hardrank.embed")
@@ -380,3 +380,14 @@ def _run_local(job: EmbedJob, sink: EmbedSink, models: list[LoadedModel]) -> Non
             sink.add(out["rows"], [out[f"emb{i}"] for i in range(len(models))])
     finally:
         prefetch.shutdown(cancel_futures=True)
+
+
+def table_embeddings(store: EmbeddingStore, table: ItemTable, dtype=None) -> np.ndarray:
+    """(rows, d) embeddings of a whole table in row order; rows that failed to load are zeros
+    (callers drop the task rows that use them)."""
+    keys = table.keys()
+    good = [i for i, k in enumerate(keys) if k and i not in table.failed]
+    out = np.zeros((len(keys), store.dim), dtype=dtype or store.dtype)
+    if good:
+        out[good] = store.read(table.modality, [keys[i] for i in good])
+    return out

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from .choice_macro import suite_aggregates
-from .embed import DECODERS, embed_tables
+from .embed import DECODERS, embed_tables, table_embeddings
 from .items import Tables
 from .metrics import add_drops, average_views, choice_metrics, ranking_metrics
 from .models import LoadedModel, ModelSpec, load_model
@@ -83,17 +83,6 @@ def _hardrank_version() -> str:
         return version("hardrank")
     except Exception:
         return "unknown"
-
-
-def _embeddings(store: EmbeddingStore, modality: str, tables: Tables) -> np.ndarray:
-    """(rows, d) for a whole table; failed rows are zeros (their tasks' rows are dropped)."""
-    table = tables.of(modality)
-    keys = table.keys()
-    good = [i for i, k in enumerate(keys) if k and i not in table.failed]
-    out = np.zeros((len(keys), store.dim), dtype=store.dtype)
-    if good:
-        out[good] = store.read(modality, [keys[i] for i in good])
-    return out
 
 
 def _drop_failed(suite: Suite, tables: Tables) -> Suite:
@@ -240,7 +229,7 @@ def _model_sources(cfg: EvalConfig, tables: Tables, suites: list[Suite], progres
                  "provenance": {"architecture": model.arch_name, "precision": model.precision, "device": model.device,
                                 "checkpoint_hash": model.checkpoint_hash}}
         sources.append((label, ident, model.device, lambda st=store: {
-            "image": _embeddings(st, "image", tables), "text": _embeddings(st, "text", tables)}))
+            "image": table_embeddings(st, tables.images), "text": table_embeddings(st, tables.texts)}))
     return sources, report, failures, suites
 
 

@@ -67,3 +67,16 @@ def read_bbox(path, index, item: dict, *, required: bool) -> tuple[float, float,
         raise SuiteFormatError(f"{path}: item {index} has an empty crop box (w={box[2]:g}, h={box[3]:g}); "
                                f"bbox_w and bbox_h must be > 0")
     return tuple(box)
+
+
+def find_annotation(opts: SuiteOptions, default_name: str, suite: str = "this suite") -> Path:
+    """The annotation file: ``--annotations`` (a file, or a folder holding ``default_name``), else ``--data``."""
+    cand = opts.annotations or opts.data
+    if cand is None:
+        raise ValueError(f"{suite} needs --annotations (a Karpathy-format JSON such as {default_name})")
+    p = Path(cand)
+    if p.is_dir():
+        p = p / default_name
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} does not exist; pass --annotations FILE (e.g. {default_name})")
+    return p

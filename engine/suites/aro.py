@@ -11,7 +11,7 @@ from ..choice_macro import ChoiceAggregate, attach_aggregates
 from ..items import ImageRef, Tables
 from ..tasks import ChoiceTask, Suite
 from ..text import pre_caption
-from ._common import SuiteFormatError, SuiteOptions, read_bbox, read_json, require_keys
+from ._common import SuiteFormatError, SuiteOptions, find_annotation, read_bbox, read_json, require_keys
 from .karpathy import read_karpathy
 
 __all__ = ["load_aro", "load_coco_order", "load_flickr_order", "order_perturbations", "ARO_FILES",
@@ -200,20 +200,8 @@ def order_perturbations(caption: str, rng: np.random.Generator) -> list[str]:
     return [" ".join(x) for x in (a, b, c, d)]
 
 
-def _annotation(opts: SuiteOptions, default_name: str, suite: str) -> Path:
-    cand = opts.annotations or opts.data
-    if cand is None:
-        raise ValueError(f"suite {suite} needs --annotations (a Karpathy-format JSON such as {default_name})")
-    p = Path(cand)
-    if p.is_dir():
-        p = p / default_name
-    if not p.is_file():
-        raise FileNotFoundError(f"{p} does not exist; pass --annotations FILE (e.g. {default_name})")
-    return p
-
-
 def _load_order(tables: Tables, opts: SuiteOptions, name: str, default_name: str, max_words: int = 30) -> Suite:
-    ann = _annotation(opts, default_name, name)
+    ann = find_annotation(opts, default_name, f"suite {name}")
     if opts.images is None:
         raise ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")
     clean = read_karpathy(ann)

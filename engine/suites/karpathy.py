@@ -9,7 +9,7 @@ import numpy as np
 from ..items import ImageRef, Tables
 from ..tasks import RankingTask, Suite
 from ..text import pre_caption
-from ._common import SuiteFormatError, SuiteOptions, read_json, require_keys
+from ._common import SuiteFormatError, SuiteOptions, find_annotation, read_json, require_keys
 
 __all__ = ["read_karpathy", "read_rococo_variant", "build_retrieval", "load_karpathy", "load_rococo",
            "ROCOCO_TEXT_VARIANTS", "image_variant_names"]
@@ -121,21 +121,9 @@ def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[s
     return i2t, t2i
 
 
-def _find_annotation(opts: SuiteOptions, default_name: str) -> Path:
-    cand = opts.annotations or opts.data
-    if cand is None:
-        raise ValueError(f"this suite needs --annotations (a Karpathy-format JSON such as {default_name})")
-    p = Path(cand)
-    if p.is_dir():
-        p = p / default_name
-    if not p.is_file():
-        raise FileNotFoundError(f"{p} does not exist; pass --annotations FILE (e.g. {default_name})")
-    return p
-
-
 def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") -> Suite:
     """Plain Karpathy retrieval (COCO 5k, Flickr30k 1k, ...): the clean protocol alone."""
-    ann = _find_annotation(opts, "coco_karpathy_test.json")
+    ann = find_annotation(opts, "coco_karpathy_test.json", f"suite {name}")
     if opts.images is None:
         raise ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")
     clean = read_karpathy(ann)
@@ -146,7 +134,7 @@ def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") ->
 
 def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Suite:
     """RoCOCO: every text variant in one i2t task and every image variant (x seeds) in one t2i task."""
-    ann = _find_annotation(opts, "coco_karpathy_test.json")
+    ann = find_annotation(opts, "coco_karpathy_test.json", f"suite {name}")
     # the perturbed-caption files sit next to the clean file unless --data names their folder
     folder = Path(opts.data) if opts.data and opts.annotations else ann.parent
     if opts.images is None:
