@@ -90,9 +90,9 @@ def test_grouped_ranks_few_levels_heavy_ties(tie_rule):
         check_ranks(xq, xb, bounds, pos, tie_rule, qb, gb)
 
 
-@pytest.mark.parametrize("g_block", [32, 48, 64, 256])
+@pytest.mark.parametrize("g_block", [32, 48, 128, 256, 384])
 def test_grouped_ranks_wide_tiles_with_ties(g_block):
-    # tile widths divisible by 16 take the two-level (chunk max, then argmax) best-negative search
+    # tile widths that are multiples of 128 (above 128) take the chunk-max best-negative search
     gen = torch.Generator().manual_seed(17)
     xq = torch.randint(-1, 2, (40, 16), generator=gen).float() / 4
     xb = torch.randint(-1, 2, (300, 16), generator=gen).float() / 4
