@@ -270,13 +270,16 @@ def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts,
 
     # Pass 1: the tiles holding positives give the positives' scores, as the very floats the
     # counting pass will compare against. Keep them (within the budget) for pass 2.
+    width = tiles[0][2] - tiles[0][0]
+    work = torch.empty(a.shape[0], width, dtype=torch.float32, device=device)  # reused tile buffer
     pval = torch.empty(pcol.numel(), dtype=torch.float32, device=device)  # (m,) float32
     cache: dict[int, torch.Tensor] = {}
     for t, (pa, pb) in psegs.items():
         c0, _, c1 = tiles[t]
-        s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
+        keep = len(cache) < cache_tiles
+        s = score_tile(a, xb, c0, c1, nqb, None if keep else work)  # (nqb, w) float32
         pval[pa:pb] = s[prow[pa:pb], pcol[pa:pb] - c0]
-        if len(cache) < cache_tiles:
+        if keep:
             cache[t] = s
     s_star = torch.full((nqb,), float("-inf"), device=device).scatter_reduce_(0, prow, pval, "amax")
     best = torch.where(pval == s_star[prow], pcol, nb)
@@ -301,8 +304,8 @@ def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts,
 
     # float32 scratch for the CPU count, reused by every tile (allocating it per tile costs page faults)
     scratch = None
-    if device.type == "cpu" and not fused and tiles:
-        scratch = torch.empty(nqb, tiles[0][2] - tiles[0][0], dtype=torch.float32, device=device)
+    if device.type == "cpu" and not fused:
+        scratch = torch.empty(nqb, width, dtype=torch.float32, device=device)
     cnt_blk = counts[r0:r1]     # (nqb, G) views into the outputs
     nsc_blk = neg_score[r0:r1]
     nix_blk = neg_index[r0:r1]
@@ -310,7 +313,7 @@ def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts,
     for t, (c0, _, c1) in enumerate(tiles):
         s = cache.pop(t, None)
         if s is None:
-            s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
+            s = score_tile(a, xb, c0, c1, nqb, work)  # (nqb, w) float32
         if t in psegs:
             pa, pb = psegs[t]
             s.index_put_((prow[pa:pb], pcol[pa:pb] - c0), neg_inf)  # positives never count

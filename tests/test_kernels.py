@@ -341,6 +341,10 @@ def test_error_bad_csr_and_arguments():
         grouped_ranks(xq.long(), xb, b, ptr, idx)
     with pytest.raises(ValueError, match=r"xb contains NaN or Inf"):
         grouped_ranks(xq, xb.clone().fill_(float("nan")), b, ptr, idx)
+    bad = xq.clone()
+    bad[1, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"xq contains NaN or Inf"):
+        grouped_ranks(bad, xb, b, ptr, idx)
     with pytest.raises(ValueError, match=r"q_block \* g_block = 100 \* 100 scores need 80000 bytes .* budget_bytes=1000"):
         grouped_ranks(xq, xb, b, ptr, idx, budget_bytes=1000, q_block=100, g_block=100)
     with pytest.raises(ValueError, match=r"g_block must be a positive int, got 0"):
