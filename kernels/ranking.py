@@ -190,8 +190,6 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
     check_embeddings("xq", xq)
     check_embeddings("xb", xb, d=xq.shape[1])
     nq, nb = xq.shape[0], xb.shape[0]
-    if nb >= 1 << 62:
-        raise ValueError(f"gallery too large: nb={nb}")
     bounds = _check_bounds(group_bounds, nb)
     ptr, pidx = check_csr("pos_ptr", "pos_idx", pos_ptr, pos_idx, nq, nb, "a gallery")
     for i in range(nq):
@@ -201,33 +199,21 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
     plan = plan_tiles(nq, budget_bytes, q_block, g_block)
     device = xq.device
     G = len(bounds) - 1
-
-    counts = torch.zeros(nq, G, dtype=torch.long, device=device)                  # (nq, G) int64
-    pos_score = torch.empty(nq, dtype=torch.float32, device=device)               # (nq,) float32
-    pos_index = torch.empty(nq, dtype=torch.long, device=device)                  # (nq,) int64
-    neg_score = torch.full((nq, G), float("-inf"), dtype=torch.float32, device=device)  # (nq, G)
-    neg_index = torch.full((nq, G), -1, dtype=torch.long, device=device)          # (nq, G) int64
+    out = GroupedRanks(
+        counts=torch.zeros(nq, G, dtype=torch.long, device=device),
+        pos_score=torch.empty(nq, dtype=torch.float32, device=device),
+        pos_index=torch.empty(nq, dtype=torch.long, device=device),
+        neg_score=torch.full((nq, G), float("-inf"), dtype=torch.float32, device=device),
+        neg_index=torch.full((nq, G), -1, dtype=torch.long, device=device),
+    )
     if nq == 0:
-        return GroupedRanks(counts, pos_score, pos_index, neg_score, neg_index)
-
-    tiles = gallery_tiles(nb, plan.g_block)
-    tile_starts = torch.tensor([t[1] for t in tiles], dtype=torch.long, device=device)  # owned starts
-    segs = tile_group_segments(tiles, bounds)
-    seg_starts = torch.tensor([sg[0] for ts in segs for sg in ts], dtype=torch.long, device=device)
-    op_dtype = operand_dtype(xq, xb, device)
-    fused = _use_compiled(device, nq * nb)
-    flush_denormals = tie_rule != "optimistic" and _flushes_denormals(device)
-    pidx = pidx.to(device)
-    neg_inf = torch.tensor(float("-inf"), device=device)
-
-    width = tiles[0][2] - tiles[0][0]
-    pos_tile = torch.searchsorted(tile_starts.cpu(), pidx.cpu(), right=True) - 1  # owner tile per positive
-    for r0, r1, cache_tiles in _query_blocks(nq, ptr, pos_tile, plan.q_block, budget_bytes, width,
+        return out
+    rp = _RankPass(xq, xb, bounds, ptr, pidx.to(device), plan.g_block, tie_rule, out)
+    pos_tile = torch.searchsorted(rp.tile_starts.cpu(), pidx, right=True) - 1  # owner tile per positive
+    for r0, r1, cache_tiles in _query_blocks(nq, ptr, pos_tile, plan.q_block, budget_bytes, rp.width,
                                              adaptive=q_block is None):
-        _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, cache_tiles,
-                    op_dtype, tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index,
-                    neg_score, neg_index)
-    return GroupedRanks(counts, pos_score, pos_index, neg_score, neg_index)
+        rp.block(r0, r1, cache_tiles)
+    return out
 
 
 _Q_MIN = 256  # adaptive blocks stop shrinking here: smaller GEMMs lose more than recomputing
@@ -257,103 +243,124 @@ def _query_blocks(nq, ptr, pos_tile, q_block, budget, width, adaptive):
     return out
 
 
-def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, cache_tiles,
-                op_dtype, tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index,
-                neg_score, neg_index) -> None:
-    """Fill rows r0:r1 of the outputs."""
-    device = xq.device
-    nb = xb.shape[0]
-    nqb = r1 - r0
-    a = query_block(xq, r0, r1, op_dtype, device)  # (nqb, d), 2 rows if nqb == 1
-    prow, pcol = csr_block(ptr, pidx, r0, r1, device)  # (m,) positives, sorted by column
-    psegs = tile_segments(pcol, tile_starts)  # tile id -> slice of the positives it owns
+class _RankPass:
+    """State shared by the query blocks of one grouped_ranks call; ``block`` fills rows r0:r1."""
 
-    # Pass 1: the tiles holding positives give the positives' scores, as the very floats the
-    # counting pass will compare against. Keep them (within the budget) for pass 2.
-    width = tiles[0][2] - tiles[0][0]
-    work = torch.empty(a.shape[0], width, dtype=torch.float32, device=device)  # reused tile buffer
-    pval = torch.empty(pcol.numel(), dtype=torch.float32, device=device)  # (m,) float32
-    cache: dict[int, torch.Tensor] = {}
-    for t, (pa, pb) in psegs.items():
-        c0, _, c1 = tiles[t]
-        keep = len(cache) < cache_tiles
-        s = score_tile(a, xb, c0, c1, nqb, None if keep else work)  # (nqb, w) float32
-        pval[pa:pb] = s[prow[pa:pb], pcol[pa:pb] - c0]
-        if keep:
-            cache[t] = s
-    s_star = torch.full((nqb,), float("-inf"), device=device).scatter_reduce_(0, prow, pval, "amax")
-    best = torch.where(pval == s_star[prow], pcol, nb)
-    p_star = torch.full((nqb,), nb, dtype=torch.long, device=device).scatter_reduce_(0, prow, best, "amin")
-    pos_score[r0:r1] = s_star
-    pos_index[r0:r1] = p_star
+    def __init__(self, xq, xb, bounds, ptr, pidx, g_block, tie_rule, out: GroupedRanks):
+        self.xq, self.xb, self.ptr, self.pidx, self.tie_rule, self.out = xq, xb, ptr, pidx, tie_rule, out
+        self.device = device = xq.device
+        self.tiles = gallery_tiles(xb.shape[0], g_block)  # (c0, n0, c1), all c1 - c0 == width
+        self.width = self.tiles[0][2] - self.tiles[0][0]
+        self.tile_starts = torch.tensor([t[1] for t in self.tiles], dtype=torch.long, device=device)
+        self.pieces = tile_group_segments(self.tiles, bounds)  # per tile: (lo, hi, group)
+        self.piece_starts = torch.tensor([p[0] for ps in self.pieces for p in ps], dtype=torch.long,
+                                         device=device)
+        self.op_dtype = operand_dtype(xq, xb, device)
+        self.fused = _use_compiled(device, xq.shape[0] * xb.shape[0])
+        self.flush_denormals = tie_rule != "optimistic" and _flushes_denormals(device)
+        self.neg_inf = torch.tensor(float("-inf"), device=device)
 
-    # "s >= s*" is evaluated as "s > nextafter(s*, -inf)" so one compare serves every row of a tile;
-    # only when denormals are flushed and some s* is exactly 0 does that identity fail.
-    s_below = torch.nextafter(s_star, neg_inf.expand_as(s_star))
-    two_compares = flush_denormals and bool((s_star == 0).any())
-    contain: dict[int, torch.Tensor] = {}
-    if tie_rule == "index":
-        # rows whose p* falls in a piece get that piece counted exactly (column order around p*)
-        seg_of = torch.searchsorted(seg_starts, p_star, right=True) - 1
-        order = torch.argsort(seg_of, stable=True)
-        us, uc = torch.unique_consecutive(seg_of[order], return_counts=True)
-        o = 0
-        for k, c in zip(us.tolist(), uc.tolist()):
-            contain[k] = order[o:o + c]
-            o += c
+    def block(self, r0: int, r1: int, cache_tiles: int) -> None:
+        device, xb, tiles, nb = self.device, self.xb, self.tiles, self.xb.shape[0]
+        nqb = r1 - r0
+        a = query_block(self.xq, r0, r1, self.op_dtype, device)  # (nqb, d), 2 rows if nqb == 1
+        prow, pcol = csr_block(self.ptr, self.pidx, r0, r1, device)  # (m,) positives, sorted by column
+        psegs = tile_segments(pcol, self.tile_starts)  # tile id -> slice of the positives it owns
 
-    # float32 scratch for the CPU count, reused by every tile (allocating it per tile costs page faults)
-    scratch = None
-    if device.type == "cpu" and not fused:
-        scratch = torch.empty(nqb, width, dtype=torch.float32, device=device)
-    cnt_blk = counts[r0:r1]     # (nqb, G) views into the outputs
-    nsc_blk = neg_score[r0:r1]
-    nix_blk = neg_index[r0:r1]
-    k = -1  # running piece id
-    for t, (c0, _, c1) in enumerate(tiles):
-        s = cache.pop(t, None)
-        if s is None:
-            s = score_tile(a, xb, c0, c1, nqb, work)  # (nqb, w) float32
-        if t in psegs:
-            pa, pb = psegs[t]
-            s.index_put_((prow[pa:pb], pcol[pa:pb] - c0), neg_inf)  # positives never count
-        for lo, hi, g in segs[t]:
-            k += 1
-            whole = lo == c0 and hi == c1
-            v = s if whole else s[:, lo - c0:hi - c0]  # (nqb, hi - lo) piece of group g
-            cnt, mx, cm = _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares,
-                                       fused and whole, scratch if whole else None)
-            rows = contain.get(k)
-            if rows is not None:
-                # these rows were counted with >= (p* >= lo); ties after p* do not beat it
-                after = torch.arange(lo, hi, device=device)[None, :] > p_star[rows, None]
-                cnt[rows] -= ((v[rows] == s_star[rows, None]) & after).sum(1, dtype=torch.int32)
-            cnt_blk[:, g] += cnt
-            _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g)
+        # Pass 1: the tiles holding positives give the positives' scores, as the very floats the
+        # counting pass will compare against. Keep them (within the budget) for pass 2.
+        work = torch.empty(a.shape[0], self.width, dtype=torch.float32, device=device)  # reused tile buffer
+        pval = torch.empty(pcol.numel(), dtype=torch.float32, device=device)  # (m,) float32
+        cache: dict[int, torch.Tensor] = {}
+        for t, (pa, pb) in psegs.items():
+            c0, _, c1 = tiles[t]
+            keep = len(cache) < cache_tiles
+            s = score_tile(a, xb, c0, c1, nqb, None if keep else work)  # (nqb, w) float32
+            pval[pa:pb] = s[prow[pa:pb], pcol[pa:pb] - c0]
+            if keep:
+                cache[t] = s
+        s_star = torch.full((nqb,), float("-inf"), device=device).scatter_reduce_(0, prow, pval, "amax")
+        best = torch.where(pval == s_star[prow], pcol, nb)
+        p_star = torch.full((nqb,), nb, dtype=torch.long, device=device).scatter_reduce_(0, prow, best, "amin")
+        self.out.pos_score[r0:r1] = s_star
+        self.out.pos_index[r0:r1] = p_star
+
+        # "s >= s*" is evaluated as "s > nextafter(s*, -inf)" so one compare serves every row of a
+        # tile; only when denormals are flushed and some s* is exactly 0 does that identity fail.
+        th = _Thresholds(self.tie_rule, s_star, torch.nextafter(s_star, self.neg_inf.expand_as(s_star)),
+                         p_star, self.flush_denormals and bool((s_star == 0).any()))
+        holds_p: dict[int, torch.Tensor] = {}
+        if self.tie_rule == "index":
+            # rows whose p* falls in a piece have that piece's ties after p* taken off its count
+            piece_of = torch.searchsorted(self.piece_starts, p_star, right=True) - 1
+            order = torch.argsort(piece_of, stable=True)
+            up, uc = torch.unique_consecutive(piece_of[order], return_counts=True)
+            o = 0
+            for k, c in zip(up.tolist(), uc.tolist()):
+                holds_p[k] = order[o:o + c]
+                o += c
+
+        # float32 scratch for the eager CPU count, reused by every tile (fresh ones cost page faults)
+        scratch = None
+        if device.type == "cpu" and not self.fused:
+            scratch = torch.empty(nqb, self.width, dtype=torch.float32, device=device)
+        cnt_blk = self.out.counts[r0:r1]  # (nqb, G) views into the outputs
+        nsc_blk = self.out.neg_score[r0:r1]
+        nix_blk = self.out.neg_index[r0:r1]
+        k = -1  # running piece id
+        for t, (c0, _, c1) in enumerate(tiles):
+            s = cache.pop(t, None)
+            if s is None:
+                s = score_tile(a, xb, c0, c1, nqb, work)  # (nqb, w) float32
+            if t in psegs:
+                pa, pb = psegs[t]
+                s.index_put_((prow[pa:pb], pcol[pa:pb] - c0), self.neg_inf)  # positives never count
+            for lo, hi, g in self.pieces[t]:
+                k += 1
+                whole = lo == c0 and hi == c1
+                v = s if whole else s[:, lo - c0:hi - c0]  # (nqb, hi - lo) piece of group g
+                cnt, mx, cm = th.count(v, lo, self.fused and whole, scratch if whole else None)
+                rows = holds_p.get(k)
+                if rows is not None:
+                    # these rows were counted with >= (p* >= lo); ties after p* do not beat it
+                    after = torch.arange(lo, hi, device=device)[None, :] > p_star[rows, None]
+                    cnt[rows] -= ((v[rows] == s_star[rows, None]) & after).sum(1, dtype=torch.int32)
+                cnt_blk[:, g] += cnt
+                _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g)
 
 
-def _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused, scratch):
-    """Per row: items of the piece v (columns from gallery index lo) scoring above the row's
-    threshold, and the piece's max. Under ``index`` the rows whose p* lies in the piece are
-    counted with >= here; the caller takes off the ties after p*."""
-    if tie_rule == "optimistic":
-        ge = None
-    elif tie_rule == "pessimistic":
-        ge = True
-    else:
-        ge = p_star >= lo  # piece before (or holding) p*: ties come first in gallery order
-    if two_compares and ge is not None:
-        ge_rows = ge if isinstance(ge, torch.Tensor) else torch.ones_like(p_star, dtype=torch.bool)
-        cnt = torch.where(ge_rows, (v >= s_star[:, None]).sum(1, dtype=torch.int32),
-                          (v > s_star[:, None]).sum(1, dtype=torch.int32))
-        return cnt, v.amax(1), None
-    if ge is None:
-        thr = s_star
-    elif ge is True:
-        thr = s_below
-    else:
-        thr = torch.where(ge, s_below, s_star)
-    return _tile_count_amax(v, thr, fused, scratch)
+@dataclass
+class _Thresholds:
+    """Per-row comparison against s* for one query block under a tie rule."""
+
+    tie_rule: str
+    s_star: torch.Tensor        # (nqb,) float32 best positive score
+    s_below: torch.Tensor       # (nqb,) float32 nextafter(s*, -inf): "> s_below" is ">= s*"
+    p_star: torch.Tensor        # (nqb,) int64 best positive index
+    two_compares: bool          # evaluate ">=" literally (flushed denormals and some s* == 0)
+
+    def count(self, v, lo, fused, scratch):
+        """Per row: items of the piece v (columns from gallery index lo) that beat s* (ties before
+        p* included), plus the piece's row max and chunk maxima. Under ``index`` the rows whose p*
+        lies in the piece are counted with >= here; the caller takes off the ties after p*."""
+        if self.tie_rule == "optimistic":
+            ge = None
+        elif self.tie_rule == "pessimistic":
+            ge = True
+        else:
+            ge = self.p_star >= lo  # piece before (or holding) p*: ties come first in gallery order
+        if self.two_compares and ge is not None:
+            ge_rows = ge if isinstance(ge, torch.Tensor) else torch.ones_like(self.p_star, dtype=torch.bool)
+            s_star = self.s_star[:, None]
+            cnt = torch.where(ge_rows, (v >= s_star).sum(1, dtype=torch.int32), (v > s_star).sum(1, dtype=torch.int32))
+            return cnt, v.amax(1), None
+        if ge is None:
+            thr = self.s_star
+        elif ge is True:
+            thr = self.s_below
+        else:
+            thr = torch.where(ge, self.s_below, self.s_star)
+        return _tile_count_amax(v, thr, fused, scratch)
 
 
 def _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g) -> None:
@@ -363,7 +370,7 @@ def _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g) -> None:
     run = nsc_blk[:, g]
     better = mx > run  # (nqb,) bool
     nqb = v.shape[0]
-    if v.device.type != "cpu":
+    if v.device.type != "cpu":  # no host syncs on GPUs: index every row
         nsc_blk[:, g] = torch.where(better, mx, run)
         nix_blk[:, g] = torch.where(better, v.argmax(1) + lo, nix_blk[:, g])
         return
