@@ -87,10 +87,12 @@ def _check_pos_int(name: str, v) -> int:
     return v
 
 
-def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | None) -> Plan:
+def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | None,
+               nb: int = 0) -> Plan:
     """Pick block sizes: one score tile + same-size temporaries fit ``budget_bytes``; half the
     budget (by default) is left to cache tiles that would otherwise be computed twice. Planned
-    blocks never go below 1 x 1; blocks the caller gives must fit the budget."""
+    blocks never go below 1 x 1; blocks the caller gives must fit the budget. A planned tile
+    width is a multiple of 128 chosen to waste the fewest columns on the last (shifted) window."""
     budget = _check_pos_int("budget_bytes", budget_bytes)
     if q_block is not None:
         _check_pos_int("q_block", q_block)
@@ -106,6 +108,11 @@ def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | N
     if nq > 0:
         q = min(q, nq)
         q = math.ceil(nq / math.ceil(nq / q))  # balanced blocks: no tiny remainder block
+    if g_block is None and nb > g >= 256:
+        # every window has the same width and the last one is shifted left to fit, so
+        # ceil(nb / w) * w columns get computed: pick w (multiple of 128, in [g/2, g]) that wastes least
+        cands = range(g // 128 * 128, (g + 1) // 2 - 1, -128)
+        g = min(cands, key=lambda w: (math.ceil(nb / w) * w, -w))
     return Plan(q_block=q, g_block=g)
 
 

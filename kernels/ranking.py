@@ -196,7 +196,7 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
         if ptr[i + 1] == ptr[i]:
             raise ValueError(f"query {i} has no positive (pos_ptr[{i}] == pos_ptr[{i + 1}] == {ptr[i]}); "
                              "every query needs at least one positive in the gallery")
-    plan = plan_tiles(nq, budget_bytes, q_block, g_block)
+    plan = plan_tiles(nq, budget_bytes, q_block, g_block, nb)
     device = xq.device
     G = len(bounds) - 1
     out = GroupedRanks(
@@ -259,6 +259,20 @@ class _RankPass:
         self.fused = _use_compiled(device, xq.shape[0] * xb.shape[0])
         self.flush_denormals = tie_rule != "optimistic" and _flushes_denormals(device)
         self.neg_inf = torch.tensor(float("-inf"), device=device)
+        self.pool: list[torch.Tensor] = []  # tile buffers reused by every block of the call
+
+    def _buffers(self, n: int, rows: int) -> list[torch.Tensor]:
+        """n (rows, width) float32 tile buffers. Reused across blocks: fresh multi-MB allocations
+        are page-faulted in again every time (on CPU that costs ~10% of the GEMM). None where the
+        GEMM cannot write into a given buffer (fp16/bf16 operands)."""
+        if self.op_dtype != torch.float32:
+            return [None] * n
+        while len(self.pool) < n:
+            self.pool.append(torch.empty(self.pool[0].shape if self.pool else (rows, self.width),
+                                         dtype=torch.float32, device=self.device))
+        if self.pool[0].shape[0] < rows:
+            self.pool = [torch.empty(rows, self.width, dtype=torch.float32, device=self.device) for _ in range(n)]
+        return [b[:rows] for b in self.pool[:n]]
 
     def block(self, r0: int, r1: int, cache_tiles: int) -> None:
         device, xb, tiles, nb = self.device, self.xb, self.tiles, self.xb.shape[0]
@@ -269,13 +283,14 @@ class _RankPass:
 
         # Pass 1: the tiles holding positives give the positives' scores, as the very floats the
         # counting pass will compare against. Keep them (within the budget) for pass 2.
-        work = torch.empty(a.shape[0], self.width, dtype=torch.float32, device=device)  # reused tile buffer
+        n_keep = min(cache_tiles, len(psegs))
+        work, *spare = self._buffers(1 + n_keep, a.shape[0])  # (rows, width) float32 each
         pval = torch.empty(pcol.numel(), dtype=torch.float32, device=device)  # (m,) float32
         cache: dict[int, torch.Tensor] = {}
         for t, (pa, pb) in psegs.items():
             c0, _, c1 = tiles[t]
-            keep = len(cache) < cache_tiles
-            s = score_tile(a, xb, c0, c1, nqb, None if keep else work)  # (nqb, w) float32
+            keep = len(cache) < n_keep
+            s = score_tile(a, xb, c0, c1, nqb, spare[len(cache)] if keep else work)  # (nqb, w) float32
             pval[pa:pb] = s[prow[pa:pb], pcol[pa:pb] - c0]
             if keep:
                 cache[t] = s

@@ -33,7 +33,7 @@ def topk(xq: torch.Tensor, xb: torch.Tensor, k: int, *, exclude_ptr=None, exclud
         ptr, eidx = check_csr("exclude_ptr", "exclude_idx", exclude_ptr, exclude_idx, nq, nb, "a gallery")
     else:
         ptr, eidx = [0] * (nq + 1), torch.zeros(0, dtype=torch.long)
-    plan = plan_tiles(nq, budget_bytes, q_block, g_block)
+    plan = plan_tiles(nq, budget_bytes, q_block, g_block, nb)
     device = xq.device
     D = torch.full((nq, k), float("-inf"), dtype=torch.float32, device=device)  # (nq, k) float32
     I = torch.full((nq, k), -1, dtype=torch.long, device=device)                # (nq, k) int64
