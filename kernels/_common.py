@@ -46,7 +46,8 @@ def check_int_tensor(name: str, x, dim: int) -> torch.Tensor:
     return t.long()
 
 
-def check_csr(ptr_name: str, idx_name: str, ptr, idx, n_rows: int, n_cols: int, col_what: str) -> tuple[list[int], torch.Tensor]:
+def check_csr(ptr_name: str, idx_name: str, ptr, idx, n_rows: int, n_cols: int,
+              col_what: str) -> tuple[list[int], torch.Tensor]:
     """Validate a CSR list (row i owns ``idx[ptr[i]:ptr[i+1]]``, values in [0, n_cols)).
 
     Returns the pointer as a Python list (block offsets are host-side) and the indices as int64.

@@ -55,14 +55,11 @@ def _count_cmax(s: torch.Tensor, thr: torch.Tensor) -> tuple[torch.Tensor, torch
     return (v > thr[:, None, None]).sum((1, 2), dtype=torch.int32), v.amax(2)
 
 
-# torch.compile fuses the compare, the count and the chunk maxima into one pass over the tile
-# (CPU: ~0.4 ns/score against ~0.7 ns eager, with the GEMM at ~5 ns/score/core for d=512).
-# Compiling costs seconds (tens on a cold cache), so by default it starts once this process has
-# scored _COMPILE_MIN_SCORES (query, item) pairs, which amortises it. HARDRANK_COMPILE=0 never
-# compiles, HARDRANK_COMPILE=1 compiles from the first call. CPU only: GPU runs stay eager.
-_COMPILE_MIN_SCORES = 1 << 30
+# torch.compile can fuse the compare, the count and the chunk maxima into one pass over the tile
+# (CPU: ~0.4 ns/score against ~0.7 ns eager, next to a GEMM of ~5 ns/score/core at d=512). End to
+# end that measured only 0-5% faster on a 2-core AVX-512 box, while compiling costs seconds (tens
+# on a cold cache), so it is opt-in: HARDRANK_COMPILE=1. CPU only; GPU runs stay eager.
 _compiled = None   # the compiled function once built; False when compiling failed
-_scores_seen = 0   # (query, item) pairs scored so far by this process
 
 
 def _compiled_count_cmax():
@@ -75,13 +72,8 @@ def _compiled_count_cmax():
     return _compiled
 
 
-def _use_compiled(device: torch.device, n_scores: int) -> bool:
-    global _scores_seen
-    _scores_seen += n_scores
-    mode = os.environ.get("HARDRANK_COMPILE", "auto")
-    if device.type != "cpu" or mode == "0" or _compiled is False:
-        return False
-    return mode == "1" or _compiled is not None or _scores_seen >= _COMPILE_MIN_SCORES
+def _use_compiled(device: torch.device) -> bool:
+    return device.type == "cpu" and os.environ.get("HARDRANK_COMPILE", "0") == "1" and _compiled is not False
 
 
 def _count_gt(s: torch.Tensor, thr: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:
@@ -256,7 +248,7 @@ class _RankPass:
         self.piece_starts = torch.tensor([p[0] for ps in self.pieces for p in ps], dtype=torch.long,
                                          device=device)
         self.op_dtype = operand_dtype(xq, xb, device)
-        self.fused = _use_compiled(device, xq.shape[0] * xb.shape[0])
+        self.fused = _use_compiled(device)
         self.flush_denormals = tie_rule != "optimistic" and _flushes_denormals(device)
         self.neg_inf = torch.tensor(float("-inf"), device=device)
         self.pool: list[torch.Tensor] = []  # tile buffers reused by every block of the call
