@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from kernels import grouped_ranks, topk
-from kernels import ranking as _ranking
 from kernels._common import gallery_tiles, mm_fp32, plan_tiles, query_block
 
 OUT = Path(__file__).resolve().parent / "results"
@@ -105,30 +104,28 @@ def main() -> None:
     nq, nb, d = args.nq, args.nb, args.d
     flop = 2.0 * nq * nb * d
     budget = 64 << 20
-    plan = plan_tiles(nq, budget, args.q_block, args.g_block)
-    qb, gb = plan.q_block, plan.g_block
+    plan = plan_tiles(nq, budget, args.q_block, args.g_block, nb)  # what the kernels plan (before
+    qb, gb = plan.q_block, plan.g_block                            # grouped_ranks' adaptive shrink)
     rows = []
 
     def gr():
-        grouped_ranks(xq, xb, bounds, ptr, idx, budget_bytes=budget, q_block=qb, g_block=gb)
+        grouped_ranks(xq, xb, bounds, ptr, idx, budget_bytes=budget, q_block=args.q_block, g_block=args.g_block)
 
     def record(name, t, n_flop=flop, note=""):
         rows.append({"stage": name, "seconds": t, "gflops": n_flop / t / 1e9, "note": note})
 
     # warm-up (thread pools, allocator), then alternate so drifting machine load hits all alike
     bare_gemm(xq[:256], xb, qb, gb)
-    saved = _ranking._compiled
-    _ranking._compiled = False  # eager reduction
+    os.environ["HARDRANK_COMPILE"] = "0"  # eager reduction
     gr()
     t_bare, t_eager = float("inf"), float("inf")
     for _ in range(args.reps):
         t_bare = min(t_bare, best_time(lambda: bare_gemm(xq, xb, qb, gb), device, 1))
         t_eager = min(t_eager, best_time(gr, device, 1))
-    _ranking._compiled = saved
     record("bare tiled GEMM", t_bare, note=f"q_block={qb} g_block={gb}")
     record("grouped_ranks (eager)", t_eager)
     if args.compile and device.type == "cpu":
-        _ranking._COMPILE_MIN_SCORES = 0
+        os.environ["HARDRANK_COMPILE"] = "1"
         t0 = time.perf_counter()
         gr()  # compiles
         t_compile = time.perf_counter() - t0
@@ -139,7 +136,8 @@ def main() -> None:
         rows[0].update(seconds=t_bare, gflops=flop / t_bare / 1e9)
         record("grouped_ranks (compiled)", t_comp, note=f"first call incl. compile {t_compile:.1f}s")
     topk(xq[:64], xb, 10)
-    record("topk k=10", best_time(lambda: topk(xq, xb, 10, budget_bytes=budget, q_block=qb, g_block=gb),
+    record("topk k=10", best_time(lambda: topk(xq, xb, 10, budget_bytes=budget, q_block=args.q_block,
+                                               g_block=args.g_block),
                                   device, args.reps))
     bq = min(args.baseline_nq, nq)
     pos_first = idx[ptr[:bq]].to(device)  # smallest positive index; random data: no ties
@@ -147,9 +145,9 @@ def main() -> None:
            best_time(lambda: full_matrix_ranks(xq[:bq], xb, pos_first), device, args.reps), 2.0 * bq * nb * d)
 
     if args.sweep:
-        _ranking._compiled = saved if args.compile else False
-        for sq in (512, 1024, 2048, 4096):
-            for sg in (256, 512, 1024, 2048):
+        os.environ["HARDRANK_COMPILE"] = "1" if args.compile else "0"
+        for sq in (512, 768, 1024, 1536, 2048):
+            for sg in (512, 768, 1024, 1536):
                 if sq * sg * 8 > (256 << 20):
                     continue
                 t_b = best_time(lambda: bare_gemm(xq, xb, sq, sg), device, args.reps)
@@ -160,7 +158,8 @@ def main() -> None:
 
     bare = rows[0]["gflops"]
     clock = "process CPU time" if args.cpu_clock else "wall time"
-    print(f"{nq} x {nb} x {d} {args.dtype} on {device} ({torch.get_num_threads()} threads, torch {torch.__version__}, {clock})")
+    print(f"{nq} x {nb} x {d} {args.dtype} on {device} ({torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}, {clock})")
     print(f"{'stage':42s} {'seconds':>9s} {'GFLOP/s':>9s} {'vs bare':>8s}  note")
     for r in rows:
         r["ratio_to_bare"] = r["gflops"] / bare
@@ -168,7 +167,8 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / "bench_kernels_quick.json"
     meta = {"nq": nq, "nb": nb, "d": d, "dtype": args.dtype, "device": str(device),
-            "threads": torch.get_num_threads(), "clock": clock, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(), "clock": clock, "torch": torch.__version__,
+            "machine": platform.processor() or platform.machine(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "q_block": qb, "g_block": gb}
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))

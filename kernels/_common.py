@@ -27,8 +27,8 @@ def check_embeddings(name: str, x, d: int | None = None) -> torch.Tensor:
     if d is not None and x.shape[1] != d:
         raise ValueError(f"{name} has width d={x.shape[1]} but the queries have d={d}; "
                          "both tables must come from the same embedding space")
-    # amax/amin propagate NaN and expose Inf in two cheap passes (isfinite would be four)
-    if x.numel() and not bool(torch.isfinite(torch.stack([x.amax(), x.amin()])).all()):
+    # min and max propagate NaN and expose Inf in one cheap pass (isfinite().all() would be four)
+    if x.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(x))).all()):
         raise ValueError(f"{name} contains NaN or Inf; scores would be meaningless (check the encoder output)")
     return x
 
@@ -46,7 +46,8 @@ def check_int_tensor(name: str, x, dim: int) -> torch.Tensor:
     return t.long()
 
 
-def check_csr(ptr_name: str, idx_name: str, ptr, idx, n_rows: int, n_cols: int, col_what: str) -> tuple[list[int], torch.Tensor]:
+def check_csr(ptr_name: str, idx_name: str, ptr, idx, n_rows: int, n_cols: int,
+              col_what: str) -> tuple[list[int], torch.Tensor]:
     """Validate a CSR list (row i owns ``idx[ptr[i]:ptr[i+1]]``, values in [0, n_cols)).
 
     Returns the pointer as a Python list (block offsets are host-side) and the indices as int64.
@@ -87,10 +88,12 @@ def _check_pos_int(name: str, v) -> int:
     return v
 
 
-def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | None) -> Plan:
+def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | None,
+               nb: int = 0) -> Plan:
     """Pick block sizes: one score tile + same-size temporaries fit ``budget_bytes``; half the
     budget (by default) is left to cache tiles that would otherwise be computed twice. Planned
-    blocks never go below 1 x 1; blocks the caller gives must fit the budget."""
+    blocks never go below 1 x 1; blocks the caller gives must fit the budget. A planned tile
+    width is a multiple of 128 chosen to waste the fewest columns on the last (shifted) window."""
     budget = _check_pos_int("budget_bytes", budget_bytes)
     if q_block is not None:
         _check_pos_int("q_block", q_block)
@@ -106,6 +109,11 @@ def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | N
     if nq > 0:
         q = min(q, nq)
         q = math.ceil(nq / math.ceil(nq / q))  # balanced blocks: no tiny remainder block
+    if g_block is None and nb > g >= 256:
+        # every window has the same width and the last one is shifted left to fit, so
+        # ceil(nb / w) * w columns get computed: pick w (multiple of 128, in [g/2, g]) that wastes least
+        cands = range(g // 128 * 128, (g + 1) // 2 - 1, -128)
+        g = min(cands, key=lambda w: (math.ceil(nb / w) * w, -w))
     return Plan(q_block=q, g_block=g)
 
 
@@ -171,11 +179,12 @@ def _mm_out_fp32_supported(device: torch.device, dtype: torch.dtype) -> bool:
     return _OUT_DTYPE_OK[key]
 
 
-def mm_fp32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+def mm_fp32(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """a (m, d) @ b_t (d, n) -> (m, n) float32, accumulating in fp32 for fp16/bf16 operands
-    (cuBLAS fp16 GEMMs with an fp16 output would round every score to 11 bits)."""
+    (cuBLAS fp16 GEMMs with an fp16 output would round every score to 11 bits). ``out``
+    (fp32 operands only) receives the result."""
     if a.dtype == torch.float32:
-        return torch.mm(a, b_t)
+        return torch.mm(a, b_t, out=out) if out is not None else torch.mm(a, b_t)
     if a.device.type == "cuda" and _mm_out_fp32_supported(a.device, a.dtype):
         return torch.mm(a, b_t, out_dtype=torch.float32)
     return torch.mm(a.float(), b_t.float())
@@ -194,13 +203,16 @@ def query_block(xq: torch.Tensor, r0: int, r1: int, dtype: torch.dtype, device: 
     return a
 
 
-def score_tile(a: torch.Tensor, xb: torch.Tensor, c0: int, c1: int, nqb: int) -> torch.Tensor:
+def score_tile(a: torch.Tensor, xb: torch.Tensor, c0: int, c1: int, nqb: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """Scores (nqb, c1 - c0) float32 of the query block ``a`` against gallery rows c0:c1.
 
     Deterministic for a given (a, c0, c1): the same call recomputes bitwise the same tile.
+    ``out`` (a.shape[0], c1 - c0) float32 is an optional destination: writing every tile into the
+    same cache-hot buffer instead of a fresh allocation makes the GEMM ~10% faster on CPU.
     """
     b = xb[c0:c1].to(device=a.device, dtype=a.dtype)  # (w, d)
-    s = mm_fp32(a, b.T)  # (nqb or 2, w) float32
+    s = mm_fp32(a, b.T, out if a.dtype == torch.float32 else None)  # (nqb or 2, w) float32
     if s.shape[0] != nqb:
         s = s[:nqb]
     return s

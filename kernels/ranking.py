@@ -37,45 +37,43 @@ class GroupedRanks:
         return c.sum(1)
 
 
-# --- the per-tile reduction: count of scores above a per-row threshold, and the row max ---------
+# --- the per-tile reduction: count of scores above a per-row threshold, and chunk maxima ---------
+# Row maxima are kept per 128-column chunk: as cheap as the plain row max, and they locate the
+# first maximal column later without a row-wide argmax (slow on CPU, ~1.4 ns/score).
+_CHUNK = 128
 
-def _count_amax(s: torch.Tensor, thr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """s (m, w) float32, thr (m,) -> count of s[i] > thr[i] (m,) int32, row max (m,) float32."""
-    return (s > thr[:, None]).sum(1, dtype=torch.int32), s.amax(1)
+
+def _chunked(s: torch.Tensor) -> bool:
+    return s.is_contiguous() and s.shape[1] % _CHUNK == 0 and s.shape[1] > _CHUNK
 
 
-# torch.compile fuses the compare, the count and the max into one pass over the tile (CPU:
-# ~0.3 ns/score against ~1.2 ns eager, with the GEMM at ~5 ns/score/core for d=512). Compiling
-# costs seconds (tens on a cold cache), so by default it is used for calls of at least
-# _COMPILE_MIN_SCORES scores, and by every call once built. HARDRANK_COMPILE=0 never compiles,
-# HARDRANK_COMPILE=1 compiles for any call. CPU only: GPU runs stay eager.
-_COMPILE_MIN_SCORES = 1 << 30
+def _count_cmax(s: torch.Tensor, thr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """s (m, w) float32 (w a multiple of _CHUNK), thr (m,) -> count of s[i] > thr[i] (m,) int32,
+    chunk maxima (m, w / _CHUNK) float32."""
+    m, w = s.shape
+    v = s.view(m, w // _CHUNK, _CHUNK)
+    return (v > thr[:, None, None]).sum((1, 2), dtype=torch.int32), v.amax(2)
+
+
+# torch.compile can fuse the compare, the count and the chunk maxima into one pass over the tile
+# (CPU: ~0.4 ns/score against ~0.7 ns eager, next to a GEMM of ~5 ns/score/core at d=512). End to
+# end that measured only 0-5% faster on a 2-core AVX-512 box, while compiling costs seconds (tens
+# on a cold cache), so it is opt-in: HARDRANK_COMPILE=1. CPU only; GPU runs stay eager.
 _compiled = None   # the compiled function once built; False when compiling failed
 
 
-def _compiled_count_amax():
+def _compiled_count_cmax():
     global _compiled
     if _compiled is None:
         try:
-            _compiled = torch.compile(_count_amax, dynamic=True)
+            _compiled = torch.compile(_count_cmax, dynamic=True)
         except Exception:  # no compiler toolchain, unsupported platform, ...
             _compiled = False
     return _compiled
 
 
-def _use_compiled(device: torch.device, n_scores: int) -> bool:
-    mode = os.environ.get("HARDRANK_COMPILE", "auto")
-    if device.type != "cpu" or mode == "0" or _compiled is False:
-        return False
-    return mode == "1" or _compiled is not None or n_scores >= _COMPILE_MIN_SCORES
-
-
-def _chunk(w: int) -> int:
-    """Chunk width for two-level row maxima (0: none divides w)."""
-    for c in (128, 64, 32, 16):
-        if w % c == 0 and w > c:
-            return c
-    return 0
+def _use_compiled(device: torch.device) -> bool:
+    return device.type == "cpu" and os.environ.get("HARDRANK_COMPILE", "0") == "1" and _compiled is not False
 
 
 def _count_gt(s: torch.Tensor, thr: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:
@@ -91,22 +89,21 @@ def _count_gt(s: torch.Tensor, thr: torch.Tensor, buf: torch.Tensor | None = Non
 
 
 def _tile_count_amax(s: torch.Tensor, thr: torch.Tensor, fused: bool, buf: torch.Tensor | None = None):
-    """(count (m,) int32, row max (m,) float32, chunk maxima (m, w / c) or None) of s (m, w);
+    """(count (m,) int32, row max (m,) float32, chunk maxima (m, w / _CHUNK) or None) of s (m, w);
     ``buf`` is optional float32 scratch of s's shape."""
     global _compiled
-    m, w = s.shape
-    if fused and m >= 2 and w >= 2:  # sizes 0/1 would force extra specialised compiles
-        fn = _compiled_count_amax()
+    m = s.shape[0]
+    chunked = _chunked(s)
+    if fused and chunked and m >= 2:  # size 1 would force an extra specialised compile
+        fn = _compiled_count_cmax()
         if fn:
             try:
-                cnt, mx = fn(s, thr)
-                return cnt, mx, None
+                cnt, cm = fn(s, thr)
+                return cnt, cm.amax(1), cm
             except Exception:  # compile failed at first call: stay eager from now on
                 _compiled = False
-    c = _chunk(w) if s.is_contiguous() else 0
-    if c:
-        # maxima of 128-wide chunks: as cheap as the row max, and they locate the argmax later
-        cm = s.view(m, w // c, c).amax(2)  # (m, w / c)
+    if chunked:
+        cm = s.view(m, -1, _CHUNK).amax(2)  # (m, w / _CHUNK)
         mx = cm.amax(1)
     else:
         cm, mx = None, s.amax(1)
@@ -126,21 +123,18 @@ def _tile_count_amax(s: torch.Tensor, thr: torch.Tensor, fused: bool, buf: torch
 
 
 def _first_max_index(v: torch.Tensor, cm, rows=None) -> torch.Tensor:
-    """First column of each row of v (or of v[rows]) holding the row max. A row-wide argmax is
-    slow on CPU (~1.4 ns/score); instead take the first chunk whose max is the row max, then the
-    first max inside that chunk (``max(dim)`` returns the first maximal index)."""
-    m, w = v.shape
-    c = _chunk(w) if v.is_contiguous() else 0
-    if not c:
+    """First column of each row of v (or of v[rows]) holding the row max: the first chunk whose
+    max is the row max, then the first max inside it (``max(dim)`` returns the first maximal index)."""
+    if cm is None:
         return (v if rows is None else v[rows]).max(1).indices
-    v3 = v.view(m, w // c, c)
+    m = v.shape[0]
+    v3 = v.view(m, -1, _CHUNK)
     if rows is None:
         rows = torch.arange(m, device=v.device)
-        cm = v3.amax(2) if cm is None else cm
     else:
-        cm = v3[rows].amax(2) if cm is None else cm[rows]
+        cm = cm[rows]
     j = cm.max(1).indices  # (r,) first chunk holding the row max
-    return j * c + v3[rows, j].max(1).indices
+    return j * _CHUNK + v3[rows, j].max(1).indices
 
 
 def _flushes_denormals(device: torch.device) -> bool:
@@ -188,44 +182,30 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
     check_embeddings("xq", xq)
     check_embeddings("xb", xb, d=xq.shape[1])
     nq, nb = xq.shape[0], xb.shape[0]
-    if nb >= 1 << 62:
-        raise ValueError(f"gallery too large: nb={nb}")
     bounds = _check_bounds(group_bounds, nb)
     ptr, pidx = check_csr("pos_ptr", "pos_idx", pos_ptr, pos_idx, nq, nb, "a gallery")
     for i in range(nq):
         if ptr[i + 1] == ptr[i]:
             raise ValueError(f"query {i} has no positive (pos_ptr[{i}] == pos_ptr[{i + 1}] == {ptr[i]}); "
                              "every query needs at least one positive in the gallery")
-    plan = plan_tiles(nq, budget_bytes, q_block, g_block)
+    plan = plan_tiles(nq, budget_bytes, q_block, g_block, nb)
     device = xq.device
     G = len(bounds) - 1
-
-    counts = torch.zeros(nq, G, dtype=torch.long, device=device)                  # (nq, G) int64
-    pos_score = torch.empty(nq, dtype=torch.float32, device=device)               # (nq,) float32
-    pos_index = torch.empty(nq, dtype=torch.long, device=device)                  # (nq,) int64
-    neg_score = torch.full((nq, G), float("-inf"), dtype=torch.float32, device=device)  # (nq, G)
-    neg_index = torch.full((nq, G), -1, dtype=torch.long, device=device)          # (nq, G) int64
+    out = GroupedRanks(
+        counts=torch.zeros(nq, G, dtype=torch.long, device=device),
+        pos_score=torch.empty(nq, dtype=torch.float32, device=device),
+        pos_index=torch.empty(nq, dtype=torch.long, device=device),
+        neg_score=torch.full((nq, G), float("-inf"), dtype=torch.float32, device=device),
+        neg_index=torch.full((nq, G), -1, dtype=torch.long, device=device),
+    )
     if nq == 0:
-        return GroupedRanks(counts, pos_score, pos_index, neg_score, neg_index)
-
-    tiles = gallery_tiles(nb, plan.g_block)
-    tile_starts = torch.tensor([t[1] for t in tiles], dtype=torch.long, device=device)  # owned starts
-    segs = tile_group_segments(tiles, bounds)
-    seg_starts = torch.tensor([sg[0] for ts in segs for sg in ts], dtype=torch.long, device=device)
-    op_dtype = operand_dtype(xq, xb, device)
-    fused = _use_compiled(device, nq * nb)
-    flush_denormals = tie_rule != "optimistic" and _flushes_denormals(device)
-    pidx = pidx.to(device)
-    neg_inf = torch.tensor(float("-inf"), device=device)
-
-    width = tiles[0][2] - tiles[0][0]
-    pos_tile = torch.searchsorted(tile_starts.cpu(), pidx.cpu(), right=True) - 1  # owner tile per positive
-    for r0, r1, cache_tiles in _query_blocks(nq, ptr, pos_tile, plan.q_block, budget_bytes, width,
+        return out
+    rp = _RankPass(xq, xb, bounds, ptr, pidx.to(device), plan.g_block, tie_rule, out)
+    pos_tile = torch.searchsorted(rp.tile_starts.cpu(), pidx, right=True) - 1  # owner tile per positive
+    for r0, r1, cache_tiles in _query_blocks(nq, ptr, pos_tile, plan.q_block, budget_bytes, rp.width,
                                              adaptive=q_block is None):
-        _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, cache_tiles,
-                    op_dtype, tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index,
-                    neg_score, neg_index)
-    return GroupedRanks(counts, pos_score, pos_index, neg_score, neg_index)
+        rp.block(r0, r1, cache_tiles)
+    return out
 
 
 _Q_MIN = 256  # adaptive blocks stop shrinking here: smaller GEMMs lose more than recomputing
@@ -234,9 +214,10 @@ _Q_MIN = 256  # adaptive blocks stop shrinking here: smaller GEMMs lose more tha
 def _query_blocks(nq, ptr, pos_tile, q_block, budget, width, adaptive):
     """[(r0, r1, cache_tiles)] query blocks. A block's tiles holding positives are computed before
     its counting pass and kept for it when the budget allows; past that they are computed twice.
-    When the caller left q_block to us, a block whose positive tiles would not fit is halved
-    (down to _Q_MIN rows): smaller tiles and fewer positive tiles per block (COCO-like data has
-    each block's positives in one contiguous run of the gallery)."""
+    When the caller left q_block to us, a block whose positive tiles would not fit is shrunk by
+    1/8 steps (down to _Q_MIN rows): smaller tiles and fewer positive tiles per block (COCO-like
+    data has each block's positives in one contiguous run of the gallery, so the cache a block
+    needs grows with q_block squared). Big blocks run the GEMM faster, so shrink no further."""
     out, r0 = [], 0
     while r0 < nq:
         q = q_block
@@ -248,106 +229,145 @@ def _query_blocks(nq, ptr, pos_tile, q_block, budget, width, adaptive):
                 break
             if torch.unique(pos_tile[ptr[r0]:ptr[r1]]).numel() <= cap:
                 break
-            q = max(_Q_MIN, q // 2)
+            q = max(_Q_MIN, q * 7 // 8)
         out.append((r0, r1, cap))
         r0 = r1
     return out
 
 
-def _rank_block(xq, xb, r0, r1, ptr, pidx, tiles, tile_starts, segs, seg_starts, cache_tiles,
-                op_dtype, tie_rule, fused, flush_denormals, neg_inf, counts, pos_score, pos_index,
-                neg_score, neg_index) -> None:
-    """Fill rows r0:r1 of the outputs."""
-    device = xq.device
-    nb = xb.shape[0]
-    nqb = r1 - r0
-    a = query_block(xq, r0, r1, op_dtype, device)  # (nqb, d), 2 rows if nqb == 1
-    prow, pcol = csr_block(ptr, pidx, r0, r1, device)  # (m,) positives, sorted by column
-    psegs = tile_segments(pcol, tile_starts)  # tile id -> slice of the positives it owns
+class _RankPass:
+    """State shared by the query blocks of one grouped_ranks call; ``block`` fills rows r0:r1."""
 
-    # Pass 1: the tiles holding positives give the positives' scores, as the very floats the
-    # counting pass will compare against. Keep them (within the budget) for pass 2.
-    pval = torch.empty(pcol.numel(), dtype=torch.float32, device=device)  # (m,) float32
-    cache: dict[int, torch.Tensor] = {}
-    for t, (pa, pb) in psegs.items():
-        c0, _, c1 = tiles[t]
-        s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
-        pval[pa:pb] = s[prow[pa:pb], pcol[pa:pb] - c0]
-        if len(cache) < cache_tiles:
-            cache[t] = s
-    s_star = torch.full((nqb,), float("-inf"), device=device).scatter_reduce_(0, prow, pval, "amax")
-    best = torch.where(pval == s_star[prow], pcol, nb)
-    p_star = torch.full((nqb,), nb, dtype=torch.long, device=device).scatter_reduce_(0, prow, best, "amin")
-    pos_score[r0:r1] = s_star
-    pos_index[r0:r1] = p_star
+    def __init__(self, xq, xb, bounds, ptr, pidx, g_block, tie_rule, out: GroupedRanks):
+        self.xq, self.xb, self.ptr, self.pidx, self.tie_rule, self.out = xq, xb, ptr, pidx, tie_rule, out
+        self.device = device = xq.device
+        self.tiles = gallery_tiles(xb.shape[0], g_block)  # (c0, n0, c1), all c1 - c0 == width
+        self.width = self.tiles[0][2] - self.tiles[0][0]
+        self.tile_starts = torch.tensor([t[1] for t in self.tiles], dtype=torch.long, device=device)
+        self.pieces = tile_group_segments(self.tiles, bounds)  # per tile: (lo, hi, group)
+        self.piece_starts = torch.tensor([p[0] for ps in self.pieces for p in ps], dtype=torch.long,
+                                         device=device)
+        self.op_dtype = operand_dtype(xq, xb, device)
+        self.fused = _use_compiled(device)
+        self.flush_denormals = tie_rule != "optimistic" and _flushes_denormals(device)
+        self.neg_inf = torch.tensor(float("-inf"), device=device)
+        self.pool: list[torch.Tensor] = []  # tile buffers reused by every block of the call
 
-    # "s >= s*" is evaluated as "s > nextafter(s*, -inf)" so one compare serves every row of a tile;
-    # only when denormals are flushed and some s* is exactly 0 does that identity fail.
-    s_below = torch.nextafter(s_star, neg_inf.expand_as(s_star))
-    two_compares = flush_denormals and bool((s_star == 0).any())
-    contain: dict[int, torch.Tensor] = {}
-    if tie_rule == "index":
-        # rows whose p* falls in a piece get that piece counted exactly (column order around p*)
-        seg_of = torch.searchsorted(seg_starts, p_star, right=True) - 1
-        order = torch.argsort(seg_of, stable=True)
-        us, uc = torch.unique_consecutive(seg_of[order], return_counts=True)
-        o = 0
-        for k, c in zip(us.tolist(), uc.tolist()):
-            contain[k] = order[o:o + c]
-            o += c
+    def _buffers(self, n: int, rows: int) -> list[torch.Tensor]:
+        """n (rows, width) float32 tile buffers. Reused across blocks: fresh multi-MB allocations
+        are page-faulted in again every time (on CPU that costs ~10% of the GEMM). None where the
+        GEMM cannot write into a given buffer (fp16/bf16 operands)."""
+        if self.op_dtype != torch.float32:
+            return [None] * n
+        while len(self.pool) < n:
+            self.pool.append(torch.empty(self.pool[0].shape if self.pool else (rows, self.width),
+                                         dtype=torch.float32, device=self.device))
+        if self.pool[0].shape[0] < rows:
+            self.pool = [torch.empty(rows, self.width, dtype=torch.float32, device=self.device) for _ in range(n)]
+        return [b[:rows] for b in self.pool[:n]]
 
-    # float32 scratch for the CPU count, reused by every tile (allocating it per tile costs page faults)
-    scratch = None
-    if device.type == "cpu" and not fused and tiles:
-        scratch = torch.empty(nqb, tiles[0][2] - tiles[0][0], dtype=torch.float32, device=device)
-    cnt_blk = counts[r0:r1]     # (nqb, G) views into the outputs
-    nsc_blk = neg_score[r0:r1]
-    nix_blk = neg_index[r0:r1]
-    k = -1  # running piece id
-    for t, (c0, _, c1) in enumerate(tiles):
-        s = cache.pop(t, None)
-        if s is None:
-            s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
-        if t in psegs:
-            pa, pb = psegs[t]
-            s.index_put_((prow[pa:pb], pcol[pa:pb] - c0), neg_inf)  # positives never count
-        for lo, hi, g in segs[t]:
-            k += 1
-            whole = lo == c0 and hi == c1
-            v = s if whole else s[:, lo - c0:hi - c0]  # (nqb, hi - lo) piece of group g
-            cnt, mx, cm = _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares,
-                                       fused and whole, scratch if whole else None)
-            rows = contain.get(k)
-            if rows is not None:
-                # these rows were counted with >= (p* >= lo); ties after p* do not beat it
-                after = torch.arange(lo, hi, device=device)[None, :] > p_star[rows, None]
-                cnt[rows] -= ((v[rows] == s_star[rows, None]) & after).sum(1, dtype=torch.int32)
-            cnt_blk[:, g] += cnt
-            _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g)
+    def block(self, r0: int, r1: int, cache_tiles: int) -> None:
+        device, xb, tiles, nb = self.device, self.xb, self.tiles, self.xb.shape[0]
+        nqb = r1 - r0
+        a = query_block(self.xq, r0, r1, self.op_dtype, device)  # (nqb, d), 2 rows if nqb == 1
+        prow, pcol = csr_block(self.ptr, self.pidx, r0, r1, device)  # (m,) positives, sorted by column
+        psegs = tile_segments(pcol, self.tile_starts)  # tile id -> slice of the positives it owns
+
+        # Pass 1: the tiles holding positives give the positives' scores, as the very floats the
+        # counting pass will compare against. Keep them (within the budget) for pass 2.
+        n_keep = min(cache_tiles, len(psegs))
+        work, *spare = self._buffers(1 + n_keep, a.shape[0])  # (rows, width) float32 each
+        pval = torch.empty(pcol.numel(), dtype=torch.float32, device=device)  # (m,) float32
+        cache: dict[int, torch.Tensor] = {}
+        for t, (pa, pb) in psegs.items():
+            c0, _, c1 = tiles[t]
+            keep = len(cache) < n_keep
+            s = score_tile(a, xb, c0, c1, nqb, spare[len(cache)] if keep else work)  # (nqb, w) float32
+            pval[pa:pb] = s[prow[pa:pb], pcol[pa:pb] - c0]
+            if keep:
+                cache[t] = s
+        s_star = torch.full((nqb,), float("-inf"), device=device).scatter_reduce_(0, prow, pval, "amax")
+        best = torch.where(pval == s_star[prow], pcol, nb)
+        p_star = torch.full((nqb,), nb, dtype=torch.long, device=device).scatter_reduce_(0, prow, best, "amin")
+        self.out.pos_score[r0:r1] = s_star
+        self.out.pos_index[r0:r1] = p_star
+
+        # "s >= s*" is evaluated as "s > nextafter(s*, -inf)" so one compare serves every row of a
+        # tile; only when denormals are flushed and some s* is exactly 0 does that identity fail.
+        th = _Thresholds(self.tie_rule, s_star, torch.nextafter(s_star, self.neg_inf.expand_as(s_star)),
+                         p_star, self.flush_denormals and bool((s_star == 0).any()))
+        holds_p: dict[int, torch.Tensor] = {}
+        if self.tie_rule == "index":
+            # rows whose p* falls in a piece have that piece's ties after p* taken off its count
+            piece_of = torch.searchsorted(self.piece_starts, p_star, right=True) - 1
+            order = torch.argsort(piece_of, stable=True)
+            up, uc = torch.unique_consecutive(piece_of[order], return_counts=True)
+            o = 0
+            for k, c in zip(up.tolist(), uc.tolist()):
+                holds_p[k] = order[o:o + c]
+                o += c
+
+        # float32 scratch for the eager CPU count, reused by every tile (fresh ones cost page faults)
+        scratch = None
+        if device.type == "cpu" and not self.fused:
+            scratch = torch.empty(nqb, self.width, dtype=torch.float32, device=device)
+        cnt_blk = self.out.counts[r0:r1]  # (nqb, G) views into the outputs
+        nsc_blk = self.out.neg_score[r0:r1]
+        nix_blk = self.out.neg_index[r0:r1]
+        k = -1  # running piece id
+        for t, (c0, _, c1) in enumerate(tiles):
+            s = cache.pop(t, None)
+            if s is None:
+                s = score_tile(a, xb, c0, c1, nqb, work)  # (nqb, w) float32
+            if t in psegs:
+                pa, pb = psegs[t]
+                s.index_put_((prow[pa:pb], pcol[pa:pb] - c0), self.neg_inf)  # positives never count
+            for lo, hi, g in self.pieces[t]:
+                k += 1
+                whole = lo == c0 and hi == c1
+                v = s if whole else s[:, lo - c0:hi - c0]  # (nqb, hi - lo) piece of group g
+                cnt, mx, cm = th.count(v, lo, self.fused and whole, scratch if whole else None)
+                rows = holds_p.get(k)
+                if rows is not None:
+                    # these rows were counted with >= (p* >= lo); ties after p* do not beat it
+                    after = torch.arange(lo, hi, device=device)[None, :] > p_star[rows, None]
+                    cnt[rows] -= ((v[rows] == s_star[rows, None]) & after).sum(1, dtype=torch.int32)
+                cnt_blk[:, g] += cnt
+                _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g)
 
 
-def _count_piece(v, lo, tie_rule, s_star, s_below, p_star, two_compares, fused, scratch):
-    """Per row: items of the piece v (columns from gallery index lo) scoring above the row's
-    threshold, and the piece's max. Under ``index`` the rows whose p* lies in the piece are
-    counted with >= here; the caller takes off the ties after p*."""
-    if tie_rule == "optimistic":
-        ge = None
-    elif tie_rule == "pessimistic":
-        ge = True
-    else:
-        ge = p_star >= lo  # piece before (or holding) p*: ties come first in gallery order
-    if two_compares and ge is not None:
-        ge_rows = ge if isinstance(ge, torch.Tensor) else torch.ones_like(p_star, dtype=torch.bool)
-        cnt = torch.where(ge_rows, (v >= s_star[:, None]).sum(1, dtype=torch.int32),
-                          (v > s_star[:, None]).sum(1, dtype=torch.int32))
-        return cnt, v.amax(1), None
-    if ge is None:
-        thr = s_star
-    elif ge is True:
-        thr = s_below
-    else:
-        thr = torch.where(ge, s_below, s_star)
-    return _tile_count_amax(v, thr, fused, scratch)
+@dataclass
+class _Thresholds:
+    """Per-row comparison against s* for one query block under a tie rule."""
+
+    tie_rule: str
+    s_star: torch.Tensor        # (nqb,) float32 best positive score
+    s_below: torch.Tensor       # (nqb,) float32 nextafter(s*, -inf): "> s_below" is ">= s*"
+    p_star: torch.Tensor        # (nqb,) int64 best positive index
+    two_compares: bool          # evaluate ">=" literally (flushed denormals and some s* == 0)
+
+    def count(self, v, lo, fused, scratch):
+        """Per row: items of the piece v (columns from gallery index lo) that beat s* (ties before
+        p* included), plus the piece's row max and chunk maxima. Under ``index`` the rows whose p*
+        lies in the piece are counted with >= here; the caller takes off the ties after p*."""
+        if self.tie_rule == "optimistic":
+            ge = None
+        elif self.tie_rule == "pessimistic":
+            ge = True
+        else:
+            ge = self.p_star >= lo  # piece before (or holding) p*: ties come first in gallery order
+        if self.two_compares and ge is not None:
+            ge_rows = ge if isinstance(ge, torch.Tensor) else torch.ones_like(self.p_star, dtype=torch.bool)
+            s_star = self.s_star[:, None]
+            cnt = torch.where(ge_rows, (v >= s_star).sum(1, dtype=torch.int32), (v > s_star).sum(1, dtype=torch.int32))
+            return cnt, v.amax(1), None
+        if ge is None:
+            thr = self.s_star
+        elif ge is True:
+            thr = self.s_below
+        else:
+            thr = torch.where(ge, self.s_below, self.s_star)
+        return _tile_count_amax(v, thr, fused, scratch)
 
 
 def _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g) -> None:
@@ -357,7 +377,7 @@ def _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g) -> None:
     run = nsc_blk[:, g]
     better = mx > run  # (nqb,) bool
     nqb = v.shape[0]
-    if v.device.type != "cpu":
+    if v.device.type != "cpu":  # no host syncs on GPUs: index every row
         nsc_blk[:, g] = torch.where(better, mx, run)
         nix_blk[:, g] = torch.where(better, v.argmax(1) + lo, nix_blk[:, g])
         return

@@ -33,7 +33,7 @@ def topk(xq: torch.Tensor, xb: torch.Tensor, k: int, *, exclude_ptr=None, exclud
         ptr, eidx = check_csr("exclude_ptr", "exclude_idx", exclude_ptr, exclude_idx, nq, nb, "a gallery")
     else:
         ptr, eidx = [0] * (nq + 1), torch.zeros(0, dtype=torch.long)
-    plan = plan_tiles(nq, budget_bytes, q_block, g_block)
+    plan = plan_tiles(nq, budget_bytes, q_block, g_block, nb)
     device = xq.device
     D = torch.full((nq, k), float("-inf"), dtype=torch.float32, device=device)  # (nq, k) float32
     I = torch.full((nq, k), -1, dtype=torch.long, device=device)                # (nq, k) int64
@@ -53,8 +53,9 @@ def topk(xq: torch.Tensor, xb: torch.Tensor, k: int, *, exclude_ptr=None, exclud
         esegs = tile_segments(ecol, tile_starts)
         run_v = torch.full((nqb, k), float("-inf"), device=device)  # (nqb, k) float32 running top-k
         run_i = torch.full((nqb, k), nb, dtype=torch.long, device=device)  # nb: sentinel, sorts last
+        work = torch.empty(a.shape[0], tiles[0][2] - tiles[0][0], dtype=torch.float32, device=device)
         for t, (c0, n0, c1) in enumerate(tiles):
-            s = score_tile(a, xb, c0, c1, nqb)  # (nqb, w) float32
+            s = score_tile(a, xb, c0, c1, nqb, work)  # (nqb, w) float32
             if t in esegs:
                 ea, eb = esegs[t]
                 s.index_put_((erow[ea:eb], ecol[ea:eb] - c0), neg_inf)  # -inf = not a candidate

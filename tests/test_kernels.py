@@ -90,9 +90,9 @@ def test_grouped_ranks_few_levels_heavy_ties(tie_rule):
         check_ranks(xq, xb, bounds, pos, tie_rule, qb, gb)
 
 
-@pytest.mark.parametrize("g_block", [32, 48, 64, 256])
+@pytest.mark.parametrize("g_block", [32, 48, 128, 256, 384])
 def test_grouped_ranks_wide_tiles_with_ties(g_block):
-    # tile widths divisible by 16 take the two-level (chunk max, then argmax) best-negative search
+    # tile widths that are multiples of 128 (above 128) take the chunk-max best-negative search
     gen = torch.Generator().manual_seed(17)
     xq = torch.randint(-1, 2, (40, 16), generator=gen).float() / 4
     xb = torch.randint(-1, 2, (300, 16), generator=gen).float() / 4
@@ -155,7 +155,8 @@ def test_exact_duplicates_of_the_positive_tie_with_it():
         assert torch.equal(res["index"].counts[:, 0] - res["optimistic"].counts[:, 0], torch.ones(nq, dtype=torch.long))
         assert torch.equal(res["index"].counts[:, 2:], res["optimistic"].counts[:, 2:])
         assert torch.equal(res["pessimistic"].counts[:, 2] - res["optimistic"].counts[:, 2], twin0)
-        assert torch.equal(res["pessimistic"].counts[:, 3] - res["optimistic"].counts[:, 3], torch.ones(nq, dtype=torch.long))
+        ones = torch.ones(nq, dtype=torch.long)
+        assert torch.equal(res["pessimistic"].counts[:, 3] - res["optimistic"].counts[:, 3], ones)
 
 
 def test_duplicate_positive_with_ties_uses_lowest_index_as_best():
@@ -331,7 +332,8 @@ def test_error_bad_csr_and_arguments():
         grouped_ranks(xq, xb, b, ptr, idx[:2])
     with pytest.raises(ValueError, match=r"pos_ptr must be non-decreasing, but pos_ptr\[1\] = 2 > pos_ptr\[2\] = 1"):
         grouped_ranks(xq, xb, b, torch.tensor([0, 2, 1, 3]), idx)
-    with pytest.raises(ValueError, match=r"tie_rule must be one of \('index', 'optimistic', 'pessimistic'\), got 'first'"):
+    with pytest.raises(ValueError,
+                       match=r"tie_rule must be one of \('index', 'optimistic', 'pessimistic'\), got 'first'"):
         grouped_ranks(xq, xb, b, ptr, idx, tie_rule="first")
     with pytest.raises(ValueError, match=r"xb has width d=2 but the queries have d=3"):
         grouped_ranks(xq, xb[:, :2], b, ptr, idx)
@@ -341,7 +343,12 @@ def test_error_bad_csr_and_arguments():
         grouped_ranks(xq.long(), xb, b, ptr, idx)
     with pytest.raises(ValueError, match=r"xb contains NaN or Inf"):
         grouped_ranks(xq, xb.clone().fill_(float("nan")), b, ptr, idx)
-    with pytest.raises(ValueError, match=r"q_block \* g_block = 100 \* 100 scores need 80000 bytes .* budget_bytes=1000"):
+    bad = xq.clone()
+    bad[1, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"xq contains NaN or Inf"):
+        grouped_ranks(bad, xb, b, ptr, idx)
+    with pytest.raises(ValueError,
+                       match=r"q_block \* g_block = 100 \* 100 scores need 80000 bytes .* budget_bytes=1000"):
         grouped_ranks(xq, xb, b, ptr, idx, budget_bytes=1000, q_block=100, g_block=100)
     with pytest.raises(ValueError, match=r"g_block must be a positive int, got 0"):
         grouped_ranks(xq, xb, b, ptr, idx, g_block=0)
@@ -432,8 +439,10 @@ def test_choice_scores_identical_candidates_tie_exactly():
 
 def test_choice_scores_empty_and_errors():
     left, right = torch.eye(3), torch.eye(3)
-    assert choice_scores(left, right, torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 4, dtype=torch.long)).shape == (0, 2, 4)
-    with pytest.raises(ValueError, match=r"right_idx\[1, 0\] = 3 is out of range for right with 3 rows \(valid: 0..2\)"):
+    empty = choice_scores(left, right, torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 4, dtype=torch.long))
+    assert empty.shape == (0, 2, 4)
+    with pytest.raises(ValueError,
+                       match=r"right_idx\[1, 0\] = 3 is out of range for right with 3 rows \(valid: 0..2\)"):
         choice_scores(left, right, torch.tensor([[0], [1]]), torch.tensor([[0, 1], [3, 0]]))
     with pytest.raises(ValueError, match=r"left_idx and right_idx need the same number of rows .* got 2 and 1"):
         choice_scores(left, right, torch.tensor([[0], [1]]), torch.tensor([[0, 1]]))

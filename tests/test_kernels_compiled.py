@@ -13,15 +13,16 @@ from test_kernels import assert_same, csr, gaussian, quantised, random_positives
 
 @pytest.fixture(scope="module")
 def compiled():
-    ranking._compiled_count_amax()
-    s, thr = torch.randn(4, 8), torch.zeros(4)
+    ranking._compiled_count_cmax()
+    s, thr = torch.randn(4, 256), torch.zeros(4)
     try:
         got = ranking._compiled(s, thr) if ranking._compiled else None
     except Exception as e:  # no C++ toolchain or an unsupported platform: eager is the fallback
         pytest.skip(f"torch.compile unavailable here: {type(e).__name__}: {e}")
     if got is None:
         pytest.skip("torch.compile unavailable here")
-    assert torch.equal(got[0], (s > 0).sum(1, dtype=torch.int32)) and torch.equal(got[1], s.amax(1))
+    assert torch.equal(got[0], (s > 0).sum(1, dtype=torch.int32))
+    assert torch.equal(got[1], s.view(4, 2, 128).amax(2))
     return ranking._compiled
 
 
@@ -36,13 +37,13 @@ def test_compiled_matches_reference(compiled, monkeypatch):
     ptr, idx = csr(pos)
     for rule in TIE_RULES:
         ref = grouped_ranks_reference(xq, xb, bounds, ptr, idx, tie_rule=rule)
-        for qb, gb in [(None, None), (7, 13), (16, 64), (45, 32)]:
+        for qb, gb in [(None, None), (7, 13), (16, 128), (45, 256), (2, 256)]:
             assert_same(grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule=rule, q_block=qb, g_block=gb), ref)
     x2q, x2b = quantised(30, 8, gen), quantised(150, 8, gen)
     pos2 = random_positives(30, 150, gen)
     ptr2, idx2 = csr(pos2)
     b2 = torch.tensor([0, 75, 150])
-    assert_same(grouped_ranks(x2q, x2b, b2, ptr2, idx2, g_block=50),
+    assert_same(grouped_ranks(x2q, x2b, b2, ptr2, idx2, g_block=128),
                 grouped_ranks_reference(x2q, x2b, b2, ptr2, idx2))
 
 
@@ -51,11 +52,12 @@ def test_compiled_duplicates_still_tie(compiled, monkeypatch):
     gen = torch.Generator().manual_seed(22)
     base = gaussian(64, 64, gen)
     xq = base[:20] + 0.1 * gaussian(20, 64, gen)
-    xb = torch.cat([base[:20], base, base[:20]])  # twins before and after the positives
-    ptr, idx = csr([[20 + i] for i in range(20)])
-    bounds = torch.tensor([0, 20, 84, 104])
-    r_opt = grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule="optimistic", g_block=32)
-    r_idx = grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule="index", g_block=32)
-    r_pes = grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule="pessimistic", g_block=32)
+    filler = gaussian(300, 64, gen)
+    xb = torch.cat([base[:20], filler, base, filler, base[:20]])  # twins before and after the positives
+    ptr, idx = csr([[320 + i] for i in range(20)])
+    bounds = torch.tensor([0, 320, 684, 704])
+    r_opt = grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule="optimistic", g_block=256)
+    r_idx = grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule="index", g_block=256)
+    r_pes = grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule="pessimistic", g_block=256)
     assert (r_idx.counts - r_opt.counts).tolist() == [[1, 0, 0]] * 20
     assert (r_pes.counts - r_opt.counts).tolist() == [[1, 0, 1]] * 20
