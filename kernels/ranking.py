@@ -20,7 +20,7 @@ TIE_RULES = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq on tensors would be ambiguous
 class GroupedRanks:
     """Per query i and gallery group g; the rank of i over a union U of groups is
     ``counts[i, U].sum()`` (0 = the best positive is top-1)."""
@@ -52,7 +52,9 @@ def _count_cmax(s: torch.Tensor, thr: torch.Tensor) -> tuple[torch.Tensor, torch
     chunk maxima (m, w / _CHUNK) float32."""
     m, w = s.shape
     v = s.view(m, w // _CHUNK, _CHUNK)
-    return (v > thr[:, None, None]).sum((1, 2), dtype=torch.int32), v.amax(2)
+    # per-chunk float counts (exact: integers <= 128), then per row: the form inductor vectorises best
+    cnt = (v > thr[:, None, None]).to(torch.float32).sum(2).sum(1)
+    return cnt.to(torch.int32), v.amax(2)
 
 
 # torch.compile can fuse the compare, the count and the chunk maxima into one pass over the tile
@@ -172,8 +174,8 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
 
     Runs on xq's device; scores are fp32 (fp16/bf16 upcast on CPU, fp32 accumulation on CUDA).
     Memory: never (nq, nb); queries go in blocks of ``q_block`` rows against gallery tiles of
-    ``g_block`` columns (all the same width; a tile straddling groups is counted per piece), sized
-    from ``budget_bytes`` unless given. The positives' scores are read from the very tiles the
+    at most ``g_block`` columns (all the same width; a tile straddling groups is counted per
+    piece), sized from ``budget_bytes`` unless given. The positives' scores are read from the very tiles the
     counting pass uses (cached within the budget, otherwise recomputed bitwise identically), and
     every tile has the same GEMM shape, so an exact duplicate of a positive ties with it.
     """

@@ -61,32 +61,69 @@ def topk(xq: torch.Tensor, xb: torch.Tensor, k: int, *, exclude_ptr=None, exclud
                 s.index_put_((erow[ea:eb], ecol[ea:eb] - c0), neg_inf)  # -inf = not a candidate
             if n0 > c0:
                 s = s[:, n0 - c0:]  # the shifted last window: earlier columns were done already
-            rows = None
-            if device.type == "cpu":
-                # Only rows whose tile max beats their running k-th score can change (ties lose: the
-                # running items have lower indices). Late tiles rarely touch many rows.
-                live = s.amax(1) > run_v[:, -1]
-                n_live = int(live.sum())
-                if n_live == 0:
-                    continue
-                if 2 * n_live < nqb:
-                    rows = torch.nonzero(live).squeeze(1)
-                    s = s[rows]
-            v, i = _tile_topk(s, k)  # (r, kt) candidates, i local to the tile
-            i = i + n0
-            rv = run_v if rows is None else run_v[rows]
-            ri = run_i if rows is None else run_i[rows]
-            cv = torch.cat([rv, v], 1)  # (r, k + kt)
-            ci = torch.cat([ri, i], 1)
-            sel = order_keys(cv, ci).topk(k, dim=1).indices  # exact (score desc, index asc)
-            nv, ni = cv.gather(1, sel), ci.gather(1, sel)
-            if rows is None:
-                run_v, run_i = nv, ni
-            else:
-                run_v[rows], run_i[rows] = nv, ni
+            # Candidates beat the running k-th score strictly (ties lose: running items have lower
+            # indices). After the first tiles only a few per row do, so they are gathered sparsely
+            # instead of running torch.topk over the whole tile (~2.5 ns/score on CPU).
+            kth = run_v[:, -1]  # (nqb,)
+            found = _candidates(s, kth, nqb * k)
+            if found is None:  # dense (first tiles): exact top-k of the tile, then merge every row
+                v, i = _tile_topk(s, k)  # (nqb, kt), i local to the tile
+                _merge(run_v, run_i, None, v, i + n0, k)
+                continue
+            r, c, vals = found  # sorted by row
+            if r.numel() == 0:
+                continue
+            rows, cnt = torch.unique_consecutive(r, return_counts=True)
+            seg = torch.repeat_interleave(torch.arange(rows.numel(), device=device), cnt)
+            pos = torch.arange(r.numel(), device=device) - (torch.cumsum(cnt, 0) - cnt)[seg]
+            width = int(cnt.max())
+            v = torch.full((rows.numel(), width), float("-inf"), device=device)  # (r, width) padded
+            i = torch.full((rows.numel(), width), nb, dtype=torch.long, device=device)
+            v[seg, pos] = vals
+            i[seg, pos] = c + n0
+            _merge(run_v, run_i, rows, v, i, k)
         run_i = torch.where(run_v == float("-inf"), -1, run_i)  # excluded / padding -> -1
         D[r0:r1], I[r0:r1] = run_v, run_i
     return D, I
+
+
+_CHUNK = 128
+
+
+def _candidates(s: torch.Tensor, kth: torch.Tensor, limit: int):
+    """(rows, cols, values) of the entries of s (r, w) with s[i, j] > kth[i], row-major; None if
+    there are more than ``limit``. Whole 128-column chunks whose max does not pass are skipped, so
+    the tile is read once (chunk maxima) and only the passing chunks again."""
+    m, w = s.shape
+    if s.is_contiguous() and w % _CHUNK == 0 and w > _CHUNK:
+        s3 = s.view(m, w // _CHUNK, _CHUNK)
+        rr, cc = torch.nonzero(s3.amax(2) > kth[:, None], as_tuple=True)  # passing chunks, row-major
+        if 2 * rr.numel() <= m * (w // _CHUNK):  # worth it while at least half the tile is skipped
+            sub = s3[rr, cc]  # (n_chunks, _CHUNK)
+            r2, j2 = torch.nonzero(sub > kth[rr, None], as_tuple=True)
+            if r2.numel() > limit:
+                return None
+            return rr[r2], cc[r2] * _CHUNK + j2, sub[r2, j2]
+    r, c = torch.nonzero(s > kth[:, None], as_tuple=True)
+    if r.numel() > limit:
+        return None
+    return r, c, s[r, c]
+
+
+def _merge(run_v, run_i, rows, v, i, k) -> None:
+    """Fold candidates (v, i) (r, kc) into the running top-k of ``rows`` (all rows if None), in place,
+    exactly under (score desc, index asc)."""
+    rv = run_v if rows is None else run_v[rows]
+    ri = run_i if rows is None else run_i[rows]
+    cv = torch.cat([rv, v], 1)  # (r, k + kc)
+    ci = torch.cat([ri, i], 1)
+    sel = order_keys(cv, ci).topk(k, dim=1).indices
+    if rows is None:
+        run_v.copy_(cv.gather(1, sel))
+        run_i.copy_(ci.gather(1, sel))
+    else:
+        run_v[rows] = cv.gather(1, sel)
+        run_i[rows] = ci.gather(1, sel)
 
 
 def _tile_topk(s: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
