@@ -30,6 +30,9 @@ def add_kernels_bench(bsub) -> None:
     p.add_argument("--budget-mb", type=int, default=256, help="kernel tile budget")
     p.add_argument("--repeat", type=int, default=2, help="timed runs per method (best is kept), after a warm-up")
     p.add_argument("--skip", nargs="*", default=[], help="methods to skip (gemm grouped topk faiss argsort onehot)")
+    p.add_argument("--gemm-tiling", default=None, metavar="QxG",
+                   help="time the bare GEMM with this tiling only (e.g. 4096x1024) instead of the fastest of six")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed first run (large shapes)")
     p.add_argument("--out", default="benchmarks/results/bench_kernels.json")
     p.set_defaults(func=run_kernels_bench)
 
@@ -94,10 +97,16 @@ def run_kernels_bench(args) -> int:
 
     # the GEMM limit: the fastest of a few tilings (each output tile reused, nothing else done)
     tilings = [(1024, 1024), (2048, 1024), (2048, 2048), (4096, 1024), (1024, 4096), (512, 8192)]
+    if args.gemm_tiling:
+        try:
+            tilings = [tuple(int(v) for v in args.gemm_tiling.lower().split("x"))]
+        except ValueError:
+            raise ValueError(f"--gemm-tiling must look like 4096x1024, got {args.gemm_tiling!r}") from None
     gemm_times = {}
     for qb, gb in tilings:
-        bare_gemm(qb, gb)
-        sync()
+        if len(tilings) > 1:
+            bare_gemm(qb, gb)
+            sync()
         t = time.perf_counter()
         bare_gemm(qb, gb)
         sync()
@@ -142,8 +151,9 @@ def run_kernels_bench(args) -> int:
     for key, name, fn, scale, what in methods:
         if key in args.skip:
             continue
-        fn()  # warm-up (and torch.compile, where used)
-        sync()
+        if not args.no_warmup:
+            fn()  # warm-up (and torch.compile, where used)
+            sync()
         best, peak = float("inf"), 0
         for _ in range(args.repeat):
             if dev.type == "cuda":
