@@ -1,5 +1,4 @@
 """bench pipeline: the naive baseline's pieces (rank, view slices, encoders) and, with the kernels, the whole bench."""
-import importlib
 import json
 
 import numpy as np
@@ -9,7 +8,6 @@ import torch
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
 from jobs.bench import PipelineBenchConfig, _bare_gemm_gflops, _Clock, _flops_per_item, _Naive, _view_slice, naive_rank
 
-HAVE_KERNELS = hasattr(importlib.import_module("kernels"), "grouped_ranks")
 
 
 def _brute(S, pos_sets):
@@ -108,7 +106,6 @@ def test_bench_needs_kernels_message(world, monkeypatch):
     assert main(["bench", "pipeline", "--checkpoint", "a.pt"]) == 2
 
 
-@pytest.mark.skipif(not HAVE_KERNELS, reason="kernels.grouped_ranks not in this build")
 def test_bench_pipeline_end_to_end(world, tmp_path, capsys):
     from jobs.cli import main
 

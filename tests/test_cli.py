@@ -1,6 +1,5 @@
 """CLI conventions: help with examples everywhere, TOML job files, dry-run plans, exit codes."""
 import argparse
-import importlib.util
 import textwrap
 
 import pytest
@@ -9,8 +8,6 @@ from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_conf
 from jobs.cli import build_parser, main
 from jobs.grid import JobFileError, load_job
 
-HAVE_KERNELS = importlib.util.find_spec("kernels") is not None and hasattr(
-    importlib.import_module("kernels"), "grouped_ranks")
 
 
 def _all_parsers(p: argparse.ArgumentParser, path=("hardrank",)):
@@ -217,7 +214,6 @@ def test_run_dry_run_and_data_errors(world, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not HAVE_KERNELS, reason="kernels.grouped_ranks not in this build")
 def test_run_evaluates_the_grid_and_report_reads_it(world, tmp_path, capsys):
     p = _job(tmp_path, f"""
         out = "res"

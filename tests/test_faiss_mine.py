@@ -6,7 +6,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import _kernel_standin
 from engine.faiss_search import FaissIndex, _split_topk, faiss_grouped_ranks, faiss_topk, recall_at_k
 from engine.mine import MineOptions, MineProblem, mine_arrays
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
@@ -24,9 +23,7 @@ def _one_faiss_thread():
 
 
 @pytest.fixture
-def kernels(monkeypatch):
-    """The real kernels where they exist, else the slow stand-ins (tests/_kernel_standin.py)."""
-    _kernel_standin.install(monkeypatch)
+def kernels():
     import kernels
 
     return kernels

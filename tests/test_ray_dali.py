@@ -402,10 +402,7 @@ def test_cli_flags_and_config_validation():
         build_parser().parse_args(["eval", "--suite", "toy", "--out", "o", "--executor", "spark"])
     with pytest.raises(ValueError, match="decoder must be one of"):
         embed_tables(Tables.empty(), [], [], decoder="opencv")
-    try:
-        from engine.evaluate import EvalConfig, evaluate
-    except ImportError as exc:  # this checkout lacks the kernels the evaluator imports
-        pytest.skip(f"engine.evaluate not importable here: {exc}")
+    from engine.evaluate import EvalConfig, evaluate
     with pytest.raises(ValueError, match="executor must be one of"):
         EvalConfig(model="m", checkpoints=(None,), suites=("toy",), out="o", store="s", executor="spark")
     with pytest.raises(ValueError, match="needs a runner"):
@@ -415,10 +412,7 @@ def test_cli_flags_and_config_validation():
 
 @pytest.mark.slow
 def test_evaluate_with_ray_executor_matches_local(tmp_path, tiny, ray_cluster):
-    try:
-        from engine.evaluate import EvalConfig, evaluate
-    except ImportError as exc:  # this checkout lacks the kernels the evaluator imports
-        pytest.skip(f"engine.evaluate not importable here: {exc}")
+    from engine.evaluate import EvalConfig, evaluate
     from engine.suites import SuiteOptions
     from helpers import make_karpathy_world
     from jobs.ray_executor import RayRunner
