@@ -75,6 +75,19 @@ def small_checkpoints(folder: str | Path, k: int, size: str = "small") -> tuple[
     return str(cfg), out
 
 
+def images_and_models(data: str | Path, n_images: int, k: int, size: str):
+    """The shared set-up of the embed benchmarks: COCO-like JPEGs, K loaded checkpoints of one
+    bench model, and a fresh work folder for their stores."""
+    import tempfile
+
+    from engine.models import ModelSpec, load_model
+
+    paths = coco_like_jpegs(data, n_images)
+    cfg, ckpts = small_checkpoints(Path(data) / "models", k, size)
+    models = [load_model(ModelSpec(cfg, c)) for c in ckpts]
+    return paths, models, Path(tempfile.mkdtemp(prefix="hardrank-bench-"))
+
+
 class Timeline:
     """A ``progress`` callback for ``embed_tables`` that records when each row finished."""
 

@@ -27,16 +27,12 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from benchmarks._common import coco_like_jpegs, small_checkpoints
+    from benchmarks._common import images_and_models
     from engine.embed import embed_tables
     from engine.items import ImageRef, Tables
-    from engine.models import ModelSpec, load_model
     from engine.store import EmbeddingStore
 
-    paths = coco_like_jpegs(args.data, args.images)
-    cfg, ckpts = small_checkpoints(Path(args.data) / "models", args.k, args.model)
-    models = [load_model(ModelSpec(cfg, c)) for c in ckpts]
-    work = Path(tempfile.mkdtemp(prefix="hardrank-bench-"))
+    paths, models, work = images_and_models(args.data, args.images, args.k, args.model)
     threads = os.cpu_count() or 1
 
     def run(ms, tag):
@@ -54,7 +50,7 @@ def main() -> None:
     sep_total = sum(s for s, _ in separate)
     dec = joint_stages.get("decode", 0.0)
     enc = joint_stages.get("encode", 0.0)
-    print(f"{args.images} JPEGs 640x480, {args.k} checkpoints of {Path(cfg).stem} (224 px), {args.decoder}, "
+    print(f"{args.images} JPEGs 640x480, {args.k} checkpoints of {models[0].arch_name} (224 px), {args.decoder}, "
           f"{threads} threads, torch {torch.get_num_threads()} threads")
     print(f"{'plan':28s} {'seconds':>8s} {'img x ckpt/s':>13s}")
     print(f"{'one pass, K checkpoints':28s} {joint:8.2f} {args.images * args.k / joint:13.1f}")

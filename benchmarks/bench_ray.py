@@ -27,16 +27,12 @@ def main() -> None:
     args = ap.parse_args()
     import numpy as np
 
-    from benchmarks._common import Timeline, coco_like_jpegs, small_checkpoints
+    from benchmarks._common import Timeline, images_and_models
     from engine.embed import embed_tables
     from engine.items import ImageRef, Tables
-    from engine.models import ModelSpec, load_model
     from engine.store import EmbeddingStore
 
-    paths = coco_like_jpegs(args.data, args.images)
-    cfg, ckpts = small_checkpoints(Path(args.data) / "models", args.k, args.model)
-    models = [load_model(ModelSpec(cfg, c)) for c in ckpts]
-    work = Path(tempfile.mkdtemp(prefix="hardrank-bench-"))
+    paths, models, work = images_and_models(args.data, args.images, args.k, args.model)
     threads = os.cpu_count() or 1
 
     def run(tag, timeline, runner=None):
@@ -72,7 +68,7 @@ def main() -> None:
             "ray (warm cluster)": {"seconds": ray_wall, "images_per_s": n / ray_wall, "steady_images_per_s": ray_rate},
             "ray (incl. ray.init)": {"seconds": ray_wall + init_s, "images_per_s": n / (ray_wall + init_s),
                                      "steady_images_per_s": ray_rate}}
-    print(f"{n} JPEGs 640x480 -> {args.k} checkpoints of {Path(cfg).stem}, {args.decoder}, {threads} cores, "
+    print(f"{n} JPEGs 640x480 -> {args.k} checkpoints of {models[0].arch_name}, {args.decoder}, {threads} cores, "
           f"batch {args.batch}")
     print(f"{'executor':22s} {'seconds':>8s} {'img/s':>8s} {'steady img/s':>13s}")
     for name, r in rows.items():

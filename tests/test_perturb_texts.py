@@ -1,7 +1,5 @@
 import argparse
 import json
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -206,7 +204,7 @@ def _parse(argv):
     return ap.parse_args(argv)
 
 
-def test_cli_texts_and_images(tiny, tmp_path, monkeypatch, capsys):
+def test_cli_texts_and_images(tiny, tmp_path, capsys):
     _, cfg = tiny
     ann = _karpathy(tmp_path / "coco_karpathy_test.json", [("a.jpg", CAPTIONS[:5]), ("b.jpg", CAPTIONS[2:4])])
     out = tmp_path / "variants"
