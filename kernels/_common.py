@@ -203,18 +203,38 @@ def query_block(xq: torch.Tensor, r0: int, r1: int, dtype: torch.dtype, device: 
     return a
 
 
+# GEMM windows are computed this many columns wide at least (rounded up): BLAS kernels handle the
+# columns past the last full register block on another code path that rounds differently (seen with
+# MKL on AMD EPYC: in one GEMM of width 13, two identical gallery rows scored one ulp apart), so an
+# exact duplicate of a positive at another column offset would stop tying with it. Whole blocks of
+# 16 columns take the main path for every column (tests/test_kernels.py pins it on this machine).
+GEMM_ALIGN = 16
+
+
+def gemm_width(w: int) -> int:
+    """Columns a ``score_tile`` of ``w`` gallery rows computes (and its ``out`` buffer holds)."""
+    return -(-w // GEMM_ALIGN) * GEMM_ALIGN
+
+
 def score_tile(a: torch.Tensor, xb: torch.Tensor, c0: int, c1: int, nqb: int,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """Scores (nqb, c1 - c0) float32 of the query block ``a`` against gallery rows c0:c1.
 
-    Deterministic for a given (a, c0, c1): the same call recomputes bitwise the same tile.
-    ``out`` (a.shape[0], c1 - c0) float32 is an optional destination: writing every tile into the
-    same cache-hot buffer instead of a fresh allocation makes the GEMM ~10% faster on CPU.
+    Deterministic for a given (a, c0, c1): the same call recomputes bitwise the same tile, and a
+    gallery row scores the same at any column offset (the GEMM runs ``gemm_width`` columns wide,
+    on neighbouring rows or zero padding, and the tile is a view into it).
+    ``out`` (a.shape[0], gemm_width(c1 - c0)) float32 is an optional destination: writing every
+    tile into the same cache-hot buffer instead of a fresh allocation makes the GEMM ~10% faster on CPU.
     """
-    b = xb[c0:c1].to(device=a.device, dtype=a.dtype)  # (w, d)
-    s = mm_fp32(a, b.T, out if a.dtype == torch.float32 else None)  # (nqb or 2, w) float32
-    if s.shape[0] != nqb:
-        s = s[:nqb]
+    w, nb = c1 - c0, xb.shape[0]
+    W = gemm_width(w)
+    e0 = min(c0, max(0, nb - W))  # window [e0, e0 + W) covers [c0, c1)
+    b = xb[e0:e0 + W].to(device=a.device, dtype=a.dtype)  # (W, d), fewer rows only if nb < W
+    if b.shape[0] < W:
+        b = torch.cat([b, b.new_zeros(W - b.shape[0], b.shape[1])])
+    s = mm_fp32(a, b.T, out if a.dtype == torch.float32 else None)  # (nqb or 2, W) float32
+    if s.shape[0] != nqb or W != w:
+        s = s[:nqb, c0 - e0:c0 - e0 + w]
     return s
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._common import (check_csr, check_embeddings, check_int_tensor, csr_block, gallery_tiles,
+from ._common import (check_csr, check_embeddings, check_int_tensor, csr_block, gallery_tiles, gemm_width,
                       operand_dtype, plan_tiles, query_block, score_tile, tile_group_segments,
                       tile_segments)
 
@@ -256,16 +256,17 @@ class _RankPass:
         self.pool: list[torch.Tensor] = []  # tile buffers reused by every block of the call
 
     def _buffers(self, n: int, rows: int) -> list[torch.Tensor]:
-        """n (rows, width) float32 tile buffers. Reused across blocks: fresh multi-MB allocations
+        """n (rows, gemm_width(width)) float32 tile buffers. Reused across blocks: fresh multi-MB allocations
         are page-faulted in again every time (on CPU that costs ~10% of the GEMM). None where the
         GEMM cannot write into a given buffer (fp16/bf16 operands)."""
         if self.op_dtype != torch.float32:
             return [None] * n
         while len(self.pool) < n:
-            self.pool.append(torch.empty(self.pool[0].shape if self.pool else (rows, self.width),
+            self.pool.append(torch.empty(self.pool[0].shape if self.pool else (rows, gemm_width(self.width)),
                                          dtype=torch.float32, device=self.device))
         if self.pool[0].shape[0] < rows:
-            self.pool = [torch.empty(rows, self.width, dtype=torch.float32, device=self.device) for _ in range(n)]
+            self.pool = [torch.empty(rows, gemm_width(self.width), dtype=torch.float32, device=self.device)
+                         for _ in range(n)]
         return [b[:rows] for b in self.pool[:n]]
 
     def block(self, r0: int, r1: int, cache_tiles: int) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (check_csr, check_embeddings, csr_block, gallery_tiles, operand_dtype, order_keys,
+from ._common import (check_csr, check_embeddings, csr_block, gallery_tiles, gemm_width, operand_dtype, order_keys,
                       plan_tiles, query_block, score_tile, tile_segments)
 
 __all__ = ["topk"]
@@ -53,7 +53,7 @@ def topk(xq: torch.Tensor, xb: torch.Tensor, k: int, *, exclude_ptr=None, exclud
         esegs = tile_segments(ecol, tile_starts)
         run_v = torch.full((nqb, k), float("-inf"), device=device)  # (nqb, k) float32 running top-k
         run_i = torch.full((nqb, k), nb, dtype=torch.long, device=device)  # nb: sentinel, sorts last
-        work = torch.empty(a.shape[0], tiles[0][2] - tiles[0][0], dtype=torch.float32, device=device)
+        work = torch.empty(a.shape[0], gemm_width(tiles[0][2] - tiles[0][0]), dtype=torch.float32, device=device)
         for t, (c0, n0, c1) in enumerate(tiles):
             s = score_tile(a, xb, c0, c1, nqb, work)  # (nqb, w) float32
             if t in esegs:
