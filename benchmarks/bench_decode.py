@@ -11,7 +11,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
@@ -29,9 +28,9 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from benchmarks._common import coco_like_jpegs
-    from engine.dali_decode import DaliDecoder
-    from engine.embed import PillowDecoder
-    from engine.items import ImageRef
+    from hardrank.dali_decode import DaliDecoder
+    from hardrank.embed import PillowDecoder
+    from hardrank.items import ImageRef
 
     paths = coco_like_jpegs(args.data, args.images)
     refs = [ImageRef(p) for p in paths]

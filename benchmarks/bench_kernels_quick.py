@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from kernels import grouped_ranks, topk
-from kernels._common import gallery_tiles, mm_fp32, plan_tiles, query_block
+from hardrank.kernels import grouped_ranks, topk
+from hardrank.kernels._common import gallery_tiles, mm_fp32, plan_tiles, query_block
 
 OUT = Path(__file__).resolve().parent / "results"
 

@@ -25,7 +25,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # shared cores: spinning Op
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -113,8 +112,8 @@ def main(argv=None):
                         str(args.queries), "--d", str(args.d), "--workdir", args.workdir], check=True)
     t_gen = time.perf_counter() - t0
 
-    from engine import faiss_search
-    from engine.mine import MineOptions, MineProblem, mine_arrays
+    from hardrank import faiss_search
+    from hardrank.mine import MineOptions, MineProblem, mine_arrays
 
     if args.threads:
         faiss_search.faiss.omp_set_num_threads(args.threads)

@@ -11,7 +11,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
@@ -28,9 +27,9 @@ def main() -> None:
     import torch
 
     from benchmarks._common import images_and_models
-    from engine.embed import embed_tables
-    from engine.items import ImageRef, Tables
-    from engine.store import EmbeddingStore
+    from hardrank.embed import embed_tables
+    from hardrank.items import ImageRef, Tables
+    from hardrank.store import EmbeddingStore
 
     paths, models, work = images_and_models(args.data, args.images, args.k, args.model)
     threads = os.cpu_count() or 1

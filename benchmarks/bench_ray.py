@@ -12,7 +12,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
@@ -28,9 +27,9 @@ def main() -> None:
     import numpy as np
 
     from benchmarks._common import Timeline, images_and_models
-    from engine.embed import embed_tables
-    from engine.items import ImageRef, Tables
-    from engine.store import EmbeddingStore
+    from hardrank.embed import embed_tables
+    from hardrank.items import ImageRef, Tables
+    from hardrank.store import EmbeddingStore
 
     paths, models, work = images_and_models(args.data, args.images, args.k, args.model)
     threads = os.cpu_count() or 1
@@ -49,14 +48,13 @@ def main() -> None:
 
     import ray
 
-    from jobs.ray_executor import RayRunner
+    from hardrank.jobs.ray_executor import RayRunner
 
     n = len(paths)
     local_tl = Timeline()
     local_wall, local_emb = run("local", local_tl)
     t = time.perf_counter()
-    ray.init(include_dashboard=False, logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}})
+    ray.init(include_dashboard=False, logging_level=logging.WARNING)
     init_s = time.perf_counter() - t
     ray_tl = Timeline()
     ray_wall, ray_emb = run("ray", ray_tl, RayRunner())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import grouped_ranks
+from hardrank.kernels import grouped_ranks
 
 
 def _sync(device):

@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
@@ -23,7 +22,7 @@ def main() -> None:
     import open_clip
     import torch
 
-    from engine.embed import encode_text
+    from hardrank.embed import encode_text
 
     torch.manual_seed(0)
     model = open_clip.create_model(args.model, pretrained=None).eval()

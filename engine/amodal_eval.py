@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels.masks import giou_ciou, mask_iou_stats
+from hardrank.kernels.masks import giou_ciou, mask_iou_stats
 
 from .items import ImageRef, Tables
 from .suites.amodal import AmodalSet, Question, load_amodal, load_predictions

@@ -164,7 +164,7 @@ class _KernelSearch:
     def __init__(self, xb, budget_bytes: int):
         import torch
 
-        import kernels
+        from hardrank import kernels
 
         self._topk = getattr(kernels, "topk", None)
         if self._topk is None:

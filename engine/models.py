@@ -11,10 +11,12 @@ from pathlib import Path
 
 import torch
 
+from .config import DATA_DIR
+
 __all__ = ["ModelSpec", "LoadedModel", "load_model", "resolve_arch", "file_hash", "PRECISIONS"]
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
-_BUNDLED = Path(__file__).parent / "data" / "models"
+_BUNDLED = DATA_DIR / "models"
 _registered: set[str] = set()
 EMBED_VERSION = 1  # bump when encoding semantics change: it is part of every fingerprint
 

@@ -14,12 +14,13 @@ import numpy as np
 import torch
 
 from .suites.karpathy import N_PERTURBED, read_karpathy
+from .config import DATA_DIR
 from .text import pre_caption
 
 __all__ = ["KINDS", "Vocab", "load_vocab", "embedding_influence", "perturb_captions", "write_variant_file"]
 
 KINDS = ("same_concept", "diff_concept", "rand_voca", "danger")
-DEFAULT_VOCAB = Path(__file__).parent / "data" / "vocab" / "concepts.json"
+DEFAULT_VOCAB = DATA_DIR / "vocab" / "concepts.json"
 _WORD = re.compile(r"^([\W_]*)(.*?)((?:'s)?[\W_]*)$")  # prefix, core, suffix: "dog's," -> ("", "dog", "'s,")
 _FORM = re.compile(r"^[a-z][a-z-]*$")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels import choice_scores, grouped_ranks
+from hardrank.kernels import choice_scores, grouped_ranks
 
 from .tasks import ChoiceTask, RankingTask
 

@@ -113,7 +113,7 @@ class _ImageList:
     def __getitem__(self, i):
         import torch
 
-        from engine.items import decode_image
+        from hardrank.items import decode_image
 
         try:
             return self.transform(decode_image(self.refs[i]))
@@ -208,11 +208,11 @@ class _Naive:
         """Metrics per checkpoint label: {(suite, view, task): R@1} and the choice accuracies."""
         import torch
 
-        from engine.embed import make_transform
-        from engine.items import Tables
-        from engine.metrics import choice_metrics
-        from engine.models import ModelSpec, load_model
-        from engine.suites import load_suites
+        from hardrank.embed import make_transform
+        from hardrank.items import Tables
+        from hardrank.metrics import choice_metrics
+        from hardrank.models import ModelSpec, load_model
+        from hardrank.suites import load_suites
 
         out = {}
         for ckpt in self.cfg.checkpoints:
@@ -253,10 +253,10 @@ def _engine_stages(cfg: PipelineBenchConfig, tables, suites, models, stores, clo
     import numpy as np
     import torch
 
-    from engine.embed import ImageEncoder, PillowDecoder, TextEncoder, make_transform
-    from engine.items import ItemTable, decode_image
-    from engine.search import score_ranking
-    from engine.store import EmbeddingStore
+    from hardrank.embed import ImageEncoder, PillowDecoder, TextEncoder, make_transform
+    from hardrank.items import ItemTable, decode_image
+    from hardrank.search import score_ranking
+    from hardrank.store import EmbeddingStore
 
     K = len(models)
     m0 = models[0]
@@ -409,16 +409,11 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
     stage on a sample against its naive counterpart. Returns the JSON-able result."""
     import torch
 
-    try:
-        from engine.evaluate import EvalConfig, evaluate
-        from engine.search import score_ranking  # noqa: F401  (needs the kernels package)
-    except ImportError as exc:
-        raise RuntimeError(f"hardrank bench pipeline needs the ranking kernels (kernels.grouped_ranks), which "
-                           f"this installation lacks: {exc}") from exc
-    from engine.items import Tables, read_image_bytes
-    from engine.models import ModelSpec, load_model
-    from engine.store import EmbeddingStore
-    from engine.suites import SuiteOptions, load_suites
+    from hardrank.evaluate import EvalConfig, evaluate
+    from hardrank.items import Tables, read_image_bytes
+    from hardrank.models import ModelSpec, load_model
+    from hardrank.store import EmbeddingStore
+    from hardrank.suites import SuiteOptions, load_suites
 
     if not cfg.checkpoints:
         raise ValueError("bench pipeline needs at least one --checkpoint")
@@ -543,9 +538,9 @@ def format_bench(b: dict) -> str:
 
 # -- CLI ------------------------------------------------------------------------------------------
 def _cmd_pipeline(args) -> int:
-    from engine.suites import SuiteOptions
+    from hardrank.suites import SuiteOptions
 
-    from jobs.cli import _expand_checkpoints
+    from hardrank.jobs.cli import _expand_checkpoints
 
     model, ckpts = args.model, _expand_checkpoints(args.checkpoint)
     data = args.data
@@ -553,8 +548,8 @@ def _cmd_pipeline(args) -> int:
         print("hardrank bench pipeline: --checkpoint needs --model (leave both out for the toy model)", file=sys.stderr)
         return 2
     if model is None:
-        from engine.suites.toy import default_world_dir
-        from jobs.demo import demo_inputs
+        from hardrank.suites.toy import default_world_dir
+        from hardrank.jobs.demo import demo_inputs
 
         model, ckpts, world = demo_inputs(data or str(default_world_dir()))
         data = world
@@ -564,15 +559,11 @@ def _cmd_pipeline(args) -> int:
                               device=args.device, batch_size=args.batch_size, decode_threads=args.decode_threads,
                               budget_mb=args.budget_mb, sample=args.sample, naive=args.naive)
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    try:
-        b = bench_pipeline(cfg, echo=echo)
-    except RuntimeError as exc:  # a missing component (the kernels), not bad data
-        print(f"hardrank bench: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    b = bench_pipeline(cfg, echo=echo)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_pipeline.json").write_text(json.dumps(b, indent=2, default=str))
-    from jobs.report import plot_bench
+    from hardrank.jobs.report import plot_bench
 
     plot_bench(b, out / "bench_pipeline.png")
     print(format_bench(b))
@@ -623,7 +614,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                               epilog="examples:\n  hardrank bench pipeline\n  hardrank bench pipeline --help")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="{pipeline,kernels}")
     _add_pipeline(bsub)
-    from jobs.bench_kernels import add_kernels_bench
+    from hardrank.jobs.bench_kernels import add_kernels_bench
 
     add_kernels_bench(bsub)
     return p

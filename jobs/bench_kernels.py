@@ -69,7 +69,7 @@ class _PeakRSS:
 def run_kernels_bench(args) -> int:
     import torch
 
-    from kernels import grouped_ranks, topk
+    from hardrank.kernels import grouped_ranks, topk
 
     dev = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                        ("cpu" if args.device == "auto" else args.device))
@@ -133,7 +133,7 @@ def run_kernels_bench(args) -> int:
         return (onehot & pos[:, None, :]).any(-1).any(-1)
 
     def faiss_flat():
-        from engine.faiss_search import faiss_topk
+        from hardrank.faiss_search import faiss_topk
 
         faiss_topk(xq.float().cpu().numpy(), xb.float().cpu().numpy(), 10, factory="Flat", gpu="auto")
 

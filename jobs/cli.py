@@ -8,12 +8,13 @@ import os
 import sys
 from pathlib import Path
 
+from hardrank.config import DATA_DIR
+
 __all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_USAGE, EXIT_DATA, EXIT_FAILURES = 0, 2, 3, 4
 EXIT_CODES = ("exit codes: 0 ok, 2 usage (bad flags or job file), 3 bad data (missing/malformed files), "
               "4 too many unreadable images (--max-failures), 1 anything else")
-TOY_DATA = Path(__file__).resolve().parent.parent / "engine" / "data"
 
 
 def _default_store() -> str:
@@ -22,7 +23,7 @@ def _default_store() -> str:
 
 
 def _progress(quiet: bool):
-    from jobs.progress import make_progress
+    from hardrank.jobs.progress import make_progress
 
     return make_progress(quiet)
 
@@ -115,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--world", default=None, help="toy world folder (default: <out>/toy_world)")
     _add_eval_args(dm)
 
-    from jobs.mine import add_mine_parser
+    from hardrank.jobs.mine import add_mine_parser
 
     add_mine_parser(sub)
 
@@ -128,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     tt = tsub.add_parser("train", help="train the toy checkpoints (regenerates engine/data/toy_checkpoints)",
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog="examples:\n  hardrank toy train\n  hardrank toy train --out /tmp/ckpts --world /tmp/toy_world")
-    tt.add_argument("--out", default=str(TOY_DATA / "toy_checkpoints"))
+    tt.add_argument("--out", default=str(DATA_DIR / "toy_checkpoints"))
     tt.add_argument("--world", default=None, help="toy world folder (default: the cache)")
-    from jobs.perturb import add_perturb_parser
+    from hardrank.jobs.perturb import add_perturb_parser
 
     add_perturb_parser(sub)
     _add_module_commands(sub)
@@ -139,9 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_module_commands(sub) -> None:
     """Commands that live in their own modules register here (each sets ``func`` on its parser)."""
-    from jobs.bench import add_bench_parser
-    from jobs.grid import add_run_parser
-    from jobs.report import add_report_parser
+    from hardrank.jobs.bench import add_bench_parser
+    from hardrank.jobs.grid import add_run_parser
+    from hardrank.jobs.report import add_report_parser
 
     add_run_parser(sub)
     add_report_parser(sub)
@@ -150,13 +151,13 @@ def _add_module_commands(sub) -> None:
 
 def _cmd_eval(args, *, model: str | None, checkpoints: tuple, suites: tuple, suite_opts, embeddings=None) -> int:
     if getattr(args, "dry_run", False):
-        from jobs.grid import plan
+        from hardrank.jobs.grid import plan
 
         plan(model=model, checkpoints=checkpoints, suites=suites, suite_options=suite_opts,
              store=args.store or _default_store(), precision=args.precision, device=args.device, embeddings=embeddings)
         return EXIT_OK
-    from engine.evaluate import EvalConfig, evaluate
-    from engine.results import format_table
+    from hardrank.evaluate import EvalConfig, evaluate
+    from hardrank.results import format_table
 
     if args.ray_address and args.executor != "ray":
         print("hardrank: --ray-address needs --executor ray", file=sys.stderr)
@@ -170,7 +171,7 @@ def _cmd_eval(args, *, model: str | None, checkpoints: tuple, suites: tuple, sui
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     runner = None
     if args.executor == "ray" and not embeddings:
-        from jobs.ray_executor import RayRunner
+        from hardrank.jobs.ray_executor import RayRunner
 
         runner = RayRunner(address=args.ray_address)
     try:
@@ -183,8 +184,8 @@ def _cmd_eval(args, *, model: str | None, checkpoints: tuple, suites: tuple, sui
 
 
 def _cmd_amodal(args) -> int:
-    from engine.amodal_eval import AmodalConfig, evaluate_amodal
-    from engine.results import format_table
+    from hardrank.amodal_eval import AmodalConfig, evaluate_amodal
+    from hardrank.results import format_table
 
     if len(args.suite) > 1:
         raise ValueError(f"run --suite amodal on its own (got {args.suite}): it scores masks, not embeddings")
@@ -208,9 +209,9 @@ def _cmd_amodal(args) -> int:
 
 def _demo_amodal(args, model: str, ckpts: tuple, world: Path) -> int:
     """The toy amodal suite: the clip-regions baseline of every checkpoint + a noisy mask predictor."""
-    from engine.amodal_eval import AmodalConfig, evaluate_amodal
-    from engine.results import format_table
-    from engine.toy_amodal import build_amodal_world
+    from hardrank.amodal_eval import AmodalConfig, evaluate_amodal
+    from hardrank.results import format_table
+    from hardrank.toy_amodal import build_amodal_world
 
     world = build_amodal_world(world)
     cfg = AmodalConfig(annotations=str(world), out=args.out, predictions=str(Path(world) / "predictions" / "noisy"),
@@ -229,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from engine.embed import TooManyFailures
-    from engine.suites import SuiteFormatError, SuiteOptions
+    from hardrank.embed import TooManyFailures
+    from hardrank.suites import SuiteFormatError, SuiteOptions
 
     try:
         if getattr(args, "func", None) is not None:  # commands registered by jobs/* modules
@@ -253,11 +254,11 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_eval(args, model=args.model, checkpoints=_expand_checkpoints(args.checkpoint),
                              suites=tuple(args.suite), suite_opts=opts, embeddings=args.embeddings)
         if args.command == "mine":
-            from jobs.mine import run_mine
+            from hardrank.jobs.mine import run_mine
 
             return run_mine(args)
         if args.command == "demo":
-            from jobs.demo import demo_inputs
+            from hardrank.jobs.demo import demo_inputs
 
             model, ckpts, world = demo_inputs(args.world or str(Path(args.out) / "toy_world"))
             if args.store is None:
@@ -268,17 +269,17 @@ def main(argv: list[str] | None = None) -> int:
                 return rc
             return _demo_amodal(args, model, ckpts, Path(world).parent / "toy_amodal")
         if args.command == "perturb":
-            from jobs.perturb import run_perturb
+            from hardrank.jobs.perturb import run_perturb
 
             return run_perturb(args)
         if args.command == "toy":
-            from engine.toyworld import build_world
+            from hardrank.toyworld import build_world
 
             if args.toy_command == "world":
                 print(build_world(args.out))
                 return EXIT_OK
-            from engine.suites.toy import default_world_dir
-            from engine.toyworld.train import train_toy
+            from hardrank.suites.toy import default_world_dir
+            from hardrank.toyworld.train import train_toy
 
             world = build_world(args.world or default_world_dir())
             for p in train_toy(world, args.out):

@@ -1,16 +1,14 @@
 """The demo job's inputs: the bundled toy model config, its checkpoints, and the toy world."""
 from __future__ import annotations
 
-from pathlib import Path
+from hardrank.config import DATA_DIR as DATA
 
 __all__ = ["demo_inputs"]
-
-DATA = Path(__file__).resolve().parent.parent / "engine" / "data"
 
 
 def demo_inputs(world: str) -> tuple[str, tuple[str, ...], str]:
     """(model config, checkpoints in step order, world folder built if absent)."""
-    from engine.toyworld import build_world
+    from hardrank.toyworld import build_world
 
     ckpts = tuple(str(p) for p in sorted((DATA / "toy_checkpoints").glob("*.safetensors")))
     if not ckpts:

@@ -214,8 +214,8 @@ def plan(*, model: str | None, checkpoints: tuple, suites: tuple, suite_options,
     """Print what a run would do, encoding nothing: the suites and their tasks, the unique items,
     and per checkpoint how many items the store already holds. Loads the models (for their
     fingerprints) and reads every image once (for its content key)."""
-    from engine.items import Tables
-    from engine.suites import load_suites
+    from hardrank.items import Tables
+    from hardrank.suites import load_suites
 
     tables = Tables.empty()
     loaded = load_suites(list(suites), tables, suite_options)
@@ -239,8 +239,8 @@ def plan(*, model: str | None, checkpoints: tuple, suites: tuple, suite_options,
     if embeddings:
         echo(f"embeddings: from {embeddings} (no model, nothing to encode)")
         return out
-    from engine.models import ModelSpec, load_model
-    from engine.store import EmbeddingStore
+    from hardrank.models import ModelSpec, load_model
+    from hardrank.store import EmbeddingStore
 
     total = {"image": 0, "text": 0}
     echo(f"store: {store}")
@@ -269,14 +269,14 @@ def plan(*, model: str | None, checkpoints: tuple, suites: tuple, suite_options,
 
 # -- `hardrank run` --------------------------------------------------------------------------
 def _suite_options(o: JobOptions):
-    from engine.suites import SuiteOptions
+    from hardrank.suites import SuiteOptions
 
     return SuiteOptions(data=o.data, images=o.images, annotations=o.annotations, image_variants=o.image_variants,
                         seeds=o.seeds, text_variants=o.text_variants, tie_rule=o.tie_rule)
 
 
 def _run_entry(job: JobFile, m: JobModel, args) -> None:
-    from jobs.cli import _default_store
+    from hardrank.jobs.cli import _default_store
 
     o = job.options
     store = o.store or _default_store()
@@ -285,9 +285,9 @@ def _run_entry(job: JobFile, m: JobModel, args) -> None:
         plan(model=m.model, checkpoints=m.checkpoints, suites=m.suites, suite_options=_suite_options(o),
              store=store, precision=o.precision, device=o.device, embeddings=m.embeddings, echo=print)
         return
-    from engine.evaluate import EvalConfig, evaluate
-    from engine.results import format_table
-    from jobs.progress import make_progress
+    from hardrank.evaluate import EvalConfig, evaluate
+    from hardrank.results import format_table
+    from hardrank.jobs.progress import make_progress
 
     cfg = EvalConfig(model=m.model, checkpoints=m.checkpoints, suites=m.suites, out=os.path.join(job.out, m.name),
                      store=store, suite_options=_suite_options(o), precision=o.precision, device=o.device,
@@ -298,7 +298,7 @@ def _run_entry(job: JobFile, m: JobModel, args) -> None:
 
 
 def _cmd_run(args) -> int:
-    from engine.embed import TooManyFailures
+    from hardrank.embed import TooManyFailures
 
     try:
         job = load_job(args.job)

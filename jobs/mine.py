@@ -71,10 +71,10 @@ def add_mine_parser(subparsers) -> argparse.ArgumentParser:
 
 def run_mine(args) -> int:
     """Run ``hardrank mine`` from parsed arguments; prints the summary's headline; returns an exit code."""
-    from engine.embed import TooManyFailures
-    from engine.mine import MineConfig, MineOptions, mine
-    from engine.suites import SuiteFormatError
-    from jobs.cli import _default_store
+    from hardrank.embed import TooManyFailures
+    from hardrank.mine import MineConfig, MineOptions, mine
+    from hardrank.suites import SuiteFormatError
+    from hardrank.jobs.cli import _default_store
 
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     progress = None

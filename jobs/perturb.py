@@ -69,9 +69,9 @@ def _say(msg: str) -> None:
 
 
 def _texts(args) -> int:
-    from engine.models import ModelSpec, load_model
-    from engine.perturb_texts import embedding_influence, load_vocab, write_variant_file
-    from engine.suites.karpathy import N_PERTURBED, read_karpathy
+    from hardrank.models import ModelSpec, load_model
+    from hardrank.perturb_texts import embedding_influence, load_vocab, write_variant_file
+    from hardrank.suites.karpathy import N_PERTURBED, read_karpathy
 
     ann, out = Path(args.annotations), Path(args.out)
     clean = read_karpathy(ann)  # validate before loading the model
@@ -112,8 +112,8 @@ def _texts(args) -> int:
 
 
 def _images(args) -> int:
-    from engine.perturb_images import alter_images  # written separately; heavy imports stay out of the CLI
-    from engine.suites.karpathy import read_karpathy
+    from hardrank.perturb_images import alter_images  # written separately; heavy imports stay out of the CLI
+    from hardrank.suites.karpathy import read_karpathy
 
     if not 0.0 <= args.lam <= 1.0:
         raise ValueError(f"--lam must be in [0, 1] (the weight of the original image), got {args.lam}")

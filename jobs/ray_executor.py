@@ -6,6 +6,8 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -14,12 +16,29 @@ import numpy as np
 import ray
 import ray.data
 
-from engine.embed import EmbedJob, EmbedSink
+import hardrank.kernels
+from hardrank.embed import EmbedJob, EmbedSink
 
 __all__ = ["RayRunner"]
 
 log = logging.getLogger("hardrank.ray")
-_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _shipped_package() -> str:
+    """The ``hardrank`` package as one folder, for a remote cluster's workers (``py_modules``).
+    An installed copy already is one; an editable checkout maps three folders (engine/, kernels/,
+    jobs/) onto it, so they are copied together under a temporary ``hardrank/``."""
+    pkg = Path(hardrank.__file__).resolve().parent
+    kernels_dir = Path(hardrank.kernels.__file__).resolve().parent
+    jobs_dir = Path(__file__).resolve().parent
+    if kernels_dir.parent == pkg and jobs_dir.parent == pkg:
+        return str(pkg)
+    ignore = shutil.ignore_patterns("__pycache__", "*.safetensors", "*.pt")  # weights are read by path
+    root = Path(tempfile.mkdtemp(prefix="hardrank-ship-")) / "hardrank"
+    shutil.copytree(pkg, root, ignore=ignore)
+    shutil.copytree(kernels_dir, root / "kernels", ignore=ignore)
+    shutil.copytree(jobs_dir, root / "jobs", ignore=ignore)
+    return str(root)
 
 
 class RayRunner:
@@ -53,17 +72,14 @@ class RayRunner:
         if ray.is_initialized():
             return
         if self.address:  # ship this checkout's code so workers run exactly what the driver runs
-            mods = [str(_ROOT / m) for m in ("engine", "jobs", "kernels") if (_ROOT / m).is_dir()]
-            env = {"py_modules": mods, "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
+            env = {"py_modules": [_shipped_package()], "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
             try:
                 ray.init(address=self.address, runtime_env=env, logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise ValueError(f"could not join the Ray cluster at {self.address!r} ({exc}); check "
                                  f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
-        else:
-            path = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
-            ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False,
-                     logging_level=logging.WARNING)
+        else:  # a local cluster's workers run this interpreter, which imports hardrank already
+            ray.init(include_dashboard=False, logging_level=logging.WARNING)
         self._owned = True
 
     def close(self) -> None:
@@ -187,7 +203,7 @@ class _DecodeActor:
         self.hw = (size, size) if isinstance(size, int) else tuple(size)
 
     def __call__(self, batch: dict) -> dict:
-        from engine.items import ImageRef
+        from hardrank.items import ImageRef
 
         out = {c: [] for c in ("batch", "modality", "rows", "items", "pixels", "ok", "error", "decode_s")}
         for j in range(len(batch["batch"])):
@@ -217,8 +233,8 @@ class _EncodeActor:
     def __init__(self, image_job: EmbedJob | None, text_job: EmbedJob | None, threads: int):
         import torch
 
-        from engine.embed import ImageEncoder, TextEncoder
-        from engine.models import load_model
+        from hardrank.embed import ImageEncoder, TextEncoder
+        from hardrank.models import load_model
 
         job = image_job or text_job
         if threads:

@@ -147,7 +147,7 @@ def _main_metric(res: dict) -> tuple[str, float | None]:
 
 def _leaderboard(results: list[_Result], order: list[str], suites: list[str], x: dict[str, float],
                  unit: str) -> list[dict]:
-    from engine.results import summary_row
+    from hardrank.results import summary_row
 
     rows = []
     for r in sorted(results, key=lambda r: (order.index(r.label), suites.index(r.suite))):

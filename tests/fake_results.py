@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from engine.metrics import add_drops, choice_metrics, recall_metrics
-from engine.results import outcome_schema, write_result
-from engine.tasks import ChoiceTask
+from hardrank.metrics import add_drops, choice_metrics, recall_metrics
+from hardrank.results import outcome_schema, write_result
+from hardrank.tasks import ChoiceTask
 
 TEXT_VIEWS = ("same_concept", "diff_concept", "rand_voca", "danger")
 IMAGE_VIEWS = ("mix_0.9_s1", "patch_0.9_s1")

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from engine.amodal_eval import clip_regions, clip_regions_items, score_predictions
-from engine.items import Tables
-from engine.suites._common import SuiteFormatError
-from engine.suites.amodal import (_counts_to_string, _string_to_counts, load_amodal, polygons_to_mask, rle_decode,
+from hardrank.amodal_eval import clip_regions, clip_regions_items, score_predictions
+from hardrank.items import Tables
+from hardrank.suites._common import SuiteFormatError
+from hardrank.suites.amodal import (_counts_to_string, _string_to_counts, load_amodal, polygons_to_mask, rle_decode,
                                   rle_encode)
-from engine.toy_amodal import build_amodal_world
-from kernels.masks import giou_ciou, mask_iou_stats
-from kernels.masks_reference import giou_ciou_ref, mask_iou_stats_ref
+from hardrank.toy_amodal import build_amodal_world
+from hardrank.kernels.masks import giou_ciou, mask_iou_stats
+from hardrank.kernels.masks_reference import giou_ciou_ref, mask_iou_stats_ref
 
 
 def _t(*arrays):
@@ -368,7 +368,7 @@ def test_clip_regions_baseline_random_and_oracle_embeddings(world):
 
 
 def test_cli_scores_predictions_without_a_model(world, tmp_path, capsys):
-    from jobs.cli import main
+    from hardrank.jobs.cli import main
 
     out = tmp_path / "res"
     rc = main(["eval", "--suite", "amodal", "--data", str(world), "--predictions",
@@ -383,7 +383,7 @@ def test_cli_scores_predictions_without_a_model(world, tmp_path, capsys):
 
 
 def test_cli_clip_regions_baseline_with_a_tiny_model(world, tmp_path):
-    from jobs.cli import main
+    from hardrank.jobs.cli import main
 
     cfg = tmp_path / "tiny-amodal-clip.json"
     cfg.write_text(json.dumps({"embed_dim": 16, "vision_cfg": {"image_size": 32, "layers": 1, "width": 32,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
-from jobs.bench import PipelineBenchConfig, _bare_gemm_gflops, _Clock, _flops_per_item, _Naive, _view_slice, naive_rank
+from hardrank.jobs.bench import PipelineBenchConfig, _bare_gemm_gflops, _Clock, _flops_per_item, _Naive, _view_slice, naive_rank
 
 
 
@@ -37,7 +37,7 @@ def test_naive_rank_matches_brute_force_with_ties(nq, nb):
 
 
 def test_view_slice_remaps_positives():
-    from engine.tasks import RankingTask
+    from hardrank.tasks import RankingTask
 
     t = RankingTask(name="t2i", query_modality="text", query_items=np.arange(3), query_ids=list("abc"),
                     groups=["original", "mix", "patch"], group_bounds=np.array([0, 2, 4, 6]),
@@ -67,7 +67,7 @@ def world(tmp_path_factory):
 
 
 def _cfg(world, **kw):
-    from engine.suites import SuiteOptions
+    from hardrank.suites import SuiteOptions
 
     opts = SuiteOptions(annotations=str(world["annotations"]), images=str(world["images"]), image_variants=("mix_0.9",))
     return PipelineBenchConfig(model=str(world["cfg"]), checkpoints=world["ckpts"], suites=("rococo",),
@@ -89,25 +89,14 @@ def test_naive_pipeline_counts_its_work(world):
     assert all(0 <= v <= 100 for v in res["c1"].values())
 
 
-def test_bench_needs_kernels_message(world, monkeypatch):
-    import sys
+def test_bench_checkpoint_without_model_is_a_usage_error():
+    from hardrank.jobs.cli import main
 
-    from jobs.bench import bench_pipeline
-
-    monkeypatch.setitem(sys.modules, "engine.search", None)  # as if the kernels were missing
-    monkeypatch.delitem(sys.modules, "engine.evaluate", raising=False)
-    with pytest.raises(RuntimeError, match="needs the ranking kernels"):
-        bench_pipeline(_cfg(world), echo=lambda s: None)
-    from jobs.cli import main
-
-    args = ["bench", "pipeline", "--model", str(world["cfg"]), "--checkpoint", *world["ckpts"], "--suite", "rococo",
-            "--annotations", str(world["annotations"]), "--images", str(world["images"]), "--quiet"]
-    assert main(args) == 1
     assert main(["bench", "pipeline", "--checkpoint", "a.pt"]) == 2
 
 
 def test_bench_pipeline_end_to_end(world, tmp_path, capsys):
-    from jobs.cli import main
+    from hardrank.jobs.cli import main
 
     rc = main(["bench", "pipeline", "--model", str(world["cfg"]), "--checkpoint", *world["ckpts"], "--suite", "rococo",
                "--annotations", str(world["annotations"]), "--images", str(world["images"]), "--image-variants",

@@ -8,14 +8,14 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from engine.choice_macro import ChoiceAggregate, aggregate_accuracy, suite_aggregates
-from engine.items import Tables, decode_image
-from engine.metrics import choice_metrics
-from engine.suites import SUITES, SuiteFormatError, SuiteOptions, load_suites
-from engine.suites.aro import ARO_SYMMETRIC_RELATIONS, order_perturbations
-from engine.suites.sugarcrepe import SUGARCREPE_CATEGORIES, SUGARCREPE_FILES
-from engine.tasks import ChoiceTask, Suite
-from engine.text import pre_caption
+from hardrank.choice_macro import ChoiceAggregate, aggregate_accuracy, suite_aggregates
+from hardrank.items import Tables, decode_image
+from hardrank.metrics import choice_metrics
+from hardrank.suites import SUITES, SuiteFormatError, SuiteOptions, load_suites
+from hardrank.suites.aro import ARO_SYMMETRIC_RELATIONS, order_perturbations
+from hardrank.suites.sugarcrepe import SUGARCREPE_CATEGORIES, SUGARCREPE_FILES
+from hardrank.tasks import ChoiceTask, Suite
+from hardrank.text import pre_caption
 
 
 # -- helpers ---------------------------------------------------------------------------------------

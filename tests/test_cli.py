@@ -5,8 +5,8 @@ import textwrap
 import pytest
 
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
-from jobs.cli import build_parser, main
-from jobs.grid import JobFileError, load_job
+from hardrank.jobs.cli import build_parser, main
+from hardrank.jobs.grid import JobFileError, load_job
 
 
 
@@ -121,8 +121,8 @@ def test_run_bad_job_file_is_a_usage_error(tmp_path, capsys):
 
 
 def test_run_exit_codes_per_failure_kind(tmp_path, monkeypatch, capsys):
-    import jobs.grid as grid
-    from engine.embed import TooManyFailures
+    import hardrank.jobs.grid as grid
+    from hardrank.embed import TooManyFailures
 
     p = _job(tmp_path, 'out = "r"\nsuites = ["toy"]\n[[model]]\nmodel = "a"\n[[model]]\nmodel = "b"\n')
     calls = []
@@ -152,11 +152,11 @@ def world(tmp_path_factory):
 
 def _fill_store(world, store, ckpt):
     """Embed every item for one checkpoint (what a finished run leaves in the store)."""
-    from engine.embed import embed_tables
-    from engine.items import Tables
-    from engine.models import ModelSpec, load_model
-    from engine.store import EmbeddingStore
-    from engine.suites import SuiteOptions, load_suites
+    from hardrank.embed import embed_tables
+    from hardrank.items import Tables
+    from hardrank.models import ModelSpec, load_model
+    from hardrank.store import EmbeddingStore
+    from hardrank.suites import SuiteOptions, load_suites
 
     tables = Tables.empty()
     load_suites(["rococo"], tables, SuiteOptions(annotations=str(world["annotations"]), images=str(world["images"]),

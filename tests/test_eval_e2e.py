@@ -6,10 +6,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.evaluate import EvalConfig, evaluate
-from engine.store import EmbeddingStore
-from engine.suites import SuiteOptions
-from engine.text import pre_caption
+from hardrank.evaluate import EvalConfig, evaluate
+from hardrank.store import EmbeddingStore
+from hardrank.suites import SuiteOptions
+from hardrank.text import pre_caption
 from helpers import brute_force_rococo, make_karpathy_world, save_random_checkpoint, write_tiny_config
 
 
@@ -52,8 +52,8 @@ def test_eval_matches_brute_force_and_resumes(world, tmp_path):
 
     # brute force on the very embeddings in the store
     store = EmbeddingStore(tmp_path / "store", res["model_fingerprint"], dim=16, dtype="float32")
-    from engine.items import Tables
-    from engine.suites import load_suites
+    from hardrank.items import Tables
+    from hardrank.suites import load_suites
 
     tables = Tables.empty()
     load_suites(["rococo"], tables, _config(world, tmp_path).suite_options)
@@ -106,7 +106,7 @@ def test_corrupt_images_are_recorded_skipped_and_limited(world, tmp_path):
     assert any("missing" in r or "No such file" in r for r in reasons.values())
     assert res["counts"]["original"]["i2t"]["queries"] == 11          # the corrupt query image is skipped
     assert res["counts"]["skipped"]["t2i"]["queries"] == 5             # its 5 captions lose their positive
-    from engine.embed import TooManyFailures
+    from hardrank.embed import TooManyFailures
 
     with pytest.raises(TooManyFailures, match="max-failures 0"):
         evaluate(_config(world, tmp_path, out=str(tmp_path / "o2"), store=str(tmp_path / "s2"),

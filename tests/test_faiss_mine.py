@@ -6,15 +6,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from engine.faiss_search import FaissIndex, _split_topk, faiss_grouped_ranks, faiss_topk, recall_at_k
-from engine.mine import MineOptions, MineProblem, mine_arrays
+from hardrank.faiss_search import FaissIndex, _split_topk, faiss_grouped_ranks, faiss_topk, recall_at_k
+from hardrank.mine import MineOptions, MineProblem, mine_arrays
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_faiss_thread():
     # tiny problems on 2 shared cores: OpenMP spin-waiting makes 2 threads up to 10x slower than 1
-    from engine import faiss_search
+    from hardrank import faiss_search
 
     n = faiss_search.faiss.omp_get_max_threads()
     faiss_search.faiss.omp_set_num_threads(1)
@@ -24,7 +24,7 @@ def _one_faiss_thread():
 
 @pytest.fixture
 def kernels():
-    import kernels
+    from hardrank import kernels
 
     return kernels
 
@@ -182,7 +182,7 @@ def _grouped_case(rng):
 def test_faiss_grouped_ranks_equals_kernel_up_to_censoring(kernels, tie_rule):
     import torch
 
-    from engine.metrics import recall_metrics
+    from hardrank.metrics import recall_metrics
 
     xq, xb, bounds, pos = _grouped_case(np.random.default_rng(3))
     ptr, idx = _csr(pos)
@@ -222,9 +222,9 @@ def test_faiss_grouped_ranks_approximate_reports_recall():
 
 
 def test_score_ranking_dispatches_to_faiss(kernels):
-    from engine.metrics import ranking_metrics
-    from engine.search import score_ranking
-    from engine.tasks import RankingTask
+    from hardrank.metrics import ranking_metrics
+    from hardrank.search import score_ranking
+    from hardrank.tasks import RankingTask
 
     xq, xb, bounds, pos = _grouped_case(np.random.default_rng(5))
     ptr, idx = _csr(pos)
@@ -315,7 +315,7 @@ def test_mine_approximate_path_reports_recall(kernels, tmp_path):
 
 
 def test_auto_search_switches_to_faiss_beyond_budget(monkeypatch):
-    from engine import mine as mine_mod
+    from hardrank import mine as mine_mod
 
     prob, _ = _mining_case(nb=400, d=16)
     assert mine_mod._choose(prob, MineOptions(budget_mb=1)) == ("exact", None)
@@ -378,13 +378,13 @@ def world(tmp_path_factory):
 
 
 def _run_cli(args):
-    from jobs.cli import main
+    from hardrank.jobs.cli import main
 
     return main(args)
 
 
 def test_mine_cli_t2i_from_karpathy_queries_and_image_folder(kernels, world, tmp_path):
-    from engine.store import EmbeddingStore
+    from hardrank.store import EmbeddingStore
 
     out = tmp_path / "t2i"
     args = ["mine", "--model", str(world["cfg"]), "--checkpoint", str(world["ckpt"]), "--store", str(tmp_path / "store"),
@@ -401,7 +401,7 @@ def test_mine_cli_t2i_from_karpathy_queries_and_image_folder(kernels, world, tmp
     # no negative is a near duplicate (> threshold) of the query's positive image
     store_dir = next((tmp_path / "store").iterdir())
     st = EmbeddingStore(tmp_path / "store", store_dir.name, dim=16, dtype="float32")
-    from engine.items import ImageRef, ItemTable
+    from hardrank.items import ImageRef, ItemTable
 
     def key(path):
         t = ItemTable("image")
@@ -438,7 +438,7 @@ def test_mine_cli_i2t_excludes_the_images_own_captions(kernels, world, tmp_path)
 
 
 def test_mine_cli_store_folder_same_modal_and_errors(kernels, world, tmp_path, capsys):
-    from engine.store import EmbeddingStore
+    from hardrank.store import EmbeddingStore
 
     rng = np.random.default_rng(0)
     st = EmbeddingStore(tmp_path / "store", "rand-fp", dim=8, dtype="float16")
@@ -468,8 +468,8 @@ def test_mine_cli_store_folder_same_modal_and_errors(kernels, world, tmp_path, c
 
 
 def test_eval_with_faiss_search_records_provenance(kernels, world, tmp_path):
-    from engine.evaluate import EvalConfig, evaluate
-    from engine.suites import SuiteOptions
+    from hardrank.evaluate import EvalConfig, evaluate
+    from hardrank.suites import SuiteOptions
 
     opts = SuiteOptions(annotations=str(world["annotations"]), images=str(world["images"]),
                         image_variants=("mix_0.9",), seeds=(1,))

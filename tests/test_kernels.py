@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import TIE_RULES, GroupedRanks, choice_scores, grouped_ranks, topk
-from kernels.reference import choice_scores_reference, grouped_ranks_reference, topk_reference
+from hardrank.kernels import TIE_RULES, GroupedRanks, choice_scores, grouped_ranks, topk
+from hardrank.kernels.reference import choice_scores_reference, grouped_ranks_reference, topk_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELDS = ("counts", "pos_score", "pos_index", "neg_score", "neg_index")
@@ -455,7 +455,7 @@ def test_choice_scores_empty_and_errors():
 def test_grouped_ranks_memory_stays_within_the_tile_budget():
     script = textwrap.dedent("""
         import resource, sys, torch
-        from kernels import grouped_ranks
+        from hardrank.kernels import grouped_ranks
         torch.set_num_threads(1)  # robust timing on a shared 2-core box; memory is what is measured
         def rss_mb():
             return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import TIE_RULES, grouped_ranks
-from kernels import ranking
-from kernels.reference import grouped_ranks_reference
+from hardrank.kernels import TIE_RULES, grouped_ranks
+from hardrank.kernels import ranking
+from hardrank.kernels.reference import grouped_ranks_reference
 
 from test_kernels import assert_same, csr, gaussian, quantised, random_positives  # tests/ is on sys.path
 

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.metrics import add_drops, average_views, choice_metrics, ranking_metrics, recall_metrics
-from engine.tasks import ChoiceTask, RankingTask
+from hardrank.metrics import add_drops, average_views, choice_metrics, ranking_metrics, recall_metrics
+from hardrank.tasks import ChoiceTask, RankingTask
 
 
 def _task():

@@ -11,7 +11,7 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
-from engine.perturb_images import (_alter_batch, _altered_batches, _load, _plan, _rand_box, _to_uint8, alter_images,
+from hardrank.perturb_images import (_alter_batch, _altered_batches, _load, _plan, _rand_box, _to_uint8, alter_images,
                                    variant_name)
 
 SIZE = 24

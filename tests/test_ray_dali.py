@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.embed import PillowDecoder, TooManyFailures, embed_tables, encode_text
-from engine.items import ImageRef, Tables
-from engine.models import ModelSpec, load_model
-from engine.store import EmbeddingStore
+from hardrank.embed import PillowDecoder, TooManyFailures, embed_tables, encode_text
+from hardrank.items import ImageRef, Tables
+from hardrank.models import ModelSpec, load_model
+from hardrank.store import EmbeddingStore
 from helpers import save_random_checkpoint, write_tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def tiny(tmp_path_factory):
 
 @pytest.mark.parametrize("size,interp", [(224, "bicubic"), (32, "bicubic"), (224, "bilinear")])
 def test_dali_matches_open_clip_transform_within_bound(tmp_path, size, interp):
-    from engine.dali_decode import DaliDecoder
+    from hardrank.dali_decode import DaliDecoder
 
     refs = _images(tmp_path)
     cfg = {**CLIP_CFG, "size": size, "interpolation": interp}
@@ -104,8 +104,8 @@ def test_dali_matches_open_clip_transform_within_bound(tmp_path, size, interp):
 
 
 def test_dali_embeddings_match_pillow_embeddings(tmp_path, tiny):
-    from engine.dali_decode import DaliDecoder
-    from engine.embed import ImageEncoder
+    from hardrank.dali_decode import DaliDecoder
+    from hardrank.embed import ImageEncoder
 
     refs = _images(tmp_path)
     m = tiny["models"][0]
@@ -121,7 +121,7 @@ def test_dali_failures_and_fallbacks_match_pillow(tmp_path):
     a batch that DALI fails is retried image by image and only the failing image leaves DALI."""
     from PIL import Image
 
-    from engine.dali_decode import DaliDecoder
+    from hardrank.dali_decode import DaliDecoder
 
     rng = np.random.default_rng(1)
     a = rng.integers(0, 255, (120, 160, 3), dtype=np.uint8)
@@ -205,8 +205,7 @@ def ray_cluster():
     ray = pytest.importorskip("ray")
     import logging
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, logging_level=logging.WARNING)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
@@ -260,7 +259,7 @@ def _shard_keys(store: EmbeddingStore, modality: str) -> list[str]:
 
 @pytest.mark.slow
 def test_ray_executor_equals_local_exactly_and_records_failures(tmp_path, tiny, ray_cluster):
-    from jobs.ray_executor import RayRunner
+    from hardrank.jobs.ray_executor import RayRunner
 
     models = tiny["models"]
     local_tables, ray_tables = _world(tmp_path / "img"), _world(tmp_path / "img")
@@ -292,8 +291,8 @@ def test_ray_executor_equals_local_exactly_and_records_failures(tmp_path, tiny, 
 
 @pytest.mark.slow
 def test_ray_crashed_decode_actor_is_restarted_dali_within_bound(tmp_path, tiny, ray_cluster):
-    from jobs import ray_executor
-    from jobs.ray_executor import RayRunner, _DecodeActor
+    from hardrank.jobs import ray_executor
+    from hardrank.jobs.ray_executor import RayRunner, _DecodeActor
 
     marker = tmp_path / "crashed"
 
@@ -327,11 +326,11 @@ def test_ray_crashed_decode_actor_is_restarted_dali_within_bound(tmp_path, tiny,
 _KILLED_RUN = r"""
 import sys, time
 from pathlib import Path
-sys.path[:0] = [{root!r}, {tests!r}]
-from engine.embed import embed_tables
-from engine.models import ModelSpec, load_model
-from engine.store import EmbeddingStore
-from jobs.ray_executor import RayRunner
+sys.path[:0] = [{tests!r}]
+from hardrank.embed import embed_tables
+from hardrank.models import ModelSpec, load_model
+from hardrank.store import EmbeddingStore
+from hardrank.jobs.ray_executor import RayRunner
 from test_ray_dali import _world, _stores
 
 write = EmbeddingStore.write
@@ -349,16 +348,16 @@ print("finished", flush=True)
 
 @pytest.mark.slow
 def test_killed_run_resumes_without_duplicates_or_gaps(tmp_path, tiny, ray_cluster):
-    from jobs.ray_executor import RayRunner
+    from hardrank.jobs.ray_executor import RayRunner
 
     models = tiny["models"]
     store_root, img = tmp_path / "store", tmp_path / "img"
     _world(img)
-    script = _KILLED_RUN.format(root=str(ROOT), tests=str(ROOT / "tests"), cfg=str(tiny["cfg"]),
+    script = _KILLED_RUN.format(tests=str(ROOT / "tests"), cfg=str(tiny["cfg"]),
                                 ckpts=[str(c) for c in tiny["ckpts"]], img=str(img), store=str(store_root),
                                 address=ray_cluster)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env=os.environ)
     shard_dir = [s.dir / "image" for s in _stores(store_root, models)]
     deadline = time.monotonic() + 150
     try:
@@ -391,7 +390,7 @@ def test_killed_run_resumes_without_duplicates_or_gaps(tmp_path, tiny, ray_clust
 
 
 def test_cli_flags_and_config_validation():
-    from jobs.cli import build_parser, main
+    from hardrank.jobs.cli import build_parser, main
 
     args = build_parser().parse_args(["eval", "--model", "m", "--suite", "toy", "--out", "o"])
     assert (args.executor, args.decoder, args.ray_address) == ("local", "pillow", None)
@@ -402,7 +401,7 @@ def test_cli_flags_and_config_validation():
         build_parser().parse_args(["eval", "--suite", "toy", "--out", "o", "--executor", "spark"])
     with pytest.raises(ValueError, match="decoder must be one of"):
         embed_tables(Tables.empty(), [], [], decoder="opencv")
-    from engine.evaluate import EvalConfig, evaluate
+    from hardrank.evaluate import EvalConfig, evaluate
     with pytest.raises(ValueError, match="executor must be one of"):
         EvalConfig(model="m", checkpoints=(None,), suites=("toy",), out="o", store="s", executor="spark")
     with pytest.raises(ValueError, match="needs a runner"):
@@ -412,10 +411,10 @@ def test_cli_flags_and_config_validation():
 
 @pytest.mark.slow
 def test_evaluate_with_ray_executor_matches_local(tmp_path, tiny, ray_cluster):
-    from engine.evaluate import EvalConfig, evaluate
-    from engine.suites import SuiteOptions
+    from hardrank.evaluate import EvalConfig, evaluate
+    from hardrank.suites import SuiteOptions
     from helpers import make_karpathy_world
-    from jobs.ray_executor import RayRunner
+    from hardrank.jobs.ray_executor import RayRunner
 
     w = make_karpathy_world(tmp_path / "w")
     opts = SuiteOptions(annotations=str(w["annotations"]), images=str(w["images"]), image_variants=("mix_0.9",),

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from fake_results import CHECKPOINTS, make_fake_results
-from jobs.progress import make_progress
-from jobs.report import build_report, parse_step
+from hardrank.jobs.progress import make_progress
+from hardrank.jobs.report import build_report, parse_step
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -106,13 +106,13 @@ def test_errors(tmp_path):
     (tmp_path / "empty" / "x" / "manifest.json").write_text('{"dim": 4}')  # a store manifest is no result
     with pytest.raises(FileNotFoundError, match="no result files under"):
         build_report(tmp_path / "empty")
-    from jobs.cli import main
+    from hardrank.jobs.cli import main
 
     assert main(["report", str(tmp_path / "nope")]) == 3
 
 
 def test_report_cli(tmp_path, capsys):
-    from jobs.cli import main
+    from hardrank.jobs.cli import main
 
     make_fake_results(tmp_path / "r", checkpoints=("a_epoch_1", "a_epoch_2"), n_images=5)
     assert main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--top", "3"]) == 0

@@ -6,10 +6,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.evaluate import EvalConfig, evaluate
-from engine.suites import SuiteOptions
-from engine.suites.karpathy import ROCOCO_TEXT_VARIANTS, read_karpathy, read_rococo_variant
-from engine.text import pre_caption
+from hardrank.evaluate import EvalConfig, evaluate
+from hardrank.suites import SuiteOptions
+from hardrank.suites.karpathy import ROCOCO_TEXT_VARIANTS, read_karpathy, read_rococo_variant
+from hardrank.text import pre_caption
 
 pytestmark = pytest.mark.slow
 D = 8

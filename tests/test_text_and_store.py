@@ -3,9 +3,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from engine.items import ImageRef, ItemTable, text_key
-from engine.store import EmbeddingStore, embedding_schema
-from engine.text import pre_caption
+from hardrank.items import ImageRef, ItemTable, text_key
+from hardrank.store import EmbeddingStore, embedding_schema
+from hardrank.text import pre_caption
 
 
 @pytest.mark.parametrize("raw, expected", [

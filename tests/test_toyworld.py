@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.toyworld import WorldConfig, build_world
-from engine.toyworld.scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES
-from engine.toyworld.variants import DANGER_WORDS, OTHER_CONCEPT, RANDOM_VOCAB, TEXT_VARIANTS
+from hardrank.toyworld import WorldConfig, build_world
+from hardrank.toyworld.scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES
+from hardrank.toyworld.variants import DANGER_WORDS, OTHER_CONCEPT, RANDOM_VOCAB, TEXT_VARIANTS
 
 SMALL = WorldConfig(n_train=50, n_test=40, n_inpaint=12)
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "engine" / "data" / "toy_checkpoints"
@@ -197,7 +197,7 @@ def test_inpaint_parquet(world):
 
 
 def test_recall_at_k_matches_brute_force():
-    from engine.toyworld.train import recall_at_k
+    from hardrank.toyworld.train import recall_at_k
 
     rng = np.random.default_rng(0)
     img = rng.normal(size=(7, 4)).round(1)
@@ -218,7 +218,7 @@ def test_train_smoke(world, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from engine.toyworld.train import _create, evaluate_checkpoints, train_toy
+    from hardrank.toyworld.train import _create, evaluate_checkpoints, train_toy
 
     torch.manual_seed(1)
     paths = train_toy(world, tmp_path, steps=(0, 2), batch_size=8, threads=None)
@@ -241,7 +241,7 @@ def test_committed_checkpoints():
     import torch
     from safetensors import safe_open
 
-    from engine.toyworld.train import _create
+    from hardrank.toyworld.train import _create
 
     files = sorted(CHECKPOINTS.glob("toy-clip_step*.safetensors"))
     assert len(files) >= 4 and files[0].name == "toy-clip_step0000.safetensors"

@@ -54,7 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.masks import PRED_KINDS
+from hardrank.kernels.masks import PRED_KINDS
 
 from ._common import SuiteFormatError, read_json
 
