@@ -28,7 +28,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from benchmarks._common import coco_like_jpegs
-    from hardrank.dali_decode import DaliDecoder
+    from hardrank.embed.dali import DaliDecoder
     from hardrank.embed import PillowDecoder
     from hardrank.items import ImageRef
 

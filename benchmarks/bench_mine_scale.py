@@ -113,7 +113,8 @@ def main(argv=None):
     t_gen = time.perf_counter() - t0
 
     from hardrank import faiss_search
-    from hardrank.mine import MineOptions, MineProblem, mine_arrays
+    from hardrank.config import MineOptions
+    from hardrank.mining import MineProblem, mine_arrays
 
     if args.threads:
         faiss_search.faiss.omp_set_num_threads(args.threads)

@@ -1,8 +1,380 @@
-"""Options defined once: the config dataclasses, parsed specs, device resolution, package paths."""
+"""Options defined once: config dataclasses whose fields carry their help, parsed specs, the device.
+
+Every option is a field of a frozen dataclass below, declared with ``opt(default, help, ...)``. The
+same field is a ``--flag`` of the command line (``hardrank.jobs.cli`` builds argparse from
+``flat_fields``), a key of a TOML job file's ``[options]`` table and a keyword of the Python API
+(both through ``build``). Nested dataclass fields (``EvalConfig.embed``) flatten into one
+namespace of unique names, so ``batch_size`` means the same thing everywhere.
+"""
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["DATA_DIR"]
+import torch
+
+from .errors import UsageError
+from .kernels import TIE_RULES
+
+__all__ = ["DATA_DIR", "PRECISIONS", "EXECUTORS", "DECODERS", "TIE_RULES", "DIRECTIONS", "BASELINES",
+           "opt", "flat_fields", "option_kind", "build", "cache_dir", "default_store", "default_decode_threads", "resolve_device",
+           "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"  # bundled model configs, toy checkpoints, vocabularies
+
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+EXECUTORS = ("local", "ray")
+DECODERS = ("pillow", "dali")
+DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text"), "i2i": ("image", "image")}
+BASELINES = ("clip-regions",)  # mask suites: answer with the candidate region most similar to the question
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
+
+
+def opt(default, help: str, *, choices=None, minimum=None, path: bool = False, flag: str | None = None,
+        metavar: str | None = None, cli: bool = True):
+    """A config field: its default and its one help text; ``choices``/``minimum`` are checked on
+    construction; ``path`` values in job files are relative to the file; ``flag`` overrides the
+    ``--name`` on the command line; ``cli=False`` keeps it off the command line."""
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "path": path,
+                                            "flag": flag, "metavar": metavar, "cli": cli})
+
+
+def cache_dir() -> Path:
+    """``$HARDRANK_CACHE``, else ``~/.cache/hardrank``: the default store and the toy world live here."""
+    return Path(os.environ.get("HARDRANK_CACHE") or Path.home() / ".cache" / "hardrank")
+
+
+def default_store() -> str:
+    return str(cache_dir() / "store")
+
+
+def default_decode_threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; other names pass through."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+# -- validation shared by every options dataclass --------------------------------------------------
+def _validate(obj) -> None:
+    """Check each field against its ``choices`` and ``minimum`` (UsageError naming the option)."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
+        if choices is not None and v is not None and v not in choices:
+            raise UsageError(f"option {f.name} must be one of {list(choices)}, got {v!r}")
+        if minimum is not None and v is not None and not (isinstance(v, (int, float)) and v >= minimum):
+            raise UsageError(f"option {f.name} must be a number >= {minimum}, got {v!r}")
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def flat_fields(cls) -> list[tuple[str, dataclasses.Field, object]]:
+    """(name, field, type) of every option of ``cls``, nested options dataclasses flattened."""
+    out = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.extend(flat_fields(tp))
+        else:
+            out.append((f.name, f, tp))
+    return out
+
+
+def _nested_fields(cls) -> dict[str, type]:
+    """Field name -> options dataclass, for every nested options field at any depth."""
+    out = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out[f.name] = hints[f.name]
+            out.update(_nested_fields(hints[f.name]))
+    return out
+
+
+def option_kind(tp) -> tuple[object, bool, bool]:
+    """(scalar type, is a list, may be None) of an option's type hint."""
+    optional = False
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(tp))
+        tp = args[0]
+    if typing.get_origin(tp) is tuple:
+        item = typing.get_args(tp)[0]
+        if typing.get_origin(item) in (typing.Union, types.UnionType):  # tuple[str | None, ...]
+            item = [a for a in typing.get_args(item) if a is not type(None)][0]
+        return item, True, optional
+    return tp, False, optional
+
+
+def _coerce(name: str, value, tp, where: str):
+    """A job-file / keyword value checked against the option's type; lists become tuples."""
+    scalar, is_list, optional = option_kind(tp)
+    names = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    inner = tp
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
+    item_optional = is_list and type(None) in typing.get_args(typing.get_args(inner)[0])  # tuple[str | None, ...]
+
+    def one(v):
+        if v is None and item_optional:
+            return None
+        ok = (isinstance(v, bool) if scalar is bool else
+              isinstance(v, (int, float)) and not isinstance(v, bool) if scalar is float else
+              isinstance(v, int) and not isinstance(v, bool) if scalar is int else
+              isinstance(v, (str, os.PathLike)) if scalar is str else True)
+        if not ok:
+            what = names.get(scalar, str(scalar))
+            what = f"a list of {what}s" if is_list else ("an " if what[0] in "aeiou" else "a ") + what
+            raise UsageError(f"{where}option {name!r} must be {what}, got {type(v).__name__} {v!r}")
+        return float(v) if scalar is float else (os.fspath(v) if scalar is str else v)
+
+    if value is None:
+        if optional:
+            return None
+        raise UsageError(f"{where}option {name!r} cannot be empty")
+    if is_list:
+        if isinstance(value, (str, int, float, os.PathLike)) and not isinstance(value, bool):
+            value = [value]  # a single value where a list is expected is fine
+        if not isinstance(value, (list, tuple)):
+            raise UsageError(f"{where}option {name!r} must be a list, got {type(value).__name__} {value!r}")
+        return tuple(one(v) for v in value)
+    return one(value)
+
+
+def build(cls, values: Mapping, *, where: str = "", base: str | os.PathLike | None = None):
+    """``cls`` built from a flat mapping of option names (nested dataclasses filled by field name).
+    Unknown names and wrong types raise UsageError naming the option and the closest known one;
+    ``path`` options are taken relative to ``base`` when given. ``where`` prefixes messages."""
+    known = {name: (f, tp) for name, f, tp in flat_fields(cls)}
+    nested = _nested_fields(cls)  # a whole options object may be given under its field name
+    for k in values:
+        if k in nested:
+            if not isinstance(values[k], nested[k]):
+                raise UsageError(f"{where}option {k!r} must be a {nested[k].__name__}, got {type(values[k]).__name__}")
+            clash = [n for n, _, _ in flat_fields(nested[k]) if n in values]
+            if clash:
+                raise UsageError(f"{where}give {k} or its options {clash}, not both")
+            continue
+        if k not in known:
+            hint = difflib.get_close_matches(k, list(known), n=1)
+            raise UsageError(f"{where}unknown option {k!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                             + f"; known options: {', '.join(sorted(known))}")
+
+    def make(c):
+        hints = _hints(c)
+        kw = {}
+        for f in dataclasses.fields(c):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                kw[f.name] = values[f.name] if f.name in values else make(tp)
+            elif f.name in values:
+                v = _coerce(f.name, values[f.name], tp, where)
+                if base is not None and f.metadata.get("path") and v is not None:
+                    v = _relative_to(base, v)
+                kw[f.name] = v
+        return c(**kw)
+
+    return make(cls)
+
+
+def _relative_to(base, v):
+    def one(p):
+        if p is None:  # checkpoints: (None,) is the model's random init
+            return None
+        p = os.path.expanduser(p)
+        if p.startswith("local-dir:"):
+            return "local-dir:" + _relative_to(base, p[len("local-dir:"):])
+        if "://" in p or os.path.isabs(p):
+            return p
+        return os.fspath(Path(base) / p)
+
+    return tuple(one(p) for p in v) if isinstance(v, tuple) else one(v)
+
+
+# -- specs -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SearchSpec:
+    """A search method: ``exhaustive`` (exact kernels, ranking), ``exact`` / ``auto`` (mining), or
+    ``faiss:<index factory>`` (any faiss ``index_factory`` string, e.g. ``faiss:IVF1024,Flat``)."""
+
+    method: str                 # exhaustive | exact | auto | faiss
+    factory: str | None = None  # the faiss index factory string (method "faiss")
+
+    @classmethod
+    def parse(cls, text: str, allowed: tuple[str, ...] = ("exhaustive",)) -> SearchSpec:
+        """Parse ``text``; ``allowed`` lists the plain methods valid here (faiss is always valid)."""
+        if isinstance(text, SearchSpec):
+            return text
+        if isinstance(text, str) and text.startswith("faiss:") and len(text) > len("faiss:"):
+            return cls("faiss", text[len("faiss:"):])
+        if text in allowed:
+            return cls(text)
+        names = ", ".join(repr(a) for a in allowed)
+        raise UsageError(f"search must be {names} or 'faiss:<factory>' (a faiss index_factory string: faiss:Flat, "
+                         f"faiss:IVF1024,Flat, faiss:HNSW32), got {text!r}")
+
+    def __str__(self) -> str:
+        return f"faiss:{self.factory}" if self.method == "faiss" else self.method
+
+
+# -- the options ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EmbedOptions:
+    """How items become embeddings: the store, the encoder's precision and device, the executor."""
+
+    store: str | None = opt(None, "embedding store root (default: $HARDRANK_CACHE/store or "
+                            "~/.cache/hardrank/store); reused across runs", path=True)
+    precision: str = opt("auto", "encoder precision: auto = fp16 on CUDA, fp32 on CPU", choices=PRECISIONS)
+    device: str = opt("auto", "auto | cpu | cuda | cuda:N")
+    batch_size: int = opt(256, "images/texts per encoder batch", minimum=1)
+    decode_threads: int = opt(default_decode_threads(), "image decode threads", minimum=1)
+    max_failures: int | None = opt(100, "unreadable images tolerated (recorded, skipped) before the run stops",
+                                   minimum=0)
+    executor: str = opt("local", "local: in-process threads, no cluster start-up (best for small jobs and CI); "
+                        "ray: Ray Data actor pools (decode actors, one encoder per GPU holding all checkpoints), "
+                        "joining --ray-address / $RAY_ADDRESS or starting a local cluster", choices=EXECUTORS)
+    decoder: str = opt("pillow", "pillow: the model's own transform, the reference; dali: NVIDIA DALI decode + "
+                       "resize (GPU if present, else CPU), within a tested bound of pillow, stored separately",
+                       choices=DECODERS)
+    ray_address: str | None = opt(None, "Ray cluster to join with --executor ray (default: $RAY_ADDRESS, "
+                                  "else a local cluster)")
+
+    def __post_init__(self):
+        _validate(self)
+        if not _DEVICE.match(self.device):
+            raise UsageError(f"option device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.ray_address and self.executor != "ray":
+            raise UsageError("option ray_address needs executor 'ray' (--executor ray)")
+
+    def store_root(self) -> str:
+        return self.store or default_store()
+
+
+@dataclass(frozen=True)
+class SuiteOptions:
+    """Where a suite's files are and how its protocol is configured."""
+
+    data: str | None = opt(None, "suite data folder (annotations, Parquet shards, ...)", path=True)
+    images: str | None = opt(None, "image root the annotation paths are relative to", path=True)
+    annotations: str | None = opt(None, "Karpathy/RoCOCO annotation file or folder", path=True)
+    image_variants: tuple[str, ...] = opt((), "RoCOCO altered galleries, e.g. mix_0.9 patch_0.9")
+    seeds: tuple[int, ...] = opt((1,), "seeds of the image variants (results averaged over them)")
+    text_variants: tuple[str, ...] | None = opt(None, "RoCOCO caption files to use (default: all present)")
+    tie_rule: str = opt("index", "ranking tie rule: index (an equal score beats the positive iff it comes "
+                        "first in gallery order), optimistic, pessimistic", choices=TIE_RULES)
+    predictions: str | None = opt(None, "mask suites (amodal): folder of mask predictions to score", path=True)
+    baseline: str | None = opt(None, "mask suites (amodal): answer each question with the candidate region "
+                               "most similar to it, embedded by the model", choices=BASELINES)
+
+    def __post_init__(self):
+        _validate(self)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One evaluation: checkpoints of one model (or precomputed embeddings) on suites."""
+
+    suites: tuple[str, ...] = opt((), "suites: toy, rococo, karpathy, hard_positives, inpaintcoco, sugarcrepe, "
+                                  "aro, coco_order, flickr_order, amodal", flag="--suite")
+    out: str = opt("", "results folder (one sub-folder per checkpoint)", path=True)
+    model: str | None = opt(None, "open_clip model name, config .json, or local-dir:<folder> "
+                            "(not needed with --embeddings, or mask suites scoring --predictions)")
+    checkpoints: tuple[str | None, ...] = opt((None,), "checkpoint files (globs ok); one result per file",
+                                              flag="--checkpoint", path=True)
+    embeddings: str | None = opt(None, "score precomputed embeddings instead of a model: Parquet with columns "
+                                 "kind (image|text), id (image path / caption as in the annotation file), "
+                                 "embedding", path=True)
+    search: str = opt("exhaustive", "ranking search: exhaustive (exact kernels) or faiss:<factory> "
+                      "(per-group top-k; mean/median rank become lower bounds, see README)")
+    budget_mb: int = opt(256, "kernel score-tile memory budget, MiB", minimum=1)
+    suite_options: SuiteOptions = SuiteOptions()
+    embed: EmbedOptions = EmbedOptions()
+
+    def __post_init__(self):
+        _validate(self)
+        object.__setattr__(self, "suites", tuple(self.suites))
+        object.__setattr__(self, "checkpoints", tuple(self.checkpoints) or (None,))
+        SearchSpec.parse(self.search)
+        if not self.suites:
+            raise UsageError("option suites is empty; name at least one suite (--suite toy)")
+        if self.model is not None and self.embeddings is not None:
+            raise UsageError("give a model (with checkpoints) or embeddings, not both")
+
+    @property
+    def search_spec(self) -> SearchSpec:
+        return SearchSpec.parse(self.search)
+
+
+@dataclass(frozen=True)
+class MineOptions:
+    """What counts as a hard negative and how the corpus is searched."""
+
+    k: int = opt(10, "negatives per query", minimum=1, flag="-k")
+    dup_threshold: float | None = opt(0.95, "drop candidates more similar than this to any positive (near "
+                                      "duplicates); --no-dup-filter keeps them")
+    max_sim: float | None = opt(None, "drop candidates scoring above this with the query (likely unlabelled "
+                                "positives)")
+    min_sim: float | None = opt(None, "drop candidates scoring below this with the query")
+    search: str = opt("auto", "auto | exact | faiss:<factory> (e.g. faiss:IVF4096,SQ8, faiss:HNSW32, faiss:Flat); "
+                      "auto = exact while the fp32 corpus fits --budget-mb, else IVF")
+    budget_mb: int = opt(1024, "memory budget for the corpus and work buffers, MiB", minimum=1)
+    block_size: int = opt(8192, "queries per output shard (the unit of resumption)", minimum=1)
+    nprobe: int | None = opt(None, "IVF lists (HNSW efSearch) per query (default: tuned to recall@10 >= 0.95 "
+                             "on the recall sample)", minimum=1)
+    recall_sample: int = opt(1000, "queries used to measure approximate recall against exact search", minimum=0)
+    seed: int = opt(0, "sampling seed (recall sample, IVF training)")
+
+    def __post_init__(self):
+        _validate(self)
+        for name in ("dup_threshold", "max_sim", "min_sim"):
+            v = getattr(self, name)
+            if v is not None and not -1.0 <= float(v) <= 1.0:
+                raise UsageError(f"option {name} is a cosine similarity in [-1, 1], got {v!r}")
+        if self.min_sim is not None and self.max_sim is not None and self.min_sim >= self.max_sim:
+            raise UsageError(f"option min_sim ({self.min_sim}) must be below max_sim ({self.max_sim})")
+        SearchSpec.parse(self.search, ("auto", "exact"))
+
+    @property
+    def search_spec(self) -> SearchSpec:
+        return SearchSpec.parse(self.search, ("auto", "exact"))
+
+
+@dataclass(frozen=True)
+class MineConfig:
+    """One mining run: queries against a corpus, negatives written to ``out``."""
+
+    corpus: str = opt("", "where negatives come from: a Karpathy-format .json (with --images), an image folder, "
+                      "a .parquet listing (id + path, or id + text), or an embedding store fingerprint folder",
+                      path=True)
+    queries: str = opt("", "the queries, same kinds (may equal --corpus)", path=True)
+    out: str = opt("", "output folder: negatives/part-*.parquet, summary.json", path=True)
+    direction: str = opt("t2i", "query modality 2 corpus modality", choices=tuple(DIRECTIONS))
+    model: str | None = opt(None, "open_clip model name, config .json, or local-dir:<folder> (not needed when "
+                            "both inputs are store folders)")
+    checkpoint: str | None = opt(None, "weights file for --model", path=True)
+    images: str | None = opt(None, "root of the relative image paths in .json/.parquet inputs", path=True)
+    export_training: str | None = opt(None, 'also write one line per query: {"query", "positives", "negatives"}',
+                                      path=True, metavar="FILE.jsonl")
+    options: MineOptions = MineOptions()
+    embed: EmbedOptions = EmbedOptions()
+
+    def __post_init__(self):
+        _validate(self)
+        for name in ("corpus", "queries", "out"):
+            if not getattr(self, name):
+                raise UsageError(f"option {name} is required")

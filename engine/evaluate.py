@@ -1,56 +1,36 @@
-"""Evaluate checkpoints on suites: load tasks, embed what the store lacks, score, write results."""
+"""Evaluate checkpoints on suites: load tasks, embed what the store lacks, score every task type, write."""
 from __future__ import annotations
 
 import logging
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
+import open_clip
 import pyarrow as pa
+import torch
 
+from .byo import embeddings_for_tables
 from .choice_macro import suite_aggregates
-from .embed import DECODERS, embed_tables, table_embeddings
+from .config import EvalConfig, build, resolve_device
+from .embed import EmbedPipeline
+from .errors import UsageError
 from .items import Tables
+from .mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
 from .metrics import add_drops, average_views, choice_metrics, ranking_metrics
-from .models import LoadedModel, ModelSpec, load_model
+from .models import file_hash
 from .results import outcome_schema, summary_row, write_result
 from .search import score_choice, score_ranking
-from .store import EmbeddingStore
-from .suites import SuiteOptions, load_suites
-from .tasks import Suite
+from .suites import load_suites
+from .tasks import MaskTask, Suite
 
-__all__ = ["EvalConfig", "evaluate", "EvalReport"]
+__all__ = ["evaluate", "plan", "EvalReport"]
 
 log = logging.getLogger("hardrank.eval")
-EXECUTORS = ("local", "ray")
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    model: str                              # open_clip name, config .json, or local-dir:
-    checkpoints: tuple[str | None, ...]     # one result set per checkpoint (None = random init)
-    suites: tuple[str, ...]                 # suite names or aliases ("toy")
-    out: str                                # results folder
-    store: str                              # embedding store root (shared across runs)
-    suite_options: SuiteOptions = SuiteOptions()
-    precision: str = "auto"                 # auto | fp32 | fp16 | bf16
-    device: str = "auto"                    # auto | cpu | cuda[:i]
-    batch_size: int = 256                   # images/texts per encoder batch
-    decode_threads: int = 2                 # Pillow decode threads
-    budget_mb: int = 256                    # kernel tile budget (score tiles), MiB
-    max_failures: int | None = 100          # unreadable images tolerated before stopping
-    embeddings: str | None = None           # precomputed embeddings (Parquet: kind, id, embedding) instead of a model
-    search: str = "exhaustive"              # ranking search: exhaustive (kernels) | faiss:<factory> (engine.faiss_search)
-    executor: str = "local"                 # local (in-process) | ray (Ray Data; evaluate() then needs a runner)
-    decoder: str = "pillow"                 # pillow (reference) | dali (within a tested bound; own store fingerprint)
-
-    def __post_init__(self):
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
-        if self.decoder not in DECODERS:
-            raise ValueError(f"decoder must be one of {DECODERS}, got {self.decoder!r}")
 
 
 @dataclass
@@ -66,23 +46,29 @@ class EvalReport:
         return list(rows.items())
 
 
+@dataclass
+class _Source:
+    """Embeddings to score: one checkpoint of the model, or a precomputed embeddings file."""
+
+    label: str                                  # results sub-folder
+    ident: dict                                 # checkpoint_path, model_fingerprint, provenance
+    device: str                                 # where scoring runs
+    embeddings: Callable[[], dict[str, np.ndarray]]  # whole-table (rows, d) arrays per modality
+
+
 def _versions() -> dict:
-    import numpy
-    import open_clip
-    import pyarrow
-    import torch
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "open_clip": open_clip.__version__,
-            "numpy": numpy.__version__, "pyarrow": pyarrow.__version__, "hardrank": _hardrank_version()}
-
-
-def _hardrank_version() -> str:
     try:
-        from importlib.metadata import version
+        hardrank_version = version("hardrank")
+    except PackageNotFoundError:
+        hardrank_version = "unknown"
+    return {"python": platform.python_version(), "torch": torch.__version__, "open_clip": open_clip.__version__,
+            "numpy": np.__version__, "pyarrow": pa.__version__, "hardrank": hardrank_version}
 
-        return version("hardrank")
-    except Exception:
-        return "unknown"
+
+def _config(cfg: EvalConfig | None, options: dict) -> EvalConfig:
+    if cfg is not None and options:
+        raise UsageError(f"pass an EvalConfig or keyword options, not both (got {sorted(options)})")
+    return cfg if cfg is not None else build(EvalConfig, options)
 
 
 def _drop_failed(suite: Suite, tables: Tables) -> Suite:
@@ -96,44 +82,46 @@ def _drop_failed(suite: Suite, tables: Tables) -> Suite:
     return suite
 
 
-def _score_suite(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: EvalConfig) -> tuple[dict, list]:
+# -- scoring, one function per task type -------------------------------------------------------------
+def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: EvalConfig) -> dict:
     outcomes: list[pa.Table] = []
-    timings = {}
-    search_info: dict = {}
-    if suite.ranking:
-        metrics: dict = {}
-        counts: dict = {}
-        for task in suite.ranking:
-            t0 = time.perf_counter()
-            ranks = score_ranking(task, emb[task.query_modality], emb[task.gallery_modality],
-                                  tie_rule=suite.tie_rule, device=device, budget_bytes=cfg.budget_mb << 20,
-                                  search=cfg.search)
-            timings[f"rank_{task.name}"] = time.perf_counter() - t0
-            if getattr(ranks, "info", None):
-                search_info[task.name] = ranks.info
-            per_view, outs = ranking_metrics(task, ranks)
-            for view, m in per_view.items():
-                metrics.setdefault(view, {})[task.name] = m
-                counts.setdefault(view, {})[task.name] = {"queries": task.num_queries, "gallery": task.view_size(view)}
-                o = outs[view]
-                n = len(o["rank"])
-                outcomes.append(pa.Table.from_pydict({
-                    "kind": ["ranking"] * n, "task": [task.name] * n, "view": [view] * n,
-                    "query_id": task.query_ids, "rank": o["rank"].astype(np.int64),
-                    "top1_id": [task.gallery_ids[i] for i in o["top1"]],
-                    "top1_group": [task.groups[g] for g in o["top1_group"]],
-                    "subset": [None] * n, "scores": [None] * n, "correct": (o["rank"] == 0).tolist(),
-                }, schema=outcome_schema()))
-            counts.setdefault("skipped", {})[task.name] = task.skipped
-        if "original" in metrics and {"i2t", "t2i"} <= set(metrics["original"]):
-            o = metrics["original"]
-            o["rsum"] = sum(o[d][f"R@{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))
-            o["mean"] = {f"R@{k}": (o["i2t"][f"R@{k}"] + o["t2i"][f"R@{k}"]) / 2 for k in (1, 5, 10)}
-        add_drops(metrics)
-        average_views(metrics, suite.view_average)
-        return {"task_type": "ranking", "metrics": metrics, "counts": counts, "timings": timings,
-                "search": search_info}, outcomes
-    metrics, counts, verdicts_by_task = {}, {}, {}
+    timings, search_info, metrics, counts = {}, {}, {}, {}
+    for task in suite.ranking:
+        t0 = time.perf_counter()
+        ranks = score_ranking(task, emb[task.query_modality], emb[task.gallery_modality], tie_rule=suite.tie_rule,
+                              device=device, budget_bytes=cfg.budget_mb << 20, search=cfg.search_spec)
+        timings[f"rank_{task.name}"] = time.perf_counter() - t0
+        if getattr(ranks, "info", None):
+            search_info[task.name] = ranks.info
+        per_view, outs = ranking_metrics(task, ranks)
+        for view, m in per_view.items():
+            metrics.setdefault(view, {})[task.name] = m
+            counts.setdefault(view, {})[task.name] = {"queries": task.num_queries, "gallery": task.view_size(view)}
+            o = outs[view]
+            n = len(o["rank"])
+            outcomes.append(pa.Table.from_pydict({
+                "kind": ["ranking"] * n, "task": [task.name] * n, "view": [view] * n,
+                "query_id": task.query_ids, "rank": o["rank"].astype(np.int64),
+                "top1_id": [task.gallery_ids[i] for i in o["top1"]],
+                "top1_group": [task.groups[g] for g in o["top1_group"]],
+                "subset": [None] * n, "scores": [None] * n, "correct": (o["rank"] == 0).tolist(),
+            }, schema=outcome_schema()))
+        counts.setdefault("skipped", {})[task.name] = task.skipped
+    if "original" in metrics and {"i2t", "t2i"} <= set(metrics["original"]):
+        o = metrics["original"]
+        o["rsum"] = sum(o[d][f"R@{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))
+        o["mean"] = {f"R@{k}": (o["i2t"][f"R@{k}"] + o["t2i"][f"R@{k}"]) / 2 for k in (1, 5, 10)}
+    add_drops(metrics)
+    average_views(metrics, suite.view_average)
+    out = {"task_type": "ranking", "metrics": metrics, "counts": counts, "timings": timings, "outcomes": outcomes}
+    if search_info:
+        out["search"] = search_info
+    return out
+
+
+def _score_choice(suite: Suite, device: str, emb: dict[str, np.ndarray]) -> dict:
+    outcomes: list[pa.Table] = []
+    metrics, counts, verdicts_by_task, timings = {}, {}, {}, {}
     for task in suite.choice:
         t0 = time.perf_counter()
         scores = score_choice(task, emb[task.left_modality], emb[task.right_modality], device=device)
@@ -157,20 +145,63 @@ def _score_suite(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: Eva
             metrics[avg] = {"all": {k: float(np.mean([metrics[mb]["all"][k] for mb in members])) for k in keys},
                             "members": members}
     metrics.update(suite_aggregates(suite, verdicts_by_task))
-    return {"task_type": "choice", "metrics": metrics, "counts": counts, "timings": timings}, outcomes
+    return {"task_type": "choice", "metrics": metrics, "counts": counts, "timings": timings, "outcomes": outcomes}
 
 
-def evaluate(cfg: EvalConfig, *, progress=None, echo=None, runner=None) -> EvalReport:
-    """Run every checkpoint on every suite. K checkpoints of one architecture share one decode.
+def _score_mask(task: MaskTask, device: str, emb: dict[str, np.ndarray] | None, failed_images: int) -> dict:
+    """One mask task: predictions as they are, or the clip-regions baseline on ``emb``."""
+    t0 = time.perf_counter()
+    if task.regions is None:
+        res = score_predictions(task.data, task.predictions, device=device)
+        extra = {"predictions": str(task.predictions)}
+        tie_rule, answers = "n/a", None
+    else:
+        res = clip_regions(task.data, task.regions, emb["image"], emb["text"], device=device)
+        # an unreadable image leaves zero embeddings for its crops: they score 0 and rarely win; counted
+        res["counts"]["unreadable_images"] = failed_images
+        extra = {"baseline": task.name}
+        tie_rule, answers = CLIP_REGIONS_TIE_RULE, res["answers"]
+    metrics = {r: {k: 100.0 * v for k, v in res[r].items()} for r in ("visible", "amodal")}  # percentages
+    return {"task_type": "mask", "metrics": metrics, "counts": res["counts"], "outcomes": mask_outcomes(res, answers),
+            "timings": {"score": time.perf_counter() - t0}, "tie_rule": tie_rule,
+            "extra": {"metrics_unit": "percent", "protocol": PROTOCOL, **extra}}
 
-    runner: the embed runner for ``cfg.executor == "ray"`` (``jobs.ray_executor.RayRunner``; the
-    engine never imports Ray). None for the local executor."""
-    if cfg.executor == "ray" and runner is None and not cfg.embeddings:
-        raise ValueError("executor 'ray' needs a runner: evaluate(cfg, runner=jobs.ray_executor.RayRunner(...)); "
-                         "`hardrank eval --executor ray` passes one")
-    if cfg.executor == "local" and runner is not None:
-        raise ValueError("a runner was given but cfg.executor is 'local'; set executor='ray' or drop the runner")
+
+def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dict, ident: dict | None) -> dict:
+    ident = dict(ident or {})
+    result = {"suite": suite.name, "checkpoint": label, **ident, "model": cfg.model,
+              "tie_rule": scored.get("tie_rule", suite.tie_rule), "task_type": scored["task_type"],
+              "counts": scored["counts"], "metrics": scored["metrics"], **scored.get("extra", {}),
+              "suite_meta": suite.meta, "failures": common["failures"][:1000],
+              "failed_items": len(common["failures"])}
+    result["provenance"] = {
+        **result.pop("provenance", {}), "versions": common["versions"], "embed": common["embed"],
+        "timings": {**scored["timings"], "suite_load": common["t_load"]},
+        "config": {**{k: v for k, v in asdict(cfg).items() if k not in ("suite_options", "embed")},
+                   **asdict(cfg.embed)},
+        "suite_options": asdict(cfg.suite_options),
+    }
+    if scored.get("search"):
+        result["provenance"]["search"] = scored["search"]
+    return result
+
+
+def _write(report: EvalReport, cfg: EvalConfig, label: str, suite_name: str, result: dict, outcomes) -> None:
+    report.files.extend(write_result(Path(cfg.out) / label, suite_name, result, outcomes))
+    report.results.append(result)
+
+
+def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=None, **options) -> EvalReport:
+    """Run every checkpoint on every suite and write one result per (checkpoint, suite).
+
+    ``cfg`` or the same options as keywords (the flat names of the CLI flags / job-file keys):
+    ``evaluate(model="ViT-B-32", checkpoints=["a.pt"], suites=["rococo"], annotations=..., out=...)``.
+    K checkpoints of one architecture share one decode; mask suites scoring predictions need no
+    model. ``runner``: an executor object to use instead of the one ``cfg.embed.executor`` names."""
+    cfg = _config(cfg, options)
     echo = echo or (lambda s: None)
+    if not cfg.out:
+        raise UsageError("option out (the results folder) is required")
     t_start = time.perf_counter()
     tables = Tables.empty()
     t0 = time.perf_counter()
@@ -178,87 +209,95 @@ def evaluate(cfg: EvalConfig, *, progress=None, echo=None, runner=None) -> EvalR
     t_load = time.perf_counter() - t0
     echo(f"loaded {len(suites)} suite(s): {len(tables.images)} unique images, {len(tables.texts)} unique texts "
          f"({t_load:.1f}s)")
-    if cfg.embeddings:
-        sources, report, failures = _byo_sources(cfg, tables)
-    else:
-        sources, report, failures, suites = _model_sources(cfg, tables, suites, progress, echo, runner)
-    for label, ident, device, get_emb in sources:
-        emb = get_emb()
-        for suite in suites:
-            res, outcomes = _score_suite(suite, device, emb, cfg)
-            result = {
-                "suite": suite.name, "checkpoint": label, **ident, "model": cfg.model, "tie_rule": suite.tie_rule,
-                "task_type": res["task_type"], "counts": res["counts"], "metrics": res["metrics"],
-                "suite_meta": suite.meta, "failures": failures[:1000], "failed_items": len(failures),
-            }
-            result["provenance"] = {
-                **result.pop("provenance"), "versions": _versions(), "embed": report.embed_stats,
-                "timings": {**res["timings"], "suite_load": t_load},
-                "config": {k: v for k, v in asdict(cfg).items() if k != "suite_options"},
-                "suite_options": asdict(cfg.suite_options),
-            }
-            if res.get("search"):
-                result["provenance"]["search"] = res["search"]
-            files = write_result(Path(cfg.out) / label, suite.name, result, outcomes)
-            report.results.append(result)
-            report.files.extend(files)
+    report = EvalReport()
+    common = {"failures": [], "versions": _versions(), "embed": {}, "t_load": t_load}
+    for suite in suites:  # answers that need no model: scored once, under the predictions' folder name
+        for task in [t for t in suite.mask if not t.needs_embeddings]:
+            scored = _score_mask(task, resolve_device(cfg.embed.device), None, 0)
+            label = Path(task.predictions).resolve().name or "predictions"
+            _write(report, cfg, label, suite.name, _result(suite, label, scored, cfg, common, None),
+                   scored["outcomes"])
+    if any(s.needs_embeddings for s in suites):
+        sources = _sources(cfg, tables, suites, report, common, progress, echo, runner)
+        for src in sources:
+            emb = src.embeddings()
+            for suite in [s for s in suites if s.needs_embeddings]:
+                for scored in _score_suite(suite, src.device, emb, cfg, len(tables.images.failed)):
+                    _write(report, cfg, src.label, suite.name,
+                           _result(suite, src.label, scored, cfg, common, src.ident), scored["outcomes"])
     echo(f"done in {time.perf_counter() - t_start:.1f}s; results in {cfg.out}")
     return report
 
 
-def _model_sources(cfg: EvalConfig, tables: Tables, suites: list[Suite], progress, echo, runner=None):
-    models = [load_model(ModelSpec(cfg.model, c, cfg.precision, cfg.device)) for c in cfg.checkpoints]
-    # DALI pixels differ from Pillow's (within a tested bound): never mix the two in one store
-    suffix = "" if cfg.decoder == "pillow" else f"-{cfg.decoder}"
-    labels = _unique_labels([m.label for m in models])
-    stores = [EmbeddingStore(cfg.store, m.fingerprint + suffix, dim=m.embed_dim, dtype=m.store_dtype,
-                             meta={"arch": m.arch_name, "checkpoint": m.spec.checkpoint, "precision": m.precision,
-                                   "preprocess": m.preprocess_cfg, "decoder": cfg.decoder}) for m in models]
-    stats = embed_tables(tables, models, stores, batch_size=cfg.batch_size, decode_threads=cfg.decode_threads,
-                         decoder=cfg.decoder, max_failures=cfg.max_failures, progress=progress, runner=runner)
-    report = EvalReport(embed_stats={k: v.as_dict() for k, v in stats.items()})
+def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_images: int) -> list[dict]:
+    if suite.ranking:
+        return [_score_ranking(suite, device, emb, cfg)]
+    if suite.choice:
+        return [_score_choice(suite, device, emb)]
+    return [_score_mask(t, device, emb, failed_images) for t in suite.mask if t.needs_embeddings]
+
+
+def _sources(cfg: EvalConfig, tables: Tables, suites: list[Suite], report: EvalReport, common: dict,
+             progress, echo, runner) -> list[_Source]:
+    if cfg.embeddings:
+        if any(t.needs_embeddings for s in suites for t in s.mask):
+            raise UsageError("the clip-regions baseline embeds region crops with --model; precomputed "
+                             "--embeddings hold no crop embeddings")
+        return [_byo_source(cfg, tables, report)]
+    if cfg.model is None:
+        raise UsageError("give --model (with --checkpoint files) or --embeddings FILE.parquet: suites "
+                         f"{[s.name for s in suites if s.needs_embeddings]} score embeddings")
+    pipe = EmbedPipeline.from_checkpoints(cfg.model, cfg.checkpoints, cfg.embed, runner=runner)
+    stats = pipe.run(tables, progress=progress)
+    report.embed_stats = common["embed"] = {k: v.as_dict() for k, v in stats.items()}
     for mod, st in stats.items():
         echo(f"{mod}s: {st.total} unique, {st.from_store} from the store, {st.encoded} encoded "
-             f"x {len(models)} checkpoint(s), {st.failed} failed ({st.seconds:.1f}s)")
+             f"x {len(pipe.models)} checkpoint(s), {st.failed} failed ({st.seconds:.1f}s)")
     suites[:] = [_drop_failed(s, tables) for s in suites]
-    failures = [{"modality": mod, "row": r, "source": u, "reason": w}
-                for mod, st in stats.items() for r, u, w in st.failures]
+    common["failures"] = [{"modality": mod, "row": r, "source": u, "reason": w}
+                          for mod, st in stats.items() for r, u, w in st.failures]
     sources = []
-    for model, store, label in zip(models, stores, labels):
-        ident = {"checkpoint_path": model.spec.checkpoint, "model_fingerprint": store.fingerprint,
+    for i, (model, label) in enumerate(zip(pipe.models, pipe.labels)):
+        ident = {"checkpoint_path": model.spec.checkpoint, "model_fingerprint": pipe.fingerprint(i),
                  "provenance": {"architecture": model.arch_name, "precision": model.precision, "device": model.device,
                                 "checkpoint_hash": model.checkpoint_hash}}
-        sources.append((label, ident, model.device, lambda st=store: {
-            "image": table_embeddings(st, tables.images), "text": table_embeddings(st, tables.texts)}))
-    return sources, report, failures, suites
+        sources.append(_Source(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables)))
+    return sources
 
 
-def _byo_sources(cfg: EvalConfig, tables: Tables):
-    from .byo import embeddings_for_tables
-    from .models import file_hash
-
+def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _Source:
     path = Path(cfg.embeddings)
     emb = embeddings_for_tables(path, tables)
-    device = "cuda" if cfg.device == "auto" and _cuda() else ("cpu" if cfg.device == "auto" else cfg.device)
+    device = resolve_device(cfg.embed.device)
     ident = {"checkpoint_path": str(path), "model_fingerprint": f"embeddings-{file_hash(path)[:16]}",
              "provenance": {"architecture": "precomputed", "precision": "float32", "device": device,
                             "checkpoint_hash": None}}
-    report = EvalReport(embed_stats={m: {"total": len(tables.of(m)), "from_file": len(tables.of(m))}
-                                     for m in ("image", "text")})
-    return [(path.stem, ident, device, lambda: emb)], report, []
+    report.embed_stats = {m: {"total": len(tables.of(m)), "from_file": len(tables.of(m))} for m in ("image", "text")}
+    return _Source(path.stem, ident, device, lambda: emb)
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _unique_labels(labels: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
-    out = []
-    for l in labels:
-        n = seen.get(l, 0)
-        seen[l] = n + 1
-        out.append(l if n == 0 else f"{l}-{n}")
+def plan(cfg: EvalConfig | None = None, **options) -> dict:
+    """What ``evaluate`` would do, encoding and writing nothing: the suites and their tasks, the
+    unique items, and per checkpoint how many items its store already holds. Loads the models
+    (for their fingerprints) and reads every image once (for its content key)."""
+    cfg = _config(cfg, options)
+    tables = Tables.empty()
+    suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+    out = {"suites": {}, "images": len(tables.images), "texts": len(tables.texts), "checkpoints": [],
+           "store": cfg.embed.store_root()}
+    for s in suites:
+        tasks = [f"{t.name}: {t.num_queries} queries x {len(t.gallery_items)} gallery items, "
+                 f"{len(t.views)} views ({', '.join(t.views)})" for t in s.ranking]
+        tasks += [f"{t.name}: {len(t.ids)} rows of {t.left.shape[1]}x{t.right.shape[1]} ({t.rule})" for t in s.choice]
+        tasks += [f"{t.name}: {len(t.data.questions)} questions" for t in s.mask]
+        out["suites"][s.name] = tasks
+    tables.images.keys(), tables.texts.keys()
+    out["unreadable"] = len(tables.images.failed)
+    if cfg.embeddings or not any(s.needs_embeddings for s in suites):
+        return out
+    if cfg.model is None:
+        raise UsageError("give --model (with --checkpoint files) or --embeddings FILE.parquet")
+    rows = EmbedPipeline.from_checkpoints(cfg.model, cfg.checkpoints, cfg.embed).plan(tables)
+    out["checkpoints"] = rows
+    out["to_encode"] = {m: sum(r[f"{m}_to_encode"] for r in rows) for m in ("image", "text")}
     return out

@@ -1,4 +1,6 @@
-"""FAISS search backends (exact flat, IVF, IVF-PQ, HNSW) behind the engine's top-k and grouped-rank result types."""
+"""FAISS search backends (exact flat, IVF, IVF-PQ, HNSW) behind the engine's top-k and grouped-rank result types.
+
+The only module importing faiss (faiss-cpu, or the GPU build of the ``gpu`` extra)."""
 from __future__ import annotations
 
 import math
@@ -8,10 +10,11 @@ from dataclasses import dataclass, field
 import faiss
 import numpy as np
 
+from .kernels import TIE_RULES
+
 __all__ = ["FaissIndex", "FaissRanks", "faiss_topk", "faiss_grouped_ranks", "recall_at_k", "GPU_MAX_K"]
 
 GPU_MAX_K = 2048        # faiss GPU search returns at most this many results per query
-TIE_RULES = ("index", "optimistic", "pessimistic")
 _IP = faiss.METRIC_INNER_PRODUCT
 
 

@@ -9,13 +9,13 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import open_clip
 import torch
 
-from .config import DATA_DIR
+from .config import DATA_DIR, PRECISIONS, resolve_device
 
 __all__ = ["ModelSpec", "LoadedModel", "load_model", "resolve_arch", "file_hash", "PRECISIONS"]
 
-PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 _BUNDLED = DATA_DIR / "models"
 _registered: set[str] = set()
 EMBED_VERSION = 1  # bump when encoding semantics change: it is part of every fingerprint
@@ -29,9 +29,7 @@ class ModelSpec:
     device: str = "auto"      # auto = cuda if available
 
     def resolved_device(self) -> str:
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.device
+        return resolve_device(self.device)
 
     def resolved_precision(self) -> str:
         if self.precision not in PRECISIONS:
@@ -69,8 +67,6 @@ class LoadedModel:
 
 
 def _register_bundled() -> None:
-    import open_clip
-
     if "__bundled__" in _registered:
         return
     if _BUNDLED.is_dir():
@@ -80,8 +76,6 @@ def _register_bundled() -> None:
 
 def resolve_arch(arch: str) -> str:
     """Return an open_clip model name for ``arch`` (registering a config JSON if given a path)."""
-    import open_clip
-
     _register_bundled()
     if arch.startswith(("local-dir:", "hf-hub:")):
         return arch
@@ -89,7 +83,8 @@ def resolve_arch(arch: str) -> str:
     if path.suffix == ".json":
         if not path.is_file():
             raise FileNotFoundError(f"model config {arch} does not exist; pass an open_clip model name "
-                                    f"(see `hardrank models`) or the path of a config JSON")
+                                    f"(python -c 'import open_clip; print(open_clip.list_models())' lists them) "
+                                    f"or the path of a config JSON")
         cfg = json.loads(path.read_text())
         if "vision_cfg" not in cfg or "text_cfg" not in cfg:
             raise ValueError(f"{arch}: not an open_clip model config (needs 'vision_cfg' and 'text_cfg')")
@@ -110,8 +105,6 @@ def file_hash(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
 
 
 def _arch_config(name: str) -> dict:
-    import open_clip
-
     if name.startswith("local-dir:"):
         cfg_path = Path(name[len("local-dir:"):]) / "open_clip_config.json"
         return json.loads(cfg_path.read_text()) if cfg_path.exists() else {"name": name}
@@ -139,8 +132,6 @@ def _quiet_open_clip():
 
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Create the model offline and load its checkpoint with ``weights_only`` loading."""
-    import open_clip
-
     name = resolve_arch(spec.arch)
     device, precision = spec.resolved_device(), spec.resolved_precision()
     if name.startswith("hf-hub:"):

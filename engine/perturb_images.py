@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .config import resolve_device
+
 __all__ = ["alter_images", "variant_name"]
 
 _METHODS = ("mix", "patch")
@@ -174,7 +176,7 @@ def alter_images(images_root: str | Path, image_paths: list[str], out_root: str 
         dup = next(r for i, r in enumerate(rels) if r in rels[:i])
         raise ValueError(f"two inputs map to the same output {dup} (duplicate image paths, or the same "
                          f"name with different suffixes); deduplicate image_paths")
-    dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = torch.device(resolve_device(device or "auto"))
     name = variant_name(method, lam, seed)
     out_dir = out_root / name
     outs = [out_dir / rel for rel in rels]

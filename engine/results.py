@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import math
 import os
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .store import write_json_atomic
+from .atomic import atomic_path, write_json_atomic
 
 __all__ = ["write_result", "outcome_schema", "summary_row", "format_table", "RESULT_VERSION"]
 
@@ -47,9 +46,8 @@ def write_result(out_dir: str | os.PathLike, stem: str, result: dict, outcomes: 
     out.mkdir(parents=True, exist_ok=True)
     json_path, pq_path = out / f"{stem}.json", out / f"{stem}.parquet"
     table = pa.concat_tables(outcomes) if outcomes else outcome_schema().empty_table()
-    tmp = pq_path.with_name(f".{pq_path.name}.{uuid.uuid4().hex}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, pq_path)
+    with atomic_path(pq_path) as tmp:
+        pq.write_table(table, tmp)
     write_json_atomic(json_path, _clean({"result_version": RESULT_VERSION, **result}))
     return json_path, pq_path
 
@@ -70,6 +68,10 @@ def summary_row(result: dict) -> dict[str, float]:
                     row[f"{d}:{view} R@1"] = vm["R@1"]
                     if "false_rate" in vm:
                         row[f"{d}:{view} FR"] = vm["false_rate"]
+    elif result.get("task_type") == "mask":
+        for role, rm in m.items():
+            for k, v in rm.items():
+                row[f"{role} {k}"] = v
     else:
         for task, tm in m.items():
             a = tm.get("all", {})

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hardrank.kernels import choice_scores, grouped_ranks
-
+from .config import SearchSpec
+from .kernels import choice_scores, grouped_ranks
 from .tasks import ChoiceTask, RankingTask
 
 __all__ = ["score_ranking", "score_choice", "RankArrays"]
@@ -30,18 +30,16 @@ def _as_tensor(x: np.ndarray, device: str) -> torch.Tensor:
 
 
 def score_ranking(task: RankingTask, query_emb: np.ndarray, gallery_emb: np.ndarray, *, tie_rule: str = "index",
-                  device: str = "cpu", budget_bytes: int = 256 << 20, search: str = "exhaustive"):
+                  device: str = "cpu", budget_bytes: int = 256 << 20, search: SearchSpec | str = "exhaustive"):
     """One kernel pass over the union of all groups. ``*_emb`` are whole-table embeddings of the
     query / gallery modality; rows are gathered by the task's item indices. ``search="faiss:<factory>"``
-    uses per-group FAISS top-k instead (engine.faiss_search.FaissRanks: censored counts, ``info``)."""
-    if search != "exhaustive":
-        if not search.startswith("faiss:") or len(search) == len("faiss:"):
-            raise ValueError(f"search must be 'exhaustive' or 'faiss:<factory>' (e.g. faiss:Flat, "
-                             f"faiss:IVF1024,Flat), got {search!r}")
-        from .faiss_search import faiss_grouped_ranks
+    uses per-group FAISS top-k instead (``faiss_search.FaissRanks``: censored counts, ``info``)."""
+    search = SearchSpec.parse(search)
+    if search.method == "faiss":
+        from .faiss_search import faiss_grouped_ranks  # faiss: imported by that module alone
 
         return faiss_grouped_ranks(query_emb[task.query_items], gallery_emb[task.gallery_items], task.group_bounds,
-                                   task.pos_ptr, task.pos_idx, tie_rule=tie_rule, factory=search[len("faiss:"):],
+                                   task.pos_ptr, task.pos_idx, tie_rule=tie_rule, factory=search.factory,
                                    gpu="auto" if device.startswith("cuda") else False, budget_bytes=budget_bytes)
     xq = _as_tensor(query_emb[task.query_items], device)      # (nq, d)
     xb = _as_tensor(gallery_emb[task.gallery_items], device)  # (nb, d)

@@ -11,7 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-__all__ = ["EmbeddingStore", "embedding_schema", "SCHEMA_VERSION", "write_json_atomic"]
+from .atomic import atomic_path, write_json_atomic
+from .errors import DataError
+
+__all__ = ["EmbeddingStore", "embedding_schema", "open_store", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 _DTYPES = {"float16": pa.float16(), "float32": pa.float32()}
@@ -27,13 +30,6 @@ def embedding_schema(dim: int, dtype: str) -> pa.Schema:
          pa.field("embedding", pa.list_(pa.field("item", _DTYPES[dtype], nullable=False), dim), nullable=False)],
         metadata={"hardrank_schema": str(SCHEMA_VERSION)},
     )
-
-
-def write_json_atomic(path: str | os.PathLike, obj) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
 
 
 class EmbeddingStore:
@@ -60,7 +56,7 @@ class EmbeddingStore:
         if manifest.exists():
             old = json.loads(manifest.read_text())
             if (old.get("dim"), old.get("dtype")) != (self.dim, self.dtype):
-                raise ValueError(
+                raise DataError(
                     f"{manifest}: store holds dim={old.get('dim')} dtype={old.get('dtype')}, "
                     f"but this model gives dim={self.dim} dtype={self.dtype}; the fingerprint should "
                     f"differ — delete {self.dir} if it is stale")
@@ -79,9 +75,9 @@ class EmbeddingStore:
             try:
                 table = ipc.open_file(pa.memory_map(str(path), "r")).read_all()
             except (pa.ArrowInvalid, OSError) as exc:  # only possible if renamed by hand
-                raise ValueError(f"{path}: unreadable store shard ({exc}); delete it and rerun") from exc
+                raise DataError(f"{path}: unreadable store shard ({exc}); delete it and rerun") from exc
             if table.schema.field("embedding").type != self.schema.field("embedding").type:
-                raise ValueError(f"{path}: embedding type {table.schema.field('embedding').type} "
+                raise DataError(f"{path}: embedding type {table.schema.field('embedding').type} "
                                  f"does not match {self.schema.field('embedding').type}")
             emb = self._to_numpy(table)
             sid = len(shards)
@@ -158,11 +154,9 @@ class EmbeddingStore:
             [pa.array(keys, pa.string()), pa.FixedSizeListArray.from_arrays(values, self.dim)],
             schema=self.schema)
         name = f"shard-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.arrow"
-        final = self.dir / modality / name
-        tmp = final.with_name("." + name + ".tmp")
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, self.schema) as writer:
-            writer.write_table(table)
-        os.replace(tmp, final)
+        with atomic_path(self.dir / modality / name) as tmp:
+            with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, self.schema) as writer:
+                writer.write_table(table)
         sid = len(self._shards[modality])
         self._shards[modality].append(embeddings)
         self._shard_names[modality].append(name)
@@ -178,3 +172,18 @@ class EmbeddingStore:
             "shards": {m: self._shard_names.get(m, []) for m in ("image", "text")},
             "rows": {m: len(self._index.get(m, {})) for m in ("image", "text")},
         })
+
+
+def open_store(folder: str | os.PathLike) -> EmbeddingStore:
+    """The store of one fingerprint folder (``<root>/<fingerprint>`` holding ``manifest.json``),
+    its dimension and dtype read from the manifest."""
+    p = Path(folder)
+    manifest = p / "manifest.json"
+    if not manifest.is_file():
+        raise DataError(f"{p}: not an embedding store folder (no manifest.json); pass a folder "
+                        f"<store root>/<fingerprint> written by hardrank")
+    m = json.loads(manifest.read_text())
+    if m.get("fingerprint") != p.name or "dim" not in m:
+        raise DataError(f"{manifest}: names fingerprint {m.get('fingerprint')!r}, not this folder {p.name!r}; "
+                        f"the folder was renamed or the manifest edited")
+    return EmbeddingStore(p.parent, p.name, dim=int(m["dim"]), dtype=m["dtype"], meta=m.get("meta"))

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["RankingTask", "ChoiceTask", "Suite", "CHOICE_RULES"]
+__all__ = ["RankingTask", "ChoiceTask", "MaskTask", "Suite", "CHOICE_RULES"]
 
 # Choice rules (BENCHMARKS.md): how a row's (A, B) score grid becomes a verdict.
 CHOICE_RULES = (
@@ -129,12 +129,35 @@ class ChoiceTask:
 
 
 @dataclass
+class MaskTask:
+    """Questions answered with masks, each scored against the union of its targets' ground-truth
+    masks (visible and amodal) by gIoU and cIoU. The answers come from a ``predictions`` folder (no
+    model needed), or from the clip-regions baseline: ``regions`` holds the question texts and the
+    candidate region crops in the run's tables, and the candidate most similar to a question answers."""
+
+    name: str                       # "predictions" | "clip-regions"
+    data: object                    # suites.amodal.AmodalSet: images, questions, ground-truth masks
+    predictions: str | None = None  # folder of predicted masks
+    regions: object | None = None   # suites.amodal.RegionItems (table rows of questions and candidates)
+
+    @property
+    def needs_embeddings(self) -> bool:
+        return self.regions is not None
+
+
+@dataclass
 class Suite:
     """One benchmark compiled into tasks; rows index the run's shared ``Tables``."""
 
     name: str
     ranking: list[RankingTask] = field(default_factory=list)
     choice: list[ChoiceTask] = field(default_factory=list)
+    mask: list[MaskTask] = field(default_factory=list)
     tie_rule: str = "index"
     meta: dict = field(default_factory=dict)        # counts, files found, protocol notes
     view_average: dict[str, list[str]] = field(default_factory=dict)  # e.g. "mix_0.9" -> seeds' views
+
+    @property
+    def needs_embeddings(self) -> bool:
+        """Whether scoring needs a model's (or precomputed) embeddings."""
+        return bool(self.ranking or self.choice or any(t.needs_embeddings for t in self.mask))

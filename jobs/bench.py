@@ -409,7 +409,9 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
     stage on a sample against its naive counterpart. Returns the JSON-able result."""
     import torch
 
-    from hardrank.evaluate import EvalConfig, evaluate
+    from hardrank.config import EmbedOptions, EvalConfig
+    from hardrank.embed import EmbedPipeline
+    from hardrank.evaluate import evaluate
     from hardrank.items import Tables, read_image_bytes
     from hardrank.models import ModelSpec, load_model
     from hardrank.store import EmbeddingStore
@@ -439,9 +441,9 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
                  "bare_gemm_gflops": round(gemm, 2)}
     with tempfile.TemporaryDirectory(dir=cfg.work_dir) as tmp:
         ecfg = EvalConfig(model=cfg.model, checkpoints=tuple(cfg.checkpoints), suites=tuple(cfg.suites),
-                          out=os.path.join(tmp, "results"), store=os.path.join(tmp, "store"), suite_options=opts,
-                          device=cfg.device, batch_size=cfg.batch_size, decode_threads=cfg.decode_threads,
-                          budget_mb=cfg.budget_mb)
+                          out=os.path.join(tmp, "results"), suite_options=opts, budget_mb=cfg.budget_mb,
+                          embed=EmbedOptions(store=os.path.join(tmp, "store"), device=cfg.device,
+                                             batch_size=cfg.batch_size, decode_threads=max(1, cfg.decode_threads)))
         echo(f"hardrank end to end, {K} checkpoint(s), cold store ...")
         _sync(device)
         t = time.perf_counter()
@@ -462,8 +464,8 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
             naive_s = time.perf_counter() - t
             echo(f"  {naive_s:.2f}s")
         echo("stages, isolated, on a sample ...")
-        models = [load_model(ModelSpec(cfg.model, c, "auto", cfg.device)) for c in cfg.checkpoints]
-        stores = [EmbeddingStore(ecfg.store, m.fingerprint, dim=m.embed_dim, dtype=m.store_dtype) for m in models]
+        pipe = EmbedPipeline.from_checkpoints(cfg.model, cfg.checkpoints, ecfg.embed)
+        models, stores = pipe.models, pipe.stores
         tables.images.keys(), tables.texts.keys()
         stage_clock, stage_naive = _Clock(device), _Clock(device)
         stages = _engine_stages(cfg, tables, suites, models, stores, stage_clock, stage_naive, gemm)
@@ -540,16 +542,16 @@ def format_bench(b: dict) -> str:
 def _cmd_pipeline(args) -> int:
     from hardrank.suites import SuiteOptions
 
-    from hardrank.jobs.cli import _expand_checkpoints
+    from hardrank.jobs.flags import expand_globs
 
-    model, ckpts = args.model, _expand_checkpoints(args.checkpoint)
+    model, ckpts = args.model, expand_globs(args.checkpoint)
     data = args.data
     if model is None and args.checkpoint:
         print("hardrank bench pipeline: --checkpoint needs --model (leave both out for the toy model)", file=sys.stderr)
         return 2
     if model is None:
         from hardrank.suites.toy import default_world_dir
-        from hardrank.jobs.demo import demo_inputs
+        from hardrank.toyworld import demo_inputs
 
         model, ckpts, world = demo_inputs(data or str(default_world_dir()))
         data = world

@@ -2,28 +2,43 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import glob
 import os
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["JobFile", "JobModel", "JobOptions", "JobFileError", "load_job", "plan", "add_run_parser"]
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package
+    import tomli as tomllib
 
-EXIT_OK, EXIT_USAGE, EXIT_DATA, EXIT_FAILURES = 0, 2, 3, 4
+from hardrank.config import EvalConfig, build, flat_fields, opt
+from hardrank.errors import EXIT_OK, TooManyFailures, UsageError, exit_code
+from hardrank.evaluate import evaluate, plan
+from hardrank.results import format_table
+
+from .flags import Formatter
+from .progress import make_progress
+
+__all__ = ["JobFile", "JobModel", "JobFileError", "load_job", "print_plan", "add_run_parser", "OPTION_KEYS"]
 
 EXAMPLE = """\
 # results go to <out>/<model name>/<checkpoint>/<suite>.json; relative paths are relative to this file
 out = "results/grid"
 suites = ["rococo", "karpathy"]        # default suites of every [[model]]
 
-[options]                              # optional; the same names as the `hardrank eval` flags
+[options]                              # optional; the names of the `hardrank eval` flags
 annotations = "data/rococo"
 images = "/data/coco"
 image_variants = ["mix_0.9"]
 seeds = [1, 10, 100]
 batch_size = 256
+executor = "local"                     # or "ray"
+decoder = "pillow"                     # or "dali"
+search = "exhaustive"                  # or "faiss:IVF1024,Flat"
 
 [[model]]
 model = "ViT-B-32"                     # open_clip name, config .json, or local-dir:<folder>
@@ -35,36 +50,48 @@ embeddings = "my_model.parquet"        # precomputed embeddings instead of a mod
 suites = ["rococo"]                    # overrides the top-level suites
 """
 
+_ENTRY_FIELDS = ("suites", "out", "model", "checkpoints", "embeddings")  # set per [[model]], not in [options]
+OPTION_KEYS = tuple(name for name, _, _ in flat_fields(EvalConfig) if name not in _ENTRY_FIELDS)
+_TOP_KEYS = ("out", "suites", "options", "model")
 
-class JobFileError(ValueError):
+
+class JobFileError(UsageError):
     """The job file is not valid TOML or does not follow the schema (a usage error: exit code 2)."""
 
 
 @dataclass(frozen=True)
-class JobOptions:
-    store: str | None = None                  # embedding store root (default: $HARDRANK_CACHE/store)
-    precision: str = "auto"                   # auto | fp32 | fp16 | bf16
-    device: str = "auto"                      # auto | cpu | cuda | cuda:N
-    batch_size: int = 256                     # images/texts per encoder batch
-    decode_threads: int = 2                   # Pillow decode threads
-    budget_mb: int = 256                      # kernel score-tile memory budget, MiB
-    max_failures: int = 100                   # unreadable images tolerated before a run stops
-    tie_rule: str = "index"                   # index | optimistic | pessimistic
-    data: str | None = None                   # suite data folder
-    images: str | None = None                 # image root the annotation paths are relative to
-    annotations: str | None = None            # Karpathy/RoCOCO annotation file or folder
-    image_variants: tuple[str, ...] = ()      # RoCOCO altered galleries, e.g. ("mix_0.9",)
-    seeds: tuple[int, ...] = (1,)             # seeds of the image variants (averaged)
-    text_variants: tuple[str, ...] | None = None  # RoCOCO caption files (default: all present)
+class _Entry:
+    """The keys of one [[model]] table."""
+
+    name: str | None = opt(None, "results sub-folder: <out>/<name>/<checkpoint>/")
+    model: str | None = opt(None, "open_clip name, config .json or local-dir:")
+    embeddings: str | None = opt(None, "precomputed embeddings Parquet instead of a model", path=True)
+    checkpoints: tuple[str, ...] = opt((), "checkpoint files or globs")
+    suites: tuple[str, ...] | None = opt(None, "suites of this entry (default: the top-level suites)")
 
 
 @dataclass(frozen=True)
 class JobModel:
-    name: str                                 # results sub-folder: <out>/<name>/<checkpoint>/
-    model: str | None                         # open_clip name, config .json or local-dir: (or None with embeddings)
-    embeddings: str | None                    # precomputed embeddings Parquet instead of a model
-    checkpoints: tuple[str | None, ...]       # expanded globs; (None,) = random init
-    suites: tuple[str, ...]
+    """One [[model]] entry: its results folder name and its whole evaluation config."""
+
+    name: str
+    config: EvalConfig
+
+    @property
+    def model(self) -> str | None:
+        return self.config.model
+
+    @property
+    def embeddings(self) -> str | None:
+        return self.config.embeddings
+
+    @property
+    def checkpoints(self) -> tuple:
+        return self.config.checkpoints
+
+    @property
+    def suites(self) -> tuple[str, ...]:
+        return self.config.suites
 
 
 @dataclass(frozen=True)
@@ -72,16 +99,10 @@ class JobFile:
     path: Path
     out: str
     models: tuple[JobModel, ...]
-    options: JobOptions
+    options: dict  # the [options] table as validated values
 
 
-_CHOICES = {"precision": ("auto", "fp32", "fp16", "bf16"), "tie_rule": ("index", "optimistic", "pessimistic")}
-_PATHS = ("store", "data", "images", "annotations")
-_TOP_KEYS = ("out", "suites", "options", "model")
-_MODEL_KEYS = ("name", "model", "embeddings", "checkpoints", "suites")
-
-
-def _unknown(where: str, keys, known, path: Path) -> None:
+def _known(where: str, keys, known, path: Path) -> None:
     bad = [k for k in keys if k not in known]
     if bad:
         hint = difflib.get_close_matches(bad[0], known, n=1)
@@ -89,36 +110,9 @@ def _unknown(where: str, keys, known, path: Path) -> None:
                            + f"; known keys: {', '.join(known)}")
 
 
-def _typed(path: Path, where: str, key: str, value, kind: str):
-    """Check one value against a kind: str, int, [str], [int]. Lists come back as tuples."""
-    def bad(expected):
-        return JobFileError(f"{path}: {where} key {key!r} must be {expected}, got {type(value).__name__} {value!r}")
-
-    if kind == "str":
-        if not isinstance(value, str):
-            raise bad("a string")
-        return value
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("an integer")
-        return value
-    item = kind[1:-1]
-    if isinstance(value, (str, int)) and not isinstance(value, bool):
-        value = [value]  # a single value where a list is expected is fine
-    if not isinstance(value, list):
-        raise bad(f"a list of {item}s")
-    return tuple(_typed(path, where, key, v, item) for v in value)
-
-
-_OPTION_KINDS = {"store": "str", "precision": "str", "device": "str", "batch_size": "int", "decode_threads": "int",
-                 "budget_mb": "int", "max_failures": "int", "tie_rule": "str", "data": "str", "images": "str",
-                 "annotations": "str", "image_variants": "[str]", "seeds": "[int]", "text_variants": "[str]"}
-_MODEL_KINDS = {"name": "str", "model": "str", "embeddings": "str", "checkpoints": "[str]", "suites": "[str]"}
-
-
 def _resolve(base: Path, p: str) -> str:
     p = os.path.expanduser(p)
-    return p if os.path.isabs(p) else os.fspath(base / p)
+    return p if os.path.isabs(p) or "://" in p else os.fspath(base / p)
 
 
 def _expand(base: Path, patterns: tuple[str, ...], path: Path, name: str) -> tuple[str, ...]:
@@ -144,11 +138,18 @@ def _default_name(model: str | None, embeddings: str | None) -> str:
     return _safe_name(Path(model).stem if model.endswith(".json") else model)
 
 
+def _model_path(base: Path, model: str | None) -> str | None:
+    """A config .json or local-dir: folder is relative to the job file; a model name is not a path."""
+    if model is None:
+        return None
+    if model.startswith("local-dir:"):
+        return "local-dir:" + _resolve(base, model[len("local-dir:"):])
+    return _resolve(base, model) if model.endswith(".json") else model
+
+
 def load_job(path: str | os.PathLike) -> JobFile:
     """Parse and validate a job file. Unknown keys, wrong types and bad values raise JobFileError
     naming the file, the table and the key."""
-    import tomllib
-
     path = Path(path)
     if not path.is_file():
         raise JobFileError(f"job file {path} does not exist; see `hardrank run --help` for an example")
@@ -157,25 +158,24 @@ def load_job(path: str | os.PathLike) -> JobFile:
     except tomllib.TOMLDecodeError as exc:
         raise JobFileError(f"{path}: not valid TOML ({exc})") from exc
     base = path.resolve().parent
-    _unknown("the top level", raw, _TOP_KEYS, path)
+    _known("the top level", raw, _TOP_KEYS, path)
     if "out" not in raw:
         raise JobFileError(f'{path}: missing key "out" (the results folder), e.g. out = "results/grid"')
-    out = _resolve(base, _typed(path, "the top level", "out", raw["out"], "str"))
-    default_suites = _typed(path, "the top level", "suites", raw["suites"], "[str]") if "suites" in raw else None
-
-    opts_raw = raw.get("options", {})
-    if not isinstance(opts_raw, dict):
-        raise JobFileError(f"{path}: options must be a table ([options]), got {type(opts_raw).__name__}")
-    _unknown("[options]", opts_raw, [f.name for f in fields(JobOptions)], path)
-    opts = {}
-    for k, v in opts_raw.items():
-        v = _typed(path, "[options]", k, v, _OPTION_KINDS[k])
-        if k in _CHOICES and v not in _CHOICES[k]:
-            raise JobFileError(f"{path}: [options] {k} must be one of {list(_CHOICES[k])}, got {v!r}")
-        if k in ("batch_size", "decode_threads", "budget_mb") and v < 1:
-            raise JobFileError(f"{path}: [options] {k} must be >= 1, got {v}")
-        opts[k] = _resolve(base, v) if k in _PATHS else v
-    options = JobOptions(**opts)
+    if not isinstance(raw["out"], str):
+        raise JobFileError(f"{path}: out must be a string (the results folder), got {raw['out']!r}")
+    out = _resolve(base, raw["out"])
+    opts = raw.get("options", {})
+    if not isinstance(opts, dict):
+        raise JobFileError(f"{path}: options must be a table ([options]), got {type(opts).__name__}")
+    _known("[options]", opts, OPTION_KEYS, path)
+    try:
+        default_suites = build(_Entry, {"suites": raw["suites"]}).suites if "suites" in raw else None
+    except UsageError as exc:
+        raise JobFileError(f"{path}: the top level: {exc}") from exc
+    try:
+        build(EvalConfig, {**opts, "suites": ("_",)}, base=base)  # the options alone, checked once
+    except UsageError as exc:
+        raise JobFileError(f"{path}: [options] {exc}") from exc
 
     entries = raw.get("model")
     if not entries:
@@ -184,127 +184,72 @@ def load_job(path: str | os.PathLike) -> JobFile:
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise JobFileError(f"{path}: model must be an array of tables ([[model]] ...)")
     models, names = [], set()
-    for i, e in enumerate(entries):
+    for i, raw_entry in enumerate(entries):
         where = f"[[model]] #{i + 1}"
-        _unknown(where, e, _MODEL_KEYS, path)
-        e = {k: _typed(path, where, k, v, _MODEL_KINDS[k]) for k, v in e.items()}
-        if ("model" in e) == ("embeddings" in e):
+        _known(where, raw_entry, [f.name for f in dataclasses.fields(_Entry)], path)
+        try:
+            e = build(_Entry, raw_entry, base=base)
+        except UsageError as exc:
+            raise JobFileError(f"{path}: {where}: {exc}") from exc
+        if (e.model is None) == (e.embeddings is None):
             raise JobFileError(f"{path}: {where} needs exactly one of model = ... or embeddings = ...")
-        if "embeddings" in e and "checkpoints" in e:
+        if e.embeddings and e.checkpoints:
             raise JobFileError(f"{path}: {where} gives embeddings and checkpoints; checkpoints need a model")
-        suites = e.get("suites", default_suites)
+        suites = e.suites or default_suites
         if not suites:
             raise JobFileError(f"{path}: {where} has no suites; set suites = [...] at the top level or in the entry")
-        model = e.get("model")
-        if model is not None and (model.endswith(".json") or model.startswith("local-dir:")):
-            model = ("local-dir:" + _resolve(base, model[10:])) if model.startswith("local-dir:") else _resolve(base, model)
-        embeddings = _resolve(base, e["embeddings"]) if "embeddings" in e else None
-        name = e.get("name") or _default_name(model, embeddings)
+        model = _model_path(base, e.model)
+        name = e.name or _default_name(model, e.embeddings)
         if name in names:
             raise JobFileError(f"{path}: two [[model]] entries write to {name!r}; give one a distinct name = ...")
         names.add(name)
-        ckpts = _expand(base, e["checkpoints"], path, name) if e.get("checkpoints") else (None,)
-        models.append(JobModel(name=name, model=model, embeddings=embeddings, checkpoints=ckpts, suites=tuple(suites)))
-    return JobFile(path=path, out=out, models=tuple(models), options=options)
+        ckpts = _expand(base, e.checkpoints, path, name) if e.checkpoints else (None,)
+        try:
+            cfg = build(EvalConfig, {**opts, "suites": suites, "out": os.path.join(out, name), "model": model,
+                                     "checkpoints": ckpts, "embeddings": e.embeddings}, base=base)
+        except UsageError as exc:
+            raise JobFileError(f"{path}: {where}: {exc}") from exc
+        models.append(JobModel(name=name, config=cfg))
+    return JobFile(path=path, out=out, models=tuple(models), options=dict(opts))
 
 
 # -- plans (dry runs) ------------------------------------------------------------------------
-def plan(*, model: str | None, checkpoints: tuple, suites: tuple, suite_options, store: str,
-         precision: str = "auto", device: str = "auto", embeddings: str | None = None, echo=print) -> dict:
-    """Print what a run would do, encoding nothing: the suites and their tasks, the unique items,
-    and per checkpoint how many items the store already holds. Loads the models (for their
-    fingerprints) and reads every image once (for its content key)."""
-    from hardrank.items import Tables
-    from hardrank.suites import load_suites
-
-    tables = Tables.empty()
-    loaded = load_suites(list(suites), tables, suite_options)
-    out = {"suites": {}, "images": len(tables.images), "texts": len(tables.texts), "checkpoints": []}
-    echo(f"plan: {len(loaded)} suite(s), nothing will be encoded (dry run)")
-    for s in loaded:
-        tasks = []
-        for t in s.ranking:
-            tasks.append(f"{t.name}: {t.num_queries} queries x {len(t.gallery_items)} gallery items, "
-                         f"{len(t.views)} views ({', '.join(t.views)})")
-        for t in s.choice:
-            tasks.append(f"{t.name}: {len(t.ids)} rows of {t.left.shape[1]}x{t.right.shape[1]} ({t.rule})")
-        out["suites"][s.name] = tasks
-        echo(f"  {s.name}")
+def print_plan(p: dict, echo=print) -> None:
+    """The dry-run plan of ``hardrank.evaluate.plan`` as text."""
+    echo(f"plan: {len(p['suites'])} suite(s), nothing will be encoded (dry run)")
+    for name, tasks in p["suites"].items():
+        echo(f"  {name}")
         for line in tasks:
             echo(f"    {line}")
-    keys = {m: tables.of(m).keys() for m in ("image", "text")}
-    unreadable = len(tables.images.failed)
-    out["unreadable"] = unreadable
-    echo(f"unique items: {len(tables.images)} images ({unreadable} unreadable), {len(tables.texts)} texts")
-    if embeddings:
-        echo(f"embeddings: from {embeddings} (no model, nothing to encode)")
-        return out
-    from hardrank.models import ModelSpec, load_model
-    from hardrank.store import EmbeddingStore
-
-    total = {"image": 0, "text": 0}
-    echo(f"store: {store}")
-    for c in checkpoints:
-        m = load_model(ModelSpec(model, c, precision, device))
-        row = {"label": m.label, "fingerprint": m.fingerprint}
-        hits = {}
-        for mod in ("image", "text"):
-            good = [k for i, k in enumerate(keys[mod]) if k and i not in tables.of(mod).failed]
-            n_hit = 0
-            if (Path(store) / m.fingerprint / "manifest.json").is_file():  # never create a store in a dry run
-                st = EmbeddingStore(store, m.fingerprint, dim=m.embed_dim, dtype=m.store_dtype)
-                n_hit = int(st.contains(mod, list(dict.fromkeys(good))).sum())
-            n_unique = len(set(good))
-            hits[mod] = (n_hit, n_unique)
-            total[mod] += n_unique - n_hit
-            row[f"{mod}_hits"], row[f"{mod}_to_encode"] = n_hit, n_unique - n_hit
-        out["checkpoints"].append(row)
-        echo(f"  {m.label:<24} {m.fingerprint}  store hits: images {hits['image'][0]}/{hits['image'][1]}, "
-             f"texts {hits['text'][0]}/{hits['text'][1]}")
-    out["to_encode"] = total
-    echo(f"would encode {total['image']} images and {total['text']} texts (summed over {len(checkpoints)} "
+    echo(f"unique items: {p['images']} images ({p['unreadable']} unreadable), {p['texts']} texts")
+    if not p["checkpoints"]:
+        echo("nothing to encode (precomputed embeddings, or suites that score predictions)")
+        return
+    echo(f"store: {p['store']}")
+    for row in p["checkpoints"]:
+        echo(f"  {row['label']:<24} {row['fingerprint']}  store hits: images {row['image_hits']}/{row['image_unique']}, "
+             f"texts {row['text_hits']}/{row['text_unique']}")
+    n = len(p["checkpoints"])
+    echo(f"would encode {p['to_encode']['image']} images and {p['to_encode']['text']} texts (summed over {n} "
          f"checkpoint(s); each image is decoded once for all of them)")
-    return out
 
 
 # -- `hardrank run` --------------------------------------------------------------------------
-def _suite_options(o: JobOptions):
-    from hardrank.suites import SuiteOptions
-
-    return SuiteOptions(data=o.data, images=o.images, annotations=o.annotations, image_variants=o.image_variants,
-                        seeds=o.seeds, text_variants=o.text_variants, tie_rule=o.tie_rule)
-
-
 def _run_entry(job: JobFile, m: JobModel, args) -> None:
-    from hardrank.jobs.cli import _default_store
-
-    o = job.options
-    store = o.store or _default_store()
-    echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     if args.dry_run:
-        plan(model=m.model, checkpoints=m.checkpoints, suites=m.suites, suite_options=_suite_options(o),
-             store=store, precision=o.precision, device=o.device, embeddings=m.embeddings, echo=print)
+        print_plan(plan(m.config), echo=print)
         return
-    from hardrank.evaluate import EvalConfig, evaluate
-    from hardrank.results import format_table
-    from hardrank.jobs.progress import make_progress
-
-    cfg = EvalConfig(model=m.model, checkpoints=m.checkpoints, suites=m.suites, out=os.path.join(job.out, m.name),
-                     store=store, suite_options=_suite_options(o), precision=o.precision, device=o.device,
-                     batch_size=o.batch_size, decode_threads=o.decode_threads, budget_mb=o.budget_mb,
-                     max_failures=o.max_failures, embeddings=m.embeddings)
-    report = evaluate(cfg, progress=make_progress(args.quiet), echo=echo)
+    echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    report = evaluate(m.config, progress=make_progress(args.quiet), echo=echo)
     print(format_table(report.table_rows()))
 
 
 def _cmd_run(args) -> int:
-    from hardrank.embed import TooManyFailures
-
     try:
         job = load_job(args.job)
     except JobFileError as exc:
         print(f"hardrank run: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exit_code(exc)
     n = sum(len(m.checkpoints) * len(m.suites) for m in job.models)
     print(f"{job.path}: {len(job.models)} model(s), {n} checkpoint x suite runs -> {job.out}", file=sys.stderr)
     codes = []
@@ -316,10 +261,10 @@ def _cmd_run(args) -> int:
             codes.append(EXIT_OK)
         except TooManyFailures as exc:
             print(f"hardrank run: {m.name}: stopped: {exc}", file=sys.stderr)
-            codes.append(EXIT_FAILURES)
-        except (FileNotFoundError, ValueError, KeyError) as exc:  # SuiteFormatError is a ValueError
+            codes.append(exit_code(exc))
+        except (UsageError, FileNotFoundError, ValueError, KeyError) as exc:  # a failing entry: the others still run
             print(f"hardrank run: {m.name}: error: {exc}", file=sys.stderr)
-            codes.append(EXIT_DATA)
+            codes.append(exit_code(exc))
     failed = [m.name for m, c in zip(job.models, codes) if c]
     if failed:
         print(f"hardrank run: {len(failed)} of {len(codes)} entries failed: {', '.join(failed)}", file=sys.stderr)
@@ -332,8 +277,9 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
         "run", help="run a grid of models x checkpoints x suites from a TOML job file",
         description="Run every [[model]] of a TOML job file on its suites (each model's checkpoints share one "
                     "decode). Entries that fail are reported and the others still run; the exit code is that of the "
-                    "first failure (2 bad job file, 3 bad data, 4 too many unreadable images).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+                    "first failure (2 bad job file, 3 bad data, 4 too many unreadable images). [options] takes "
+                    f"the names of the `hardrank eval` flags: {', '.join(OPTION_KEYS)}.",
+        formatter_class=Formatter,
         epilog="examples:\n  hardrank run grid.toml --dry-run\n  hardrank run grid.toml --quiet > grid.log\n\n"
                "a job file:\n\n" + EXAMPLE)
     p.add_argument("job", metavar="JOB.toml", help="the job file")

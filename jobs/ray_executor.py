@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import ray
 import ray.data
+import torch
 
 import hardrank.kernels
-from hardrank.embed import EmbedJob, EmbedSink
+from hardrank.embed import DecodeStage, EmbedJob, EmbedSink, EncodeStage, image_size
+from hardrank.items import ImageRef
 
 __all__ = ["RayRunner"]
 
@@ -42,7 +44,7 @@ def _shipped_package() -> str:
 
 
 class RayRunner:
-    """``runner(work)`` for ``embed_tables`` / ``evaluate``: runs ``EmbedJob``s on one Ray Data pipeline.
+    """``runner(work)`` for ``EmbedPipeline``: runs ``EmbedJob``s on one Ray Data pipeline.
 
     One Ray row is one encoder batch of the job (``job.batches()``), so every checkpoint sees
     exactly the batches the in-process executor would encode: the embeddings are identical for
@@ -96,7 +98,7 @@ class RayRunner:
 
     # -- running -------------------------------------------------------------------------
     def __call__(self, work: list[tuple[EmbedJob, EmbedSink]]) -> None:
-        _run(work, self, _DecodeActor)
+        _run(work, self)
 
     def _plan(self, image_job: EmbedJob | None, specs: tuple, n_batches: int, n_image_batches: int) -> dict:
         res = ray.cluster_resources()
@@ -131,17 +133,16 @@ def _data_context():
 
 
 def _source(work: list[tuple[EmbedJob, EmbedSink]]) -> list[dict]:
-    """One Ray row per encoder batch, texts first (they are quick). The items travel as JSON:
-    images as [uri, crop or null], texts as strings."""
+    """One Ray row per source batch (``job.batches()``), texts first (they are quick). The items
+    travel as JSON: images as [uri, crop or null], texts as strings."""
     out = []
     for job, _ in sorted(work, key=lambda w: w[0].modality != "text"):
-        for rows, items in job.batches():
+        for b in job.batches():
+            items = b["items"]
             if job.modality == "image":
-                payload = [[r.uri, list(r.crop) if r.crop is not None else None] for r in items]
-            else:
-                payload = list(items)
-            out.append({"batch": len(out), "modality": job.modality, "rows": rows.tolist(),
-                        "items": json.dumps(payload)})
+                items = [[r.uri, list(r.crop) if r.crop is not None else None] for r in items]
+            out.append({"batch": len(out), "modality": job.modality, "rows": b["rows"].tolist(),
+                        "items": json.dumps(items)})
     return out
 
 
@@ -150,7 +151,8 @@ def _light(job: EmbedJob | None) -> EmbedJob | None:
     return None if job is None else dataclasses.replace(job, rows=np.zeros(0, np.int64), items=())
 
 
-def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls) -> None:
+def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=None) -> None:
+    """Run ``work`` on one Ray Data pipeline; ``decode_cls`` replaces the decode actor class."""
     jobs = {job.modality: job for job, _ in work}
     sinks = {job.modality: sink for job, sink in work}
     if not jobs:
@@ -162,124 +164,99 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls) 
     n_img = sum(1 for b in source if b["modality"] == "image")
     plan = runner._plan(image_job, specs, len(source), n_img)
     log.info("ray executor: %d batches, plan %s", len(source), plan)
+    t0 = time.perf_counter()
     with _data_context():
         # Ray Data actor pools default to max_restarts=-1, max_task_retries=-1: a crashed actor is
         # restarted and its batch redone (pinned by tests/test_ray_dali.py).
         ds = ray.data.from_items(source, override_num_blocks=len(source))  # a block per batch, no metadata tasks
         if image_job is not None:
-            ds = ds.map_batches(decode_cls, fn_constructor_args=(image_job, plan["dec_threads"]), batch_size=1,
-                                batch_format="numpy", num_cpus=plan["dec_cpus"],
+            ds = ds.map_batches(decode_cls or _DecodeActor, fn_constructor_args=(image_job, plan["dec_threads"]),
+                                batch_size=1, batch_format="numpy", num_cpus=plan["dec_cpus"],
                                 compute=ray.data.ActorPoolStrategy(size=plan["n_dec"],
                                                                    max_tasks_in_flight_per_actor=runner.inflight))
-        ds = ds.map_batches(_EncodeActor, fn_constructor_args=(image_job, text_job, plan["enc_threads"]),
+        ds = ds.map_batches(_EncodeActor, fn_constructor_args=(image_job or text_job, plan["enc_threads"]),
                             batch_size=1, batch_format="numpy", num_gpus=1 if plan["gpu"] else 0,
                             num_cpus=plan["enc_cpus"],
                             compute=ray.data.ActorPoolStrategy(size=plan["n_enc"],
                                                                max_tasks_in_flight_per_actor=runner.inflight))
         k = len(specs)
-        t0 = time.perf_counter()
         for out in ds.iter_batches(batch_size=None, batch_format="numpy"):  # streams as batches finish
             for j in range(len(out["batch"])):
                 sink = sinks[str(out["modality"][j])]
-                rows = np.asarray(out["rows"][j], dtype=np.int64)
-                ok = np.asarray(out["ok"][j], dtype=bool)
-                if not ok.all():
-                    errors = json.loads(out["error"][j])
-                    sink.fail(rows[~ok], [e for e, good in zip(errors, ok) if not good])
-                if ok.any():
-                    sink.add(rows[ok], [np.asarray(out[f"emb{i}"][j])[ok] for i in range(k)])
+                sink.deliver({"rows": out["rows"][j], "ok": out["ok"][j], "error": json.loads(out["error"][j]),
+                              "emb": [out[f"emb{i}"][j] for i in range(k)]})
                 sink.time("decode_actor", float(out["decode_s"][j]))
                 sink.time("encode_actor", float(out["encode_s"][j]))
+    elapsed = time.perf_counter() - t0
     for sink in sinks.values():
-        sink.time("ray", time.perf_counter() - t0)
+        sink.time("ray", elapsed)
+        sink.stats.seconds += elapsed
+
+
+def _batch(rows: dict, j: int) -> dict:
+    """Ray row j as the stages' batch dict (see hardrank.embed.job)."""
+    modality = str(rows["modality"][j])
+    items = json.loads(rows["items"][j])
+    if modality == "image":
+        items = [ImageRef(u, None if c is None else tuple(c)) for u, c in items]
+    b = {"modality": modality, "rows": np.asarray(rows["rows"][j], dtype=np.int64), "items": items}
+    if "ok" in rows:
+        b["ok"] = np.asarray(rows["ok"][j], dtype=bool)
+        b["error"] = json.loads(rows["error"][j])
+        if modality == "image":
+            with warnings.catch_warnings():  # read-only Arrow buffer; the encoder never writes to it
+                warnings.simplefilter("ignore", UserWarning)
+                b["pixels"] = torch.from_numpy(np.ascontiguousarray(rows["pixels"][j]))
+    return b
 
 
 class _DecodeActor:
-    """Ray Data UDF: image batch rows -> pixels (n, 3, H, W), ok, error; text rows pass through."""
+    """Ray Data UDF around the decode stage: Ray rows (one source batch each) -> decoded rows."""
 
     def __init__(self, job: EmbedJob, threads: int):
-        self.stage = dataclasses.replace(job, decode_threads=threads).decoder_stage()
-        size = job.preprocess_cfg.get("size", 224)
-        self.hw = (size, size) if isinstance(size, int) else tuple(size)
+        self.stage = DecodeStage(job, threads)
+        self.hw = image_size(job.preprocess_cfg)
 
-    def __call__(self, batch: dict) -> dict:
-        from hardrank.items import ImageRef
-
+    def __call__(self, rows: dict) -> dict:
         out = {c: [] for c in ("batch", "modality", "rows", "items", "pixels", "ok", "error", "decode_s")}
-        for j in range(len(batch["batch"])):
-            rows = np.asarray(batch["rows"][j], dtype=np.int64)
-            for c in ("batch", "modality", "items"):
-                out[c].append(batch[c][j])
-            out["rows"].append(rows)
-            if batch["modality"][j] != "image":
-                out["pixels"].append(np.zeros((0, 3, *self.hw), np.float32))
-                out["ok"].append(np.ones(len(rows), dtype=bool))
-                out["error"].append("[]")
-                out["decode_s"].append(0.0)
-                continue
-            refs = [ImageRef(u, None if c is None else tuple(c)) for u, c in json.loads(batch["items"][j])]
+        for j in range(len(rows["batch"])):
+            b = _batch(rows, j)
             t = time.perf_counter()
-            d = self.stage({"ref": refs})
+            d = self.stage(b)
             out["decode_s"].append(time.perf_counter() - t)
-            out["pixels"].append(d["pixels"].numpy())  # (n, 3, H, W) float32
-            out["ok"].append(np.asarray(d["ok"], dtype=bool))
-            out["error"].append(json.dumps(d["error"]))
+            n = len(b["rows"])
+            pixels = d["pixels"].numpy() if "pixels" in d else np.zeros((0, 3, *self.hw), np.float32)
+            for c, v in (("batch", rows["batch"][j]), ("modality", rows["modality"][j]), ("rows", b["rows"]),
+                         ("items", rows["items"][j]), ("pixels", pixels),  # (n, 3, H, W) float32
+                         ("ok", d.get("ok", np.ones(n, dtype=bool))), ("error", json.dumps(d.get("error") or [None] * n))):
+                out[c].append(v)
         return _stack(out)
 
 
 class _EncodeActor:
-    """Ray Data UDF holding all K checkpoints: a batch row -> ``emb0..emb{K-1}`` (n, D) each."""
+    """Ray Data UDF around the encode stage, holding all K checkpoints (loaded from the job's specs
+    and checked against the driver's fingerprints): decoded rows -> ``emb0..emb{K-1}``."""
 
-    def __init__(self, image_job: EmbedJob | None, text_job: EmbedJob | None, threads: int):
-        import torch
+    def __init__(self, job: EmbedJob, threads: int):
+        self.stage = EncodeStage(job, threads=threads)
 
-        from hardrank.embed import ImageEncoder, TextEncoder
-        from hardrank.models import load_model
-
-        job = image_job or text_job
-        if threads:
-            torch.set_num_threads(threads)
-        models = [load_model(s) for s in job.specs]
-        for m, fp in zip(models, job.fingerprints):
-            if m.fingerprint != fp:
-                raise RuntimeError(f"worker built model {m.fingerprint} but the driver expects {fp} "
-                                   f"({m.spec.checkpoint}): the worker runs a different open_clip/hardrank "
-                                   f"or sees a different file")
-        self.dims = [m.embed_dim for m in models]
-        self.image, self.text = ImageEncoder(models), TextEncoder(models)
-
-    def __call__(self, batch: dict) -> dict:
-        import torch
-
-        k = len(self.dims)
+    def __call__(self, rows: dict) -> dict:
+        k = self.stage.k
         out = {c: [] for c in ("batch", "modality", "rows", "ok", "error", "decode_s", "encode_s")}
         out.update({f"emb{i}": [] for i in range(k)})
-        for j in range(len(batch["batch"])):
-            rows = np.asarray(batch["rows"][j], dtype=np.int64)
-            n = len(rows)
-            embs = [np.zeros((n, d), dtype=np.float32) for d in self.dims]
-            ok = np.asarray(batch["ok"][j], dtype=bool) if "ok" in batch else np.ones(n, dtype=bool)
+        for j in range(len(rows["batch"])):
+            b = _batch(rows, j)
+            if "ok" not in b:  # texts when no image decode stage ran
+                b["ok"], b["error"] = np.ones(len(b["rows"]), dtype=bool), [None] * len(b["rows"])
             t = time.perf_counter()
-            sel = np.nonzero(ok)[0]
-            if batch["modality"][j] == "image" and len(sel):
-                with warnings.catch_warnings():  # read-only Arrow buffer; the encoder never writes to it
-                    warnings.simplefilter("ignore", UserWarning)
-                    pixels = torch.from_numpy(np.ascontiguousarray(batch["pixels"][j]))
-                # exactly what the in-process executor feeds: the batch minus its failures
-                enc = self.image({"pixels": pixels if len(sel) == n else pixels[torch.from_numpy(sel)]})
-            elif len(sel):
-                enc = self.text({"text": json.loads(batch["items"][j])})
-            for i in range(k if len(sel) else 0):
-                embs[i][sel] = enc[f"emb{i}"]
+            e = self.stage(b)
             out["encode_s"].append(time.perf_counter() - t)
-            for c in ("batch", "modality"):
-                out[c].append(batch[c][j])
-            out["rows"].append(rows)
-            out["ok"].append(ok)
-            out["error"].append(str(batch["error"][j]) if "error" in batch else "[]")
-            out["decode_s"].append(float(batch["decode_s"][j]) if "decode_s" in batch else 0.0)
+            for c, v in (("batch", rows["batch"][j]), ("modality", rows["modality"][j]), ("rows", e["rows"]),
+                         ("ok", e["ok"]), ("error", json.dumps(e["error"])),
+                         ("decode_s", float(rows["decode_s"][j]) if "decode_s" in rows else 0.0)):
+                out[c].append(v)
             for i in range(k):
-                out[f"emb{i}"].append(embs[i])
+                out[f"emb{i}"].append(e["emb"][i] if e["emb"] else np.zeros((0, 1), np.float32))
         return _stack(out)
 
 

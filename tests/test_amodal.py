@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from hardrank.amodal_eval import clip_regions, clip_regions_items, score_predictions
+from hardrank.mask_score import clip_regions, score_predictions
+from hardrank.suites.amodal import clip_regions_items
 from hardrank.items import Tables
 from hardrank.suites._common import SuiteFormatError
-from hardrank.suites.amodal import (_counts_to_string, _string_to_counts, load_amodal, polygons_to_mask, rle_decode,
-                                  rle_encode)
+from hardrank.masks_io import _counts_to_string, _string_to_counts, polygons_to_mask, rle_decode, rle_encode
+from hardrank.suites.amodal import load_amodal
 from hardrank.toy_amodal import build_amodal_world
 from hardrank.kernels.masks import giou_ciou, mask_iou_stats
 from hardrank.kernels.masks_reference import giou_ciou_ref, mask_iou_stats_ref

@@ -75,10 +75,12 @@ def test_job_file_parses_resolves_and_expands(tmp_path):
         embeddings = "e.parquet"
     """))
     assert job.out == str(tmp_path / "res")
-    assert job.options.annotations == str(tmp_path / "data" / "rococo")
-    assert job.options.image_variants == ("mix_0.9",) and job.options.seeds == (1, 10)
-    assert job.options.batch_size == 64 and job.options.precision == "auto"  # defaults kept
     a, b, c = job.models
+    for m in job.models:  # [options] reach every entry's config, paths relative to the job file
+        assert m.config.suite_options.annotations == str(tmp_path / "data" / "rococo")
+        assert m.config.suite_options.image_variants == ("mix_0.9",) and m.config.suite_options.seeds == (1, 10)
+        assert m.config.embed.batch_size == 64 and m.config.embed.precision == "auto"  # defaults kept
+        assert m.config.out == str(tmp_path / "res" / m.name)
     assert a.name == "ViT-B-32" and a.checkpoints == (str(tmp_path / "ck/epoch_1.pt"), str(tmp_path / "ck/epoch_2.pt"))
     assert a.suites == ("rococo", "karpathy")
     assert b.name == "tiny" and b.model == str(tmp_path / "cfg/tiny.json") and b.checkpoints == (None,)
@@ -89,15 +91,15 @@ def test_job_file_parses_resolves_and_expands(tmp_path):
 @pytest.mark.parametrize("body, message", [
     ('out = "r"\nsuite = ["toy"]\n', "unknown key 'suite' in the top level (did you mean 'suites'?)"),
     ('out = "r"\nsuites = ["toy"]\n[options]\nbatchsize = 3\n[[model]]\nmodel = "m"\n',
-     "unknown key 'batchsize' in [options] (did you mean 'batch_size'?); known keys: store, precision"),
+     "unknown key 'batchsize' in [options] (did you mean 'batch_size'?); known keys: search, budget_mb, data"),
     ('out = "r"\nsuites = ["toy"]\n[[model]]\nmodel = "m"\ncheckpoint = ["a"]\n',
      "unknown key 'checkpoint' in [[model]] #1 (did you mean 'checkpoints'?)"),
     ('out = "r"\nsuites = ["toy"]\n[options]\nbatch_size = "64"\n[[model]]\nmodel = "m"\n',
-     "[options] key 'batch_size' must be an integer, got str '64'"),
+     "[options] option 'batch_size' must be an integer, got str '64'"),
     ('out = "r"\nsuites = ["toy"]\n[options]\nseeds = [1, "x"]\n[[model]]\nmodel = "m"\n',
-     "[options] key 'seeds' must be an integer, got str 'x'"),
+     "[options] option 'seeds' must be a list of integers, got str 'x'"),
     ('out = "r"\nsuites = ["toy"]\n[options]\nprecision = "fp8"\n[[model]]\nmodel = "m"\n',
-     "[options] precision must be one of ['auto', 'fp32', 'fp16', 'bf16'], got 'fp8'"),
+     "[options] option precision must be one of ['auto', 'fp32', 'fp16', 'bf16'], got 'fp8'"),
     ('suites = ["toy"]\n[[model]]\nmodel = "m"\n', 'missing key "out"'),
     ('out = "r"\nsuites = ["toy"]\n', "no [[model]] entries"),
     ('out = "r"\nsuites = ["toy"]\n[[model]]\nmodel = "m"\nembeddings = "e.parquet"\n', "exactly one of model"),
@@ -122,7 +124,7 @@ def test_run_bad_job_file_is_a_usage_error(tmp_path, capsys):
 
 def test_run_exit_codes_per_failure_kind(tmp_path, monkeypatch, capsys):
     import hardrank.jobs.grid as grid
-    from hardrank.embed import TooManyFailures
+    from hardrank.errors import TooManyFailures
 
     p = _job(tmp_path, 'out = "r"\nsuites = ["toy"]\n[[model]]\nmodel = "a"\n[[model]]\nmodel = "b"\n')
     calls = []

@@ -6,7 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hardrank.evaluate import EvalConfig, evaluate
+from hardrank.config import EvalConfig, build
+from hardrank.evaluate import evaluate
 from hardrank.store import EmbeddingStore
 from hardrank.suites import SuiteOptions
 from hardrank.text import pre_caption
@@ -30,7 +31,7 @@ def _config(world, tmp_path, **kw):
     base = dict(model=str(world["cfg"]), checkpoints=tuple(map(str, world["ckpts"])), suites=("rococo",),
                 out=str(tmp_path / "out"), store=str(tmp_path / "store"), suite_options=opts, batch_size=7)
     base.update(kw)
-    return EvalConfig(**base)
+    return build(EvalConfig, base)
 
 
 def test_eval_matches_brute_force_and_resumes(world, tmp_path):
@@ -106,7 +107,7 @@ def test_corrupt_images_are_recorded_skipped_and_limited(world, tmp_path):
     assert any("missing" in r or "No such file" in r for r in reasons.values())
     assert res["counts"]["original"]["i2t"]["queries"] == 11          # the corrupt query image is skipped
     assert res["counts"]["skipped"]["t2i"]["queries"] == 5             # its 5 captions lose their positive
-    from hardrank.embed import TooManyFailures
+    from hardrank.errors import TooManyFailures
 
     with pytest.raises(TooManyFailures, match="max-failures 0"):
         evaluate(_config(world, tmp_path, out=str(tmp_path / "o2"), store=str(tmp_path / "s2"),

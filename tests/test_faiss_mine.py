@@ -7,7 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from hardrank.faiss_search import FaissIndex, _split_topk, faiss_grouped_ranks, faiss_topk, recall_at_k
-from hardrank.mine import MineOptions, MineProblem, mine_arrays
+from hardrank.config import MineOptions
+from hardrank.mining import MineProblem, mine_arrays
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
 
 
@@ -315,7 +316,7 @@ def test_mine_approximate_path_reports_recall(kernels, tmp_path):
 
 
 def test_auto_search_switches_to_faiss_beyond_budget(monkeypatch):
-    from hardrank import mine as mine_mod
+    from hardrank.mining import search as mine_mod
 
     prob, _ = _mining_case(nb=400, d=16)
     assert mine_mod._choose(prob, MineOptions(budget_mb=1)) == ("exact", None)
@@ -460,7 +461,7 @@ def test_mine_cli_store_folder_same_modal_and_errors(kernels, world, tmp_path, c
                      "--out", str(tmp_path / "x"), "--quiet"]) == 3
     assert "has no texts, which direction t2t needs" in capsys.readouterr().err
     assert _run_cli(["mine", "--corpus", str(world["corpus"]), "--queries", folder, "--direction", "t2i",
-                     "--out", str(tmp_path / "x"), "--quiet"]) == 3
+                     "--out", str(tmp_path / "x"), "--quiet"]) == 2  # a missing option: a usage error
     assert "needs --model" in capsys.readouterr().err
     assert _run_cli(["mine", "--corpus", str(tmp_path / "nope.csv"), "--queries", folder,
                      "--out", str(tmp_path / "x"), "--quiet"]) == 3
@@ -468,15 +469,15 @@ def test_mine_cli_store_folder_same_modal_and_errors(kernels, world, tmp_path, c
 
 
 def test_eval_with_faiss_search_records_provenance(kernels, world, tmp_path):
-    from hardrank.evaluate import EvalConfig, evaluate
+    from hardrank.evaluate import evaluate
     from hardrank.suites import SuiteOptions
 
     opts = SuiteOptions(annotations=str(world["annotations"]), images=str(world["images"]),
                         image_variants=("mix_0.9",), seeds=(1,))
     base = dict(model=str(world["cfg"]), checkpoints=(str(world["ckpt"]),), suites=("rococo",),
                 store=str(tmp_path / "store"), suite_options=opts)
-    ex = evaluate(EvalConfig(out=str(tmp_path / "a"), **base)).results[0]
-    fa = evaluate(EvalConfig(out=str(tmp_path / "b"), search="faiss:Flat", **base)).results[0]
+    ex = evaluate(out=str(tmp_path / "a"), **base).results[0]
+    fa = evaluate(out=str(tmp_path / "b"), search="faiss:Flat", **base).results[0]
     for view, dirs in ex["metrics"].items():
         for d, m in dirs.items():
             if isinstance(m, dict) and "R@1" in m:

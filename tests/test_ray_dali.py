@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from hardrank.embed import PillowDecoder, TooManyFailures, embed_tables, encode_text
+from hardrank.embed import PillowDecoder, embed_tables, encode_text
+from hardrank.errors import TooManyFailures
 from hardrank.items import ImageRef, Tables
 from hardrank.models import ModelSpec, load_model
 from hardrank.store import EmbeddingStore
@@ -82,7 +83,7 @@ def tiny(tmp_path_factory):
 
 @pytest.mark.parametrize("size,interp", [(224, "bicubic"), (32, "bicubic"), (224, "bilinear")])
 def test_dali_matches_open_clip_transform_within_bound(tmp_path, size, interp):
-    from hardrank.dali_decode import DaliDecoder
+    from hardrank.embed.dali import DaliDecoder
 
     refs = _images(tmp_path)
     cfg = {**CLIP_CFG, "size": size, "interpolation": interp}
@@ -104,7 +105,7 @@ def test_dali_matches_open_clip_transform_within_bound(tmp_path, size, interp):
 
 
 def test_dali_embeddings_match_pillow_embeddings(tmp_path, tiny):
-    from hardrank.dali_decode import DaliDecoder
+    from hardrank.embed.dali import DaliDecoder
     from hardrank.embed import ImageEncoder
 
     refs = _images(tmp_path)
@@ -121,7 +122,7 @@ def test_dali_failures_and_fallbacks_match_pillow(tmp_path):
     a batch that DALI fails is retried image by image and only the failing image leaves DALI."""
     from PIL import Image
 
-    from hardrank.dali_decode import DaliDecoder
+    from hardrank.embed.dali import DaliDecoder
 
     rng = np.random.default_rng(1)
     a = rng.integers(0, 255, (120, 160, 3), dtype=np.uint8)
@@ -401,17 +402,17 @@ def test_cli_flags_and_config_validation():
         build_parser().parse_args(["eval", "--suite", "toy", "--out", "o", "--executor", "spark"])
     with pytest.raises(ValueError, match="decoder must be one of"):
         embed_tables(Tables.empty(), [], [], decoder="opencv")
-    from hardrank.evaluate import EvalConfig, evaluate
+    from hardrank.config import EvalConfig, build
+
     with pytest.raises(ValueError, match="executor must be one of"):
-        EvalConfig(model="m", checkpoints=(None,), suites=("toy",), out="o", store="s", executor="spark")
-    with pytest.raises(ValueError, match="needs a runner"):
-        evaluate(EvalConfig(model="m", checkpoints=(None,), suites=("toy",), out="o", store="s", executor="ray"))
+        build(EvalConfig, dict(model="m", suites=("toy",), out="o", store="s", executor="spark"))
     assert main(["eval", "--model", "m", "--suite", "toy", "--out", "o", "--ray-address", "x"]) == 2
 
 
 @pytest.mark.slow
 def test_evaluate_with_ray_executor_matches_local(tmp_path, tiny, ray_cluster):
-    from hardrank.evaluate import EvalConfig, evaluate
+    from hardrank.config import EvalConfig
+    from hardrank.evaluate import evaluate
     from hardrank.suites import SuiteOptions
     from helpers import make_karpathy_world
     from hardrank.jobs.ray_executor import RayRunner
@@ -421,8 +422,8 @@ def test_evaluate_with_ray_executor_matches_local(tmp_path, tiny, ray_cluster):
                         seeds=(1,))
     base = dict(model=str(tiny["cfg"]), checkpoints=tuple(map(str, tiny["ckpts"])), suites=("rococo",),
                 suite_options=opts, batch_size=7)
-    local = evaluate(EvalConfig(**base, out=str(tmp_path / "o1"), store=str(tmp_path / "s1")))
-    remote = evaluate(EvalConfig(**base, out=str(tmp_path / "o2"), store=str(tmp_path / "s2"), executor="ray"),
+    local = evaluate(**base, out=str(tmp_path / "o1"), store=str(tmp_path / "s1"))
+    remote = evaluate(**base, out=str(tmp_path / "o2"), store=str(tmp_path / "s2"), executor="ray",
                       runner=RayRunner(decode_actors=1))
     assert [r["metrics"] for r in remote.results] == [r["metrics"] for r in local.results]
     assert [r["model_fingerprint"] for r in remote.results] == [r["model_fingerprint"] for r in local.results]

@@ -6,7 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hardrank.evaluate import EvalConfig, evaluate
+from hardrank.config import EvalConfig
+from hardrank.evaluate import evaluate
 from hardrank.suites import SuiteOptions
 from hardrank.suites.karpathy import ROCOCO_TEXT_VARIANTS, read_karpathy, read_rococo_variant
 from hardrank.text import pre_caption
@@ -55,11 +56,10 @@ def real_world(rococo_dir, tmp_path_factory):
     path = tmp / "emb.parquet"
     pq.write_table(pa.table({"kind": [r[0] for r in rows], "id": [r[1] for r in rows],
                              "embedding": [r[2].tolist() for r in rows]}), path)
-    cfg = EvalConfig(model=None, checkpoints=(None,), suites=("rococo",), out=str(tmp / "out"), store=str(tmp / "store"),
-                     suite_options=SuiteOptions(annotations=str(rococo_dir), images=str(tmp / "images"),
-                                                image_variants=("mix_0.9", "patch_0.9"), seeds=(1,)),
-                     embeddings=str(path), device="cpu")
-    report = evaluate(cfg)
+    report = evaluate(suites=("rococo",), out=str(tmp / "out"), store=str(tmp / "store"),
+                      suite_options=SuiteOptions(annotations=str(rococo_dir), images=str(tmp / "images"),
+                                                 image_variants=("mix_0.9", "patch_0.9"), seeds=(1,)),
+                      embeddings=str(path), device="cpu")
     outcomes = pq.read_table(tmp / "out" / "emb" / "rococo.parquet").to_pandas()
     unit = lambda e: e / np.linalg.norm(e)
     return dict(clean=clean, variants=variants, img={k: unit(v) for k, v in img.items()},

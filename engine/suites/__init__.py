@@ -1,9 +1,11 @@
 """Suite loaders: each compiles a benchmark's published files into tasks over shared tables."""
 from __future__ import annotations
 
+from ..errors import UsageError
 from ..items import Tables
 from ..tasks import Suite
 from ._common import SuiteFormatError, SuiteOptions
+from .amodal import load_amodal_suite
 from .aro import load_aro, load_coco_order, load_flickr_order
 from .hard_positives import load_hard_positives
 from .inpaintcoco import load_inpaintcoco
@@ -22,6 +24,7 @@ SUITES = {
     "aro": load_aro,                  # VG-Relation + VG-Attribution (whichever files --data holds)
     "coco_order": load_coco_order,    # ARO COCO-Order from a Karpathy file (--annotations, --images)
     "flickr_order": load_flickr_order,
+    "amodal": load_amodal_suite,      # AmodalReasonSeg-style masks: --predictions and/or --baseline clip-regions
     **{name: (lambda tables, opts, _n=name: load_toy(tables, opts, _n)) for name in TOY_SUITES},
 }
 ALIASES = {"toy": list(TOY_SUITES)}
@@ -32,7 +35,7 @@ def expand_suites(names: list[str]) -> list[str]:
     for n in names:
         for m in ALIASES.get(n, [n]):
             if m not in SUITES:
-                raise ValueError(f"unknown suite {m!r}; choose from {sorted(SUITES) + sorted(ALIASES)}")
+                raise UsageError(f"unknown suite {m!r}; choose from {sorted(SUITES) + sorted(ALIASES)}")
             if m not in out:
                 out.append(m)
     return out

@@ -2,25 +2,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..config import SuiteOptions
+from ..errors import DataError
 
 __all__ = ["SuiteOptions", "read_json", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS"]
 
 
-class SuiteFormatError(ValueError):
+class SuiteFormatError(DataError):
     """An annotation file does not have the published format."""
-
-
-@dataclass(frozen=True)
-class SuiteOptions:
-    data: str | None = None             # suite folder (annotations, parquet shards, ...)
-    images: str | None = None           # image root the annotation paths are relative to
-    annotations: str | None = None      # annotation file or folder (Karpathy/RoCOCO)
-    image_variants: tuple[str, ...] = ()  # e.g. ("mix_0.9", "patch_0.9"): RoCOCO altered galleries
-    seeds: tuple[int, ...] = (1,)       # seeds of the image variants (results averaged over them)
-    text_variants: tuple[str, ...] | None = None  # RoCOCO caption files to use; None = all present
-    tie_rule: str = "index"             # ranking tie rule (BENCHMARKS.md "Tie rules")
 
 
 def read_json(path: str | Path):

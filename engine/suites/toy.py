@@ -1,12 +1,13 @@
 """The built-in toy world as suites: RoCOCO-style retrieval, hard positives and inpaint 2x2."""
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
+from ..config import cache_dir
 from ..items import Tables
 from ..tasks import Suite
+from ..toyworld import build_world
 from ._common import SuiteOptions
 from .hard_positives import load_hard_positives
 from .inpaintcoco import load_inpaintcoco
@@ -18,13 +19,10 @@ TOY_SUITES = ("toy-rococo", "toy-hard-positives", "toy-inpaint")
 
 
 def default_world_dir() -> Path:
-    base = os.environ.get("HARDRANK_CACHE") or Path.home() / ".cache" / "hardrank"
-    return Path(base) / "toy_world"
+    return cache_dir() / "toy_world"
 
 
 def ensure_world(opts: SuiteOptions) -> Path:
-    from ..toyworld import build_world
-
     world = Path(opts.data) if opts.data else default_world_dir()
     return Path(build_world(world))
 

@@ -13,14 +13,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import DATA_DIR
+from . import TOY_MODEL
 
 __all__ = ["train_toy", "recall_at_k", "evaluate_checkpoints", "MODEL_NAME", "MODEL_CONFIG", "DEFAULT_STEPS"]
 
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "toy-clip"
-MODEL_CONFIG = DATA_DIR / "models" / f"{MODEL_NAME}.json"
+MODEL_CONFIG = TOY_MODEL
 DEFAULT_STEPS = (0, 50, 100, 200, 400, 700)  # checkpoint steps; the last is the end of training
 
 

@@ -1,4 +1,6 @@
-"""DALI decode + preprocess stage matching open_clip's eval transform, with a per-image Pillow fallback."""
+"""DALI decode + preprocess stage matching open_clip's eval transform, with a per-image Pillow fallback.
+
+The only module importing nvidia.dali (the ``dali`` extra)."""
 from __future__ import annotations
 
 import io
@@ -6,9 +8,15 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import nvidia.dali.fn as fn
+import nvidia.dali.types as types
 import torch
+from nvidia.dali import Pipeline
+from PIL import Image
 
-from .items import ImageRef, read_image_bytes
+from ..config import resolve_device
+from ..items import ImageRef, read_image_bytes
+from .decode import PillowDecoder, image_size
 
 __all__ = ["DaliDecoder"]
 
@@ -22,11 +30,10 @@ _END = {"JPEG": b"\xff\xd9", "PNG": b"IEND\xaeB`\x82"}
 
 
 def _geometry(cfg: dict) -> tuple[str, tuple[int, int]]:
-    size = cfg.get("size", 224)
-    hw = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
+    hw = image_size(cfg)
     mode = cfg.get("resize_mode", "shortest")
     if mode == "shortest" and hw[0] != hw[1]:
-        raise ValueError(f"DALI decoding supports resize_mode 'shortest' with a square size, got size={size}; "
+        raise ValueError(f"DALI decoding supports resize_mode 'shortest' with a square size, got size={hw}; "
                          f"use --decoder pillow for this model")
     if mode not in ("shortest", "squash"):
         raise ValueError(f"DALI decoding supports resize_mode 'shortest' or 'squash', got {mode!r}; "
@@ -70,12 +77,10 @@ class DaliDecoder:
     """
 
     def __init__(self, preprocess_cfg: dict, threads: int = 2, batch_size: int = 256, device: str = "cpu"):
-        from .embed import PillowDecoder
-
         self.mode, self.size = _geometry(preprocess_cfg)
         self.cfg = dict(preprocess_cfg)
         if device == "auto":
-            device = "gpu" if torch.cuda.is_available() else "cpu"
+            device = "gpu" if resolve_device("auto").startswith("cuda") else "cpu"
         if device not in ("cpu", "gpu"):
             raise ValueError(f"DaliDecoder device must be 'cpu', 'gpu' or 'auto', got {device!r}")
         self.device = device
@@ -87,10 +92,6 @@ class DaliDecoder:
 
     def _build(self, crop: bool):
         """The pipeline for images without (``crop=False``) or with a ref crop (an extra slice)."""
-        import nvidia.dali.fn as fn
-        import nvidia.dali.types as types
-        from nvidia.dali import Pipeline
-
         cubic = self.cfg.get("interpolation", "bicubic") != "bilinear"
         interp = types.INTERP_CUBIC if cubic else types.INTERP_LINEAR
         mean = [255.0 * m for m in self.cfg.get("mean", (0.48145466, 0.4578275, 0.40821073))]
@@ -119,8 +120,6 @@ class DaliDecoder:
 
     def _read(self, ref: ImageRef):
         """(bytes, box, plan) for a DALI-able image, else None (Pillow decides)."""
-        from PIL import Image
-
         try:
             data = read_image_bytes(ref.uri)
             im = Image.open(io.BytesIO(data))

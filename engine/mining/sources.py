@@ -8,10 +8,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .items import ImageRef, ItemTable, Tables
-from .mine import DIRECTIONS, MineConfig, MineProblem
-from .store import EmbeddingStore
-from .text import pre_caption
+import pyarrow.parquet as pq
+
+from ..config import DIRECTIONS, MineConfig
+from ..embed import EmbedPipeline
+from ..errors import DataError, UsageError
+from ..items import ImageRef, ItemTable, Tables
+from ..models import ModelSpec
+from ..store import EmbeddingStore, open_store
+from ..suites.karpathy import read_karpathy
+from ..text import pre_caption
+from .problem import MineProblem
 
 __all__ = ["build_problem", "IMAGE_EXTENSIONS"]
 
@@ -39,25 +46,16 @@ class _Source:
     group_names: list[str] | None = None  # Karpathy: image path of each group
 
 
-def _source_error(path, what: str) -> ValueError:
-    return ValueError(f"{path}: {what}. A corpus or query set is a Karpathy-format .json (with --images), an "
+def _source_error(path, what: str) -> DataError:
+    return DataError(f"{path}: {what}. A corpus or query set is a Karpathy-format .json (with --images), an "
                       f"image folder, a .parquet listing with columns id + path (images) or id + text, or an "
                       f"embedding store fingerprint folder (holding manifest.json)")
 
 
-def _open_store(p: Path) -> EmbeddingStore:
-    m = json.loads((p / "manifest.json").read_text())
-    if m.get("fingerprint") != p.name or "dim" not in m:
-        raise _source_error(p, f"manifest.json names fingerprint {m.get('fingerprint')!r}, not this folder")
-    return EmbeddingStore(p.parent, p.name, dim=int(m["dim"]), dtype=m["dtype"], meta=m.get("meta"))
-
-
 def _load_source(path: str, images: str | None) -> _Source:
-    from .suites.karpathy import read_karpathy
-
     p = Path(path)
     if p.is_dir() and (p / "manifest.json").is_file():
-        store = _open_store(p)
+        store = open_store(p)
         items = {}
         for mod in ("image", "text"):
             keys = store.keys(mod)
@@ -84,8 +82,6 @@ def _load_source(path: str, images: str | None) -> _Source:
                                     np.arange(len(clean)))
         return _Source("karpathy", path, items, group_names=paths)
     if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
         cols = pq.read_schema(p).names
         if "id" not in cols or ("path" in cols) == ("text" in cols):
             raise _source_error(p, f"listing has columns {cols}; expected 'id' and one of 'path' or 'text'")
@@ -100,32 +96,27 @@ def _load_source(path: str, images: str | None) -> _Source:
     raise _source_error(p, f"unrecognised input (suffix {p.suffix!r})")
 
 
-def _model_store(cfg: MineConfig, sources: list[_Source], echo):
-    """(model or None, the store new embeddings go to)."""
+def _pipeline(cfg: MineConfig, sources: list[_Source], echo, runner) -> tuple[EmbedPipeline | None, EmbeddingStore]:
+    """(the model's embed pipeline or None, the store new embeddings go to)."""
     stores = [s.store for s in sources if s.store is not None]
     if cfg.model is None:
         if any(s.store is None for s in sources):
-            raise ValueError("embedding a Karpathy file, an image folder or a Parquet listing needs --model "
+            raise UsageError("embedding a Karpathy file, an image folder or a Parquet listing needs --model "
                              "(and --checkpoint); without a model, pass store folders for both inputs")
         fps = {s.fingerprint for s in stores}
         if len(fps) > 1:
-            raise ValueError(f"corpus and queries come from different models' stores {sorted(fps)}; "
+            raise UsageError(f"corpus and queries come from different models' stores {sorted(fps)}; "
                              f"their embeddings are not comparable")
         return None, stores[0]
-    from .models import ModelSpec, load_model
-
-    model = load_model(ModelSpec(cfg.model, cfg.checkpoint, cfg.precision, cfg.device))
+    e = cfg.embed
+    pipe = EmbedPipeline([ModelSpec(cfg.model, cfg.checkpoint, e.precision, e.device)], e, runner=runner)
     for s in stores:
-        if s.fingerprint != model.fingerprint:
-            raise ValueError(f"store folder {s.dir} holds embeddings of {s.fingerprint}, but --model/--checkpoint "
-                             f"give {model.fingerprint}; pass the matching model or a store folder of this model")
-    if cfg.store is None:
-        raise ValueError("--store is needed to embed the inputs (embeddings are kept and reused there)")
-    store = EmbeddingStore(cfg.store, model.fingerprint, dim=model.embed_dim, dtype=model.store_dtype,
-                           meta={"arch": model.arch_name, "checkpoint": model.spec.checkpoint,
-                                 "precision": model.precision, "preprocess": model.preprocess_cfg})
-    echo(f"model {model.arch_name} ({model.fingerprint}) on {model.device}")
-    return model, store
+        if s.fingerprint != pipe.fingerprint(0):
+            raise UsageError(f"store folder {s.dir} holds embeddings of {s.fingerprint}, but --model/--checkpoint "
+                             f"give {pipe.fingerprint(0)}; pass the matching model or a store folder of this model")
+    m = pipe.models[0]
+    echo(f"model {m.arch_name} ({pipe.fingerprint(0)}) on {m.device}")
+    return pipe, pipe.stores[0]
 
 
 def _karpathy_groups(src: _Source, tables: Tables, rows: dict) -> None:
@@ -146,7 +137,7 @@ def _karpathy_groups(src: _Source, tables: Tables, rows: dict) -> None:
         it.group_key = [group_key[g] for g in it.group]
 
 
-def build_problem(cfg: MineConfig, *, progress=None, echo=None) -> MineProblem:
+def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None) -> MineProblem:
     """Load both inputs, embed what the store lacks, and compile queries, corpus and positives.
 
     Positives of a query (in the corpus modality) are the items of its own source in its group: for
@@ -167,7 +158,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None) -> MineProblem:
     if qsrc.kind == "karpathy" and cmod not in qsrc.items:
         raise ValueError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
                          f"excluded) is known")
-    model, store = _model_store(cfg, [csrc, qsrc], echo)
+    pipe, store = _pipeline(cfg, [csrc, qsrc], echo, runner)
     pos_items = qsrc.items.get(cmod)
     needed = [(csrc, cmod), (qsrc, qmod)] + ([(qsrc, cmod)] if pos_items is not None else [])
     tables = Tables.empty()
@@ -177,11 +168,8 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None) -> MineProblem:
         if it.entries is not None and (id(src), mod) not in rows:
             rows[(id(src), mod)] = tables.of(mod).add_many(it.entries, it.ids)
     embed = {}
-    if model is not None and (len(tables.images) or len(tables.texts)):
-        from .embed import embed_tables
-
-        stats = embed_tables(tables, [model], [store], batch_size=cfg.batch_size,
-                             decode_threads=cfg.decode_threads, max_failures=cfg.max_failures, progress=progress)
+    if pipe is not None and (len(tables.images) or len(tables.texts)):
+        stats = pipe.run(tables, progress=progress)
         embed = {k: v.as_dict() for k, v in stats.items()}
         for mod, st in stats.items():
             if st.total:

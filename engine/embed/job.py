@@ -1,0 +1,200 @@
+"""An embed job as plain data, the two stages every executor runs on it, and the sink results go to.
+
+A batch moves through the stages as a plain dict, the same under every executor:
+
+    source  {"modality", "rows" (n,) int64, "items": [ImageRef] | [str]}
+    decoded images gain "pixels" (n, 3, H, W) float32, "ok" (n,) bool, "error" [str | None]; texts pass
+    encoded {"modality", "rows", "ok", "error", "emb": [K arrays (n_ok, D) float32]}   (K checkpoints)
+
+and ``EmbedSink.deliver`` records the failed rows and commits the embeddings of the others.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import TooManyFailures
+from ..items import ItemTable
+from ..models import LoadedModel, load_model
+from ..store import EmbeddingStore
+from .decode import make_decoder
+from .encode import ImageEncoder, TextEncoder
+
+__all__ = ["EmbedJob", "EmbedStats", "EmbedSink", "DecodeStage", "EncodeStage", "check_failures"]
+
+log = logging.getLogger("hardrank.embed")
+
+
+@dataclass(frozen=True, eq=False)
+class EmbedJob:
+    """One modality's missing work as plain data (no live models): what a runner executes.
+    Workers rebuild the models from ``specs`` and must arrive at ``fingerprints``."""
+
+    modality: str                      # "image" | "text"
+    rows: np.ndarray                   # (N,) table rows to embed, one per distinct missing key
+    items: tuple                       # (N,) ImageRef (images) or str (texts), aligned with rows
+    specs: tuple                       # ModelSpec per checkpoint, precision resolved
+    fingerprints: tuple                # expected model fingerprint per checkpoint
+    preprocess_cfg: dict               # the checkpoints' shared eval transform
+    decoder: str = "pillow"            # "pillow" | "dali" (images only)
+    batch_size: int = 256              # rows per encoder batch
+    decode_threads: int = 2            # decoder threads per decoder
+
+    def batches(self):
+        """Source batches, one per encoder batch. Every executor encodes exactly these batches, so
+        the floating point (batch-size dependent GEMM paths) is identical across executors."""
+        for s in range(0, len(self.rows), self.batch_size):
+            yield {"modality": self.modality, "rows": self.rows[s:s + self.batch_size],
+                   "items": list(self.items[s:s + self.batch_size])}
+
+
+class DecodeStage:
+    """Stage: source batch -> decoded batch (images decoded, texts passed through). Built from the
+    job's configs inside the worker that runs it; ``threads`` overrides the job's decode threads."""
+
+    def __init__(self, job: EmbedJob | None, threads: int | None = None):
+        self.decoder = None if job is None else make_decoder(
+            job.preprocess_cfg, job.decoder, threads=threads or job.decode_threads, batch_size=job.batch_size)
+
+    def __call__(self, batch: dict) -> dict:
+        if batch["modality"] != "image":
+            return batch
+        d = self.decoder({"ref": batch["items"]})
+        return {"modality": "image", "rows": batch["rows"], "pixels": d["pixels"],
+                "ok": np.asarray(d["ok"], dtype=bool), "error": list(d["error"])}
+
+
+class EncodeStage:
+    """Stage: decoded batch -> encoded batch, K checkpoints per batch. Rows that failed to decode
+    are left out of the encoder batch (every executor feeds the encoder exactly the same rows).
+
+    ``models``: live models to use (the in-process executor); otherwise they are loaded from the
+    job's specs, as a remote worker must, and checked against the driver's fingerprints."""
+
+    def __init__(self, job: EmbedJob, models: list[LoadedModel] | None = None, threads: int = 0):
+        if threads:
+            torch.set_num_threads(threads)
+        if models is None:
+            models = [load_model(s) for s in job.specs]
+        for m, fp in zip(models, job.fingerprints):
+            if m.fingerprint != fp:
+                raise RuntimeError(f"worker built model {m.fingerprint} but the driver expects {fp} "
+                                   f"({m.spec.checkpoint}): the worker runs a different open_clip/hardrank "
+                                   f"or sees a different file")
+        self.k = len(models)
+        self.image, self.text = ImageEncoder(models), TextEncoder(models)
+
+    def __call__(self, batch: dict) -> dict:
+        n = len(batch["rows"])
+        ok = batch.get("ok")
+        ok = np.ones(n, dtype=bool) if ok is None else ok
+        error = batch.get("error") or [None] * n
+        sel = np.nonzero(ok)[0]
+        emb: list = []
+        if len(sel) and batch["modality"] == "image":
+            pixels = batch["pixels"]
+            enc = self.image({"pixels": pixels if len(sel) == n else pixels[torch.from_numpy(sel)]})
+            emb = [enc[f"emb{i}"] for i in range(self.k)]
+        elif len(sel):
+            enc = self.text({"text": batch["items"] if len(sel) == n else [batch["items"][i] for i in sel]})
+            emb = [enc[f"emb{i}"] for i in range(self.k)]
+        return {"modality": batch["modality"], "rows": batch["rows"], "ok": ok, "error": error, "emb": emb}
+
+
+@dataclass
+class EmbedStats:
+    total: int = 0
+    from_store: int = 0
+    encoded: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    stage_seconds: dict = field(default_factory=dict)
+    failures: list = field(default_factory=list)  # (row, key/uri, reason)
+
+    @property
+    def per_second(self) -> float:
+        return self.encoded / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"total": self.total, "from_store": self.from_store, "encoded": self.encoded,
+                "failed": self.failed, "seconds": round(self.seconds, 3),
+                "items_per_s": round(self.per_second, 2),
+                "stage_seconds": {k: round(v, 3) for k, v in self.stage_seconds.items()}}
+
+
+def check_failures(st: EmbedStats, max_failures: int | None) -> None:
+    """Raise TooManyFailures once more images failed than ``max_failures`` allows."""
+    if max_failures is not None and len(st.failures) > max_failures:
+        first = "\n".join(f"  {u}: {w}" for _, u, w in st.failures[:5])
+        raise TooManyFailures(
+            f"{len(st.failures)} images could not be read or decoded (limit --max-failures {max_failures}); "
+            f"first ones:\n{first}\nFix or remove the files, or raise --max-failures; finished work is kept "
+            f"in the store and a rerun resumes.")
+
+
+class EmbedSink:
+    """Where a runner delivers encoded batches, in any order: records failures (stopping past
+    ``max_failures``), buffers embeddings, and writes one atomic shard per store every
+    ``flush_rows`` rows, so a killed run keeps what was flushed and a rerun does only the rest."""
+
+    def __init__(self, table: ItemTable, keys: list[str], stores: list[EmbeddingStore], have: list[np.ndarray],
+                 stats: EmbedStats, *, flush_rows: int, max_failures: int | None, bar=None):
+        self.table, self.keys, self.stores, self.have = table, keys, stores, have
+        self.stats, self.flush_rows, self.max_failures, self.bar = stats, max(1, flush_rows), max_failures, bar
+        self._pending: list[list] = [[] for _ in stores]  # per store: (keys, (n, D) embeddings) chunks
+        self._pending_rows = 0
+
+    def time(self, stage: str, seconds: float) -> None:
+        self.stats.stage_seconds[stage] = self.stats.stage_seconds.get(stage, 0.0) + seconds
+
+    def deliver(self, out: dict) -> None:
+        """Take one encoded batch (see the module docstring)."""
+        rows = np.asarray(out["rows"], dtype=np.int64)
+        ok = np.asarray(out["ok"], dtype=bool)
+        if not ok.all():
+            self.fail(rows[~ok], [e for e, good in zip(out["error"], ok) if not good])
+        if ok.any():
+            self.add(rows[ok], out["emb"])
+
+    def fail(self, rows, errors) -> None:
+        """Record rows that could not be decoded; raises TooManyFailures (after flushing) past the limit."""
+        for r, why in zip(rows, errors):
+            r = int(r)
+            self.stats.failures.append((r, self.table.entries[r].uri, why))
+            log.warning("skipping image %s: %s", self.table.entries[r].uri, why)
+        if self.bar and len(rows):
+            self.bar.update(len(rows))
+        if self.max_failures is not None and len(self.stats.failures) > self.max_failures:
+            self.flush()
+            check_failures(self.stats, self.max_failures)
+
+    def add(self, rows, embeddings) -> None:
+        """``embeddings[i]``: (len(rows), D) L2-normalised embeddings of model i for ``rows``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(embeddings) != len(self.stores):
+            raise ValueError(f"got embeddings of {len(embeddings)} models for {len(self.stores)} stores")
+        bkeys = [self.keys[r] for r in rows]
+        for i, emb in enumerate(embeddings):
+            need = ~self.have[i][rows]
+            if need.any():
+                self._pending[i].append(([k for k, n in zip(bkeys, need) if n], np.asarray(emb)[need]))
+        self._pending_rows += len(rows)
+        self.stats.encoded += len(rows)
+        if self._pending_rows >= self.flush_rows:
+            self.flush()
+        if self.bar:
+            self.bar.update(len(rows))
+
+    def flush(self) -> None:
+        t = time.perf_counter()
+        for i, store in enumerate(self.stores):
+            if self._pending[i]:
+                ks = [k for part, _ in self._pending[i] for k in part]
+                store.write(self.table.modality, ks, np.concatenate([e for _, e in self._pending[i]]))
+                self._pending[i] = []
+        self._pending_rows = 0
+        self.time("write", time.perf_counter() - t)

@@ -1,0 +1,54 @@
+"""hardrank's errors and the one map from an error to the command line's exit code."""
+from __future__ import annotations
+
+__all__ = ["HardrankError", "UsageError", "DataError", "TooManyFailures", "MissingExtra", "exit_code",
+           "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_DATA", "EXIT_FAILURES", "EXIT_CODES_HELP"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DATA, EXIT_FAILURES = 0, 1, 2, 3, 4
+EXIT_CODES_HELP = ("exit codes: 0 ok, 2 usage (bad flags, options or job file), 3 bad data (missing or malformed "
+                   "files), 4 too many unreadable images (--max-failures), 1 anything else (a bug, a missing extra)")
+
+
+class HardrankError(Exception):
+    """Base of hardrank's own errors; ``exit_code`` is what the command line returns for it."""
+
+    exit_code = EXIT_ERROR
+
+
+class UsageError(HardrankError, ValueError):
+    """An option, flag or job-file value is invalid (names the option, what it got, what it takes)."""
+
+    exit_code = EXIT_USAGE
+
+
+class DataError(HardrankError, ValueError):
+    """An input file is missing or malformed (names the file, the item and the fix)."""
+
+    exit_code = EXIT_DATA
+
+
+class TooManyFailures(HardrankError, RuntimeError):
+    """More images could not be read than ``max_failures`` allows; finished work stays in the store."""
+
+    exit_code = EXIT_FAILURES
+
+
+class MissingExtra(HardrankError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, what: str, extra: str, module: str):
+        super().__init__(f"{what} needs the optional package {module!r}, which is not installed; "
+                         f"install it with: pip install 'hardrank[{extra}]'")
+        self.extra, self.module = extra, module
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code for an error that reached the command line. Python's own errors about input
+    (a missing file, a bad value, a missing key) count as bad data; anything else is a bug (1)."""
+    if isinstance(exc, HardrankError):
+        return exc.exit_code
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError, ValueError, KeyError)):
+        return EXIT_DATA
+    return EXIT_ERROR

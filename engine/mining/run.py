@@ -1,0 +1,159 @@
+"""A mining run: blocks of queries mined into resumable Parquet shards, then the summary."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..atomic import atomic_path, write_json_atomic
+from ..config import DIRECTIONS, MineConfig, MineOptions, build
+from ..errors import UsageError
+from .block import mine_block
+from .export import shard_path, write_training
+from .problem import MineProblem, negatives_schema
+from .search import build_searcher, measure_recall
+from .sources import build_problem
+
+__all__ = ["mine", "mine_arrays"]
+
+RUN_VERSION = 1
+_HIST_BINS = 40  # score histogram: 40 bins over [-1, 1]
+
+
+def _digest(strings) -> str:
+    return hashlib.blake2b("\0".join(strings).encode("utf-8"), digest_size=12).hexdigest()
+
+
+def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
+    """The run record: a rerun resumes only with the same inputs and options."""
+    record = {"run_version": RUN_VERSION, "direction": problem.direction, "modality": problem.modality,
+              "queries": len(problem.xq), "corpus": len(problem.xb), "dim": int(problem.xq.shape[1]),
+              "query_ids": _digest(problem.query_ids), "corpus_ids": _digest(problem.corpus_ids),
+              "options": {k: v for k, v in asdict(opts).items() if k not in ("recall_sample",)}}
+    path = out / "mine_run.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != json.loads(json.dumps(record)):
+            diff = sorted(k for k in set(old) | set(record) if old.get(k) != json.loads(json.dumps(record)).get(k))
+            raise ValueError(f"{out} holds a mining run with different inputs or options (differs in {diff}); "
+                             f"use another --out, or delete {out} to start over")
+    else:
+        write_json_atomic(path, record)
+    return record
+
+
+def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike, *,
+                export_training: str | os.PathLike | None = None, echo=None) -> dict:
+    """Mine ``opts.k`` negatives per query into ``out/negatives/part-*.parquet`` (one shard per
+    block of ``opts.block_size`` queries, written atomically; existing shards are skipped, so a
+    killed run resumes), then write ``out/summary.json`` and return it.
+
+    Search: ``exact`` = kernels.topk over the fp32 corpus in memory; ``faiss:<factory>`` = a FAISS
+    index (approximate ones over-fetch 2-8x candidates and re-score them exactly); ``auto`` = exact
+    while the fp32 corpus fits ``budget_mb``, else IVF with fast-scan PQ codes (``_auto_factory``)."""
+    echo = echo or (lambda s: None)
+    problem.validate()
+    t_start = time.perf_counter()
+    out = Path(out)
+    (out / "negatives").mkdir(parents=True, exist_ok=True)
+    record = _check_run(out, problem, opts)
+    nq, B = len(problem.xq), opts.block_size
+    n_blocks = math.ceil(nq / B)
+    todo = [b for b in range(n_blocks) if not shard_path(out, b).exists()]
+    timings: dict[str, float] = {}
+    prev = out / "summary.json"
+    search_info = json.loads(prev.read_text()).get("search", {}) if prev.exists() and not todo else {}
+    ids_q = pa.array(problem.query_ids, pa.string())
+    ids_b = pa.array(problem.corpus_ids, pa.string())
+    if todo:
+        t0 = time.perf_counter()
+        search = build_searcher(problem, opts)
+        timings["index"] = time.perf_counter() - t0
+        search_info = dict(search.info)
+        if hasattr(search, "index") and search.index.nprobe is not None:
+            search_info["nprobe"] = search.index.nprobe
+        if opts.recall_sample and not search.exact:
+            t0 = time.perf_counter()
+            search_info.update(measure_recall(search, problem, opts))
+            timings["recall"] = time.perf_counter() - t0
+            echo(f"approximate search {search_info.get('factory')}: recall@10 {search_info['recall@10']:.3f} "
+                 f"at nprobe {search_info.get('nprobe')} on {search_info['recall_sample']} queries")
+        t0 = time.perf_counter()
+        for i, b in enumerate(todo):
+            rows = np.arange(b * B, min(nq, (b + 1) * B))
+            st: Counter = Counter()
+            S, I = mine_block(search, problem, rows, opts, st)
+            valid = I >= 0
+            qrow = np.repeat(rows, valid.sum(1))
+            table = pa.Table.from_arrays([
+                ids_q.take(pa.array(qrow)), pa.array(np.nonzero(valid)[1].astype(np.int32)),
+                ids_b.take(pa.array(I[valid])), pa.array(S[valid], pa.float32()),
+                pa.array([problem.modality] * int(valid.sum()), pa.string())], schema=negatives_schema())
+            table = table.replace_schema_metadata({"hardrank_block": json.dumps({"block": b, "queries": len(rows), **st})})
+            with atomic_path(shard_path(out, b)) as tmp:
+                pq.write_table(table, tmp)
+            echo(f"block {b + 1}/{n_blocks}: {len(rows)} queries ({i + 1}/{len(todo)} this run, "
+                 f"{time.perf_counter() - t0:.1f}s)")
+        timings["search"] = time.perf_counter() - t0
+    # summary over every shard, also those written by earlier runs
+    stats: Counter = Counter()
+    scores = []
+    for b in range(n_blocks):
+        f = pq.ParquetFile(shard_path(out, b))
+        meta = json.loads((f.schema_arrow.metadata or {}).get(b"hardrank_block", b"{}"))
+        stats.update({k: v for k, v in meta.items() if k not in ("block", "queries")})
+        scores.append(f.read(columns=["score"]).column("score").to_numpy())
+    scores = np.concatenate(scores) if scores else np.zeros(0, np.float32)
+    hist, edges = np.histogram(scores, bins=_HIST_BINS, range=(-1.0, 1.0))
+    files = {"negatives": str(out / "negatives"), "summary": str(out / "summary.json")}
+    if export_training:
+        t0 = time.perf_counter()
+        write_training(Path(export_training), out, problem, n_blocks, B)
+        timings["export"] = time.perf_counter() - t0
+        files["training"] = str(export_training)
+    timings["total"] = time.perf_counter() - t_start
+    searched = sum(min(nq, (b + 1) * B) - b * B for b in todo)
+    summary = {
+        "direction": problem.direction, "modality": problem.modality, "k": opts.k, "options": asdict(opts),
+        "inputs": problem.meta, "search": search_info, "run": record,
+        "counts": {"queries": nq, "corpus": len(problem.xb), "negatives": int(len(scores)),
+                   "queries_short": int(stats.get("short", 0)),
+                   "excluded_positive_pairs": int(len(problem.exclude_idx)) if problem.exclude_idx is not None else 0,
+                   "dropped": {k: int(stats.get(k, 0)) for k in ("near_duplicate", "above_max_sim", "below_min_sim")}},
+        "score_histogram": {"edges": [round(float(e), 4) for e in edges], "counts": hist.tolist()},
+        "scores": {"mean": float(scores.mean()) if len(scores) else None,
+                   "min": float(scores.min()) if len(scores) else None,
+                   "max": float(scores.max()) if len(scores) else None},
+        "blocks": {"total": n_blocks, "computed": len(todo), "skipped": n_blocks - len(todo), "size": B},
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+        "throughput": {"queries_per_s": round(searched / timings["search"], 2) if todo and timings["search"] > 0 else None},
+        "files": files,
+    }
+    write_json_atomic(out / "summary.json", summary)
+    return summary
+
+
+def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None, **options) -> dict:
+    """Load the corpus and queries, embed what the store lacks (or read a store folder), mine, write.
+    ``cfg`` or the same options as keywords (the CLI flags' names): ``mine(corpus=..., queries=...,
+    out=..., model=..., checkpoint=..., k=20)``. Returns the summary (also in ``out/summary.json``)."""
+    if cfg is not None and options:
+        raise UsageError(f"pass a MineConfig or keyword options, not both (got {sorted(options)})")
+    cfg = cfg if cfg is not None else build(MineConfig, options)
+    echo = echo or (lambda s: None)
+    t0 = time.perf_counter()
+    problem = build_problem(cfg, progress=progress, echo=echo, runner=runner)
+    t_inputs = time.perf_counter() - t0
+    echo(f"{len(problem.query_ids)} {DIRECTIONS[cfg.direction][0]} queries, {len(problem.corpus_ids)} "
+         f"{problem.modality} corpus items ({t_inputs:.1f}s)")
+    problem.meta.setdefault("timings", {})["inputs"] = round(t_inputs, 3)
+    return mine_arrays(problem, cfg.options, cfg.out, export_training=cfg.export_training, echo=echo)
