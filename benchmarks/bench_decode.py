@@ -6,11 +6,9 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
 
 
 def main() -> None:
@@ -28,8 +26,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from benchmarks._common import coco_like_jpegs
-    from hardrank.embed.dali import DaliDecoder
     from hardrank.embed import PillowDecoder
+    from hardrank.embed.dali import DaliDecoder
     from hardrank.items import ImageRef
 
     paths = coco_like_jpegs(args.data, args.images)

@@ -6,11 +6,9 @@ import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
-
 
 
 def main() -> None:

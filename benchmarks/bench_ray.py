@@ -7,11 +7,9 @@ import logging
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
-
 
 
 def main() -> None:

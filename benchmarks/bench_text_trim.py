@@ -5,10 +5,8 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
-
 
 
 def main() -> None:

@@ -137,7 +137,7 @@ class Tables:
     texts: ItemTable
 
     @classmethod
-    def empty(cls) -> "Tables":
+    def empty(cls) -> Tables:
         return cls(ItemTable("image"), ItemTable("text"))
 
     def of(self, modality: str) -> ItemTable:

@@ -1,8 +1,6 @@
 """Mask tasks scored: answers (predicted masks, or the clip-regions baseline's choices) -> gIoU, cIoU."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pyarrow as pa
 import torch

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -169,7 +169,7 @@ def alter_images(images_root: str | Path, image_paths: list[str], out_root: str 
     images_root, out_root = Path(images_root), Path(out_root)
     image_paths = [str(p) for p in image_paths]
     rels = [Path(p).with_suffix(".jpg") for p in image_paths]
-    for p, rel in zip(image_paths, rels):
+    for p, _rel in zip(image_paths, rels):
         if Path(p).is_absolute() or ".." in Path(p).parts:
             raise ValueError(f"image path {p!r} must be relative to images_root, without '..'")
     if len(set(rels)) != len(rels):

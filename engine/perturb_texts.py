@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .suites.karpathy import N_PERTURBED, read_karpathy
 from .config import DATA_DIR
+from .suites.karpathy import N_PERTURBED, read_karpathy
 from .text import pre_caption
 
 __all__ = ["KINDS", "Vocab", "load_vocab", "embedding_influence", "perturb_captions", "write_variant_file"]

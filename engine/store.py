@@ -114,7 +114,7 @@ class EmbeddingStore:
         out = np.empty((len(keys), self.dim), dtype=self.dtype)
         locs = []
         missing = []
-        for i, k in enumerate(keys):
+        for _i, k in enumerate(keys):
             loc = index.get(k)
             if loc is None:
                 missing.append(k)

@@ -63,7 +63,7 @@ class RankingTask:
             if unknown:
                 raise ValueError(f"task {self.name}: view {v!r} names unknown groups {unknown}")
 
-    def drop(self, bad_queries: np.ndarray, bad_gallery: np.ndarray) -> "RankingTask":
+    def drop(self, bad_queries: np.ndarray, bad_gallery: np.ndarray) -> RankingTask:
         """Remove queries and gallery entries whose item failed to load (masks over positions).
         A query left without positives is removed too. Counts land in ``skipped``."""
         if not bad_queries.any() and not bad_gallery.any():
@@ -114,7 +114,7 @@ class ChoiceTask:
         if self.left.ndim != 2 or self.right.ndim != 2 or len(self.left) != len(self.right):
             raise ValueError(f"task {self.name}: left {self.left.shape} / right {self.right.shape} must be (n, A) / (n, B)")
 
-    def drop(self, bad_left: np.ndarray, bad_right: np.ndarray) -> "ChoiceTask":
+    def drop(self, bad_left: np.ndarray, bad_right: np.ndarray) -> ChoiceTask:
         """Remove rows that touch a failed item (row-wise masks)."""
         bad = bad_left.any(1) | bad_right.any(1)
         if not bad.any():

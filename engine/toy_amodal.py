@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .store import write_json_atomic
 from .masks_io import polygons_to_mask, rle_encode
+from .store import write_json_atomic
 from .suites.amodal import ANNOTATION_FILE, PREDICTION_FILE
 
 __all__ = ["build_amodal_world"]

@@ -413,8 +413,6 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
     from hardrank.embed import EmbedPipeline
     from hardrank.evaluate import evaluate
     from hardrank.items import Tables, read_image_bytes
-    from hardrank.models import ModelSpec, load_model
-    from hardrank.store import EmbeddingStore
     from hardrank.suites import SuiteOptions, load_suites
 
     if not cfg.checkpoints:
@@ -540,9 +538,8 @@ def format_bench(b: dict) -> str:
 
 # -- CLI ------------------------------------------------------------------------------------------
 def _cmd_pipeline(args) -> int:
-    from hardrank.suites import SuiteOptions
-
     from hardrank.jobs.flags import expand_globs
+    from hardrank.suites import SuiteOptions
 
     model, ckpts = args.model, expand_globs(args.checkpoint)
     data = args.data

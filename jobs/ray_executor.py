@@ -90,7 +90,7 @@ class RayRunner:
             ray.shutdown()
         self._owned = False
 
-    def __enter__(self) -> "RayRunner":
+    def __enter__(self) -> RayRunner:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -139,7 +139,7 @@ def gallery_tiles(nb: int, g_block: int) -> list[tuple[int, int, int]]:
 def tile_group_segments(tiles: list[tuple[int, int, int]], bounds: list[int]) -> list[list[tuple[int, int, int]]]:
     """For each tile, the (a, b, g) pieces of its owned columns [n0, c1) cut at group boundaries."""
     out = []
-    G = len(bounds) - 1
+    len(bounds) - 1
     g = 0
     for _, n0, c1 in tiles:
         segs = []

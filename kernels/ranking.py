@@ -6,9 +6,20 @@ from dataclasses import dataclass
 
 import torch
 
-from ._common import (check_csr, check_embeddings, check_int_tensor, csr_block, gallery_tiles, gemm_width,
-                      operand_dtype, plan_tiles, query_block, score_tile, tile_group_segments,
-                      tile_segments)
+from ._common import (
+    check_csr,
+    check_embeddings,
+    check_int_tensor,
+    csr_block,
+    gallery_tiles,
+    gemm_width,
+    operand_dtype,
+    plan_tiles,
+    query_block,
+    score_tile,
+    tile_group_segments,
+    tile_segments,
+)
 
 __all__ = ["TIE_RULES", "GroupedRanks", "grouped_ranks"]
 

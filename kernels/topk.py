@@ -3,8 +3,19 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (check_csr, check_embeddings, csr_block, gallery_tiles, gemm_width, operand_dtype, order_keys,
-                      plan_tiles, query_block, score_tile, tile_segments)
+from ._common import (
+    check_csr,
+    check_embeddings,
+    csr_block,
+    gallery_tiles,
+    gemm_width,
+    operand_dtype,
+    order_keys,
+    plan_tiles,
+    query_block,
+    score_tile,
+    tile_segments,
+)
 
 __all__ = ["topk"]
 

@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from hardrank.mask_score import clip_regions, score_predictions
-from hardrank.suites.amodal import clip_regions_items
 from hardrank.items import Tables
-from hardrank.suites._common import SuiteFormatError
-from hardrank.masks_io import _counts_to_string, _string_to_counts, polygons_to_mask, rle_decode, rle_encode
-from hardrank.suites.amodal import load_amodal
-from hardrank.toy_amodal import build_amodal_world
 from hardrank.kernels.masks import giou_ciou, mask_iou_stats
 from hardrank.kernels.masks_reference import giou_ciou_ref, mask_iou_stats_ref
+from hardrank.mask_score import clip_regions, score_predictions
+from hardrank.masks_io import _counts_to_string, _string_to_counts, polygons_to_mask, rle_decode, rle_encode
+from hardrank.suites._common import SuiteFormatError
+from hardrank.suites.amodal import clip_regions_items, load_amodal
+from hardrank.toy_amodal import build_amodal_world
 
 
 def _t(*arrays):
@@ -239,7 +238,7 @@ def test_loader_reads_forms_and_unions_targets(tmp_path):
     from PIL import Image
 
     Image.fromarray(np.array([[0, 1, 1, 0, 0]] * 2 + [[255] * 5] * 2, np.uint8)).save(tmp_path / "m.png")
-    p = _doc(tmp_path, extra=lambda d: d["questions"][0]["targets"].extend(
+    _doc(tmp_path, extra=lambda d: d["questions"][0]["targets"].extend(
         [{"visible": "m.png", "amodal": "m.png"}, {"instance_id": 9}]))
     data = load_amodal(tmp_path)                                    # a folder means folder/annotations.json
     q = data.questions[0]

@@ -4,10 +4,17 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
-from hardrank.jobs.bench import PipelineBenchConfig, _bare_gemm_gflops, _Clock, _flops_per_item, _Naive, _view_slice, naive_rank
 
+from hardrank.jobs.bench import (
+    PipelineBenchConfig,
+    _bare_gemm_gflops,
+    _Clock,
+    _flops_per_item,
+    _Naive,
+    _view_slice,
+    naive_rank,
+)
 
 
 def _brute(S, pos_sets):

@@ -3,11 +3,10 @@ import argparse
 import textwrap
 
 import pytest
-
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
+
 from hardrank.jobs.cli import build_parser, main
 from hardrank.jobs.grid import JobFileError, load_job
-
 
 
 def _all_parsers(p: argparse.ArgumentParser, path=("hardrank",)):

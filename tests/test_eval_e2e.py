@@ -1,17 +1,16 @@
 """End to end: checkpoints -> decode -> encode -> store -> kernels -> metrics == brute-force protocol."""
 import json
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import brute_force_rococo, make_karpathy_world, save_random_checkpoint, write_tiny_config
 
 from hardrank.config import EvalConfig, build
 from hardrank.evaluate import evaluate
 from hardrank.store import EmbeddingStore
 from hardrank.suites import SuiteOptions
 from hardrank.text import pre_caption
-from helpers import brute_force_rococo, make_karpathy_world, save_random_checkpoint, write_tiny_config
 
 
 @pytest.fixture(scope="module")

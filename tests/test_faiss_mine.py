@@ -5,11 +5,11 @@ import shutil
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-from hardrank.faiss_search import FaissIndex, _split_topk, faiss_grouped_ranks, faiss_topk, recall_at_k
-from hardrank.config import MineOptions
-from hardrank.mining import MineProblem, mine_arrays
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
+
+from hardrank.config import MineOptions
+from hardrank.faiss_search import FaissIndex, _split_topk, faiss_grouped_ranks, faiss_topk, recall_at_k
+from hardrank.mining import MineProblem, mine_arrays
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -320,7 +320,7 @@ def test_auto_search_switches_to_faiss_beyond_budget(monkeypatch):
 
     prob, _ = _mining_case(nb=400, d=16)
     assert mine_mod._choose(prob, MineOptions(budget_mb=1)) == ("exact", None)
-    monkeypatch.setattr(mine_mod, "_auto_factory", lambda nb, d, b: f"IVF16,SQ8")
+    monkeypatch.setattr(mine_mod, "_auto_factory", lambda nb, d, b: "IVF16,SQ8")
     big = MineProblem(xq=prob.xq, xb=np.zeros((300_000, 16), np.float16), query_ids=prob.query_ids,
                       corpus_ids=[""] * 300_000)
     assert mine_mod._choose(big, MineOptions(budget_mb=16)) == ("faiss", "IVF16,SQ8")

@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from hardrank.kernels import TIE_RULES, grouped_ranks
-from hardrank.kernels import ranking
-from hardrank.kernels.reference import grouped_ranks_reference
-
 from test_kernels import assert_same, csr, gaussian, quantised, random_positives  # tests/ is on sys.path
+
+from hardrank.kernels import TIE_RULES, grouped_ranks, ranking
+from hardrank.kernels.reference import grouped_ranks_reference
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,18 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
-from hardrank.perturb_images import (_alter_batch, _altered_batches, _load, _plan, _rand_box, _to_uint8, alter_images,
-                                   variant_name)
+from hardrank.perturb_images import (
+    _alter_batch,
+    _altered_batches,
+    _load,
+    _plan,
+    _rand_box,
+    alter_images,
+    variant_name,
+)
 
 SIZE = 24
 

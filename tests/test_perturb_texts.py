@@ -5,13 +5,19 @@ import numpy as np
 import pytest
 import torch
 
+from hardrank.jobs.perturb import add_perturb_parser, run_perturb
 from hardrank.models import ModelSpec, load_model
-from hardrank.perturb_texts import (DEFAULT_VOCAB, KINDS, embedding_influence, load_vocab, perturb_captions,
-                                  write_variant_file)
+from hardrank.perturb_texts import (
+    DEFAULT_VOCAB,
+    KINDS,
+    embedding_influence,
+    load_vocab,
+    perturb_captions,
+    write_variant_file,
+)
 from hardrank.suites import SuiteFormatError
 from hardrank.suites.karpathy import read_karpathy, read_rococo_variant
 from hardrank.text import pre_caption
-from hardrank.jobs.perturb import add_perturb_parser, run_perturb
 
 TINY = {"embed_dim": 32,
         "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 16, "head_width": 16},

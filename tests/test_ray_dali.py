@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import signal
@@ -14,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import save_random_checkpoint, write_tiny_config
 
 from hardrank.embed import PillowDecoder, embed_tables, encode_text
 from hardrank.errors import TooManyFailures
 from hardrank.items import ImageRef, Tables
 from hardrank.models import ModelSpec, load_model
 from hardrank.store import EmbeddingStore
-from helpers import save_random_checkpoint, write_tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIP_CFG = {"mode": "RGB", "mean": [0.48145466, 0.4578275, 0.40821073], "std": [0.26862954, 0.26130258, 0.27577711],
@@ -105,8 +104,8 @@ def test_dali_matches_open_clip_transform_within_bound(tmp_path, size, interp):
 
 
 def test_dali_embeddings_match_pillow_embeddings(tmp_path, tiny):
-    from hardrank.embed.dali import DaliDecoder
     from hardrank.embed import ImageEncoder
+    from hardrank.embed.dali import DaliDecoder
 
     refs = _images(tmp_path)
     m = tiny["models"][0]
@@ -411,11 +410,11 @@ def test_cli_flags_and_config_validation():
 
 @pytest.mark.slow
 def test_evaluate_with_ray_executor_matches_local(tmp_path, tiny, ray_cluster):
-    from hardrank.config import EvalConfig
-    from hardrank.evaluate import evaluate
-    from hardrank.suites import SuiteOptions
     from helpers import make_karpathy_world
+
+    from hardrank.evaluate import evaluate
     from hardrank.jobs.ray_executor import RayRunner
+    from hardrank.suites import SuiteOptions
 
     w = make_karpathy_world(tmp_path / "w")
     opts = SuiteOptions(annotations=str(w["annotations"]), images=str(w["images"]), image_variants=("mix_0.9",),

@@ -4,12 +4,11 @@ import io
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from fake_results import CHECKPOINTS, make_fake_results
+
 from hardrank.jobs.progress import make_progress
 from hardrank.jobs.report import build_report, parse_step
 

@@ -1,12 +1,10 @@
 """Full-size RoCOCO on the real annotation files: engine metrics == a naive argsort protocol."""
-import json
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hardrank.config import EvalConfig
 from hardrank.evaluate import evaluate
 from hardrank.suites import SuiteOptions
 from hardrank.suites.karpathy import ROCOCO_TEXT_VARIANTS, read_karpathy, read_rococo_variant
@@ -35,7 +33,7 @@ def real_world(rococo_dir, tmp_path_factory):
     img_variants = ["mix_0.9_s1", "patch_0.9_s1"]
     for v in img_variants:
         (tmp / "images" / v).mkdir(parents=True)
-    ids, kinds = [], []
+    _ids, _kinds = [], []
     img = {im: e for im, e in zip(images, _quantised(rng, len(images)))}
     for v in img_variants:
         alt = _quantised(rng, len(images))

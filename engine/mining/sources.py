@@ -1,13 +1,11 @@
 """Mining inputs: Karpathy JSON, image folder, Parquet listing or store folder -> embeddings and positives."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 import pyarrow.parquet as pq
 
 from ..config import DIRECTIONS, MineConfig

@@ -47,7 +47,6 @@ from __future__ import annotations
 #   A question with no prediction scores as an empty prediction and is counted as missing; a
 #   question predicted twice (npz and json) is an error.
 # ---------------------------------------------------------------------------------------------
-
 import os
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -80,14 +80,14 @@ def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[s
     image_ids = [im for im, _ in clean]
     img_rows = tables.images.add_many((ImageRef(os.fspath(images_root / im)) for im in image_ids), image_ids)
     texts, text_ids, pos_ptr, pos_idx = [], [], [0], []
-    for i, (im, caps) in enumerate(clean):
+    for _i, (_im, caps) in enumerate(clean):
         for c in caps:
             pos_idx.append(len(texts))
             texts.append(normalise(c))
             text_ids.append(c)
         pos_ptr.append(len(pos_idx))
     bounds = [0, len(texts)]
-    for name, per_image in text_variants.items():
+    for _name, per_image in text_variants.items():
         for caps in per_image:
             texts.extend(normalise(c) for c in caps)
             text_ids.extend(caps)

@@ -71,7 +71,7 @@ class Scene:
     def caption(self, template: int) -> str:
         return TEMPLATES[template].format(L=self.left.phrase(), R=self.right.phrase(), bg=self.bg)
 
-    def with_obj(self, side: str, **changes) -> "Scene":
+    def with_obj(self, side: str, **changes) -> Scene:
         return replace(self, **{side: replace(getattr(self, side), **changes)})
 
 

@@ -14,10 +14,28 @@ from pathlib import Path
 import numpy as np
 
 from ..perturb_images import alter_images
-from .scenes import (ANCHOR_TEMPLATE, BACKGROUNDS, COLOURS, SHAPES, SIZES, TEMPLATES, Scene, encode, object_mask,
-                     render, sample_scene)
-from .variants import (DANGER_WORDS, OTHER_CONCEPT, RANDOM_VOCAB, TEXT_VARIANTS, hard_positive_sets, replace_edit,
-                       rococo_variant)
+from .scenes import (
+    ANCHOR_TEMPLATE,
+    BACKGROUNDS,
+    COLOURS,
+    SHAPES,
+    SIZES,
+    TEMPLATES,
+    Scene,
+    encode,
+    object_mask,
+    render,
+    sample_scene,
+)
+from .variants import (
+    DANGER_WORDS,
+    OTHER_CONCEPT,
+    RANDOM_VOCAB,
+    TEXT_VARIANTS,
+    hard_positive_sets,
+    replace_edit,
+    rococo_variant,
+)
 
 __all__ = ["WorldConfig", "build_world", "WORLD_VERSION"]
 
@@ -77,7 +95,7 @@ class WorldConfig:
         return json.loads(json.dumps(asdict(self)))
 
     @classmethod
-    def from_json(cls, d: dict) -> "WorldConfig":
+    def from_json(cls, d: dict) -> WorldConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
