@@ -1,36 +1,42 @@
-# Two commands do all the set-up on a fresh clone: `make demo` and `make test`.
+# Two commands do all the set-up on a fresh clone: `make demo` and `make test` (`make help` lists the rest).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast toy-checkpoints bench clean
+.PHONY: help install demo test lint test-fast toy-checkpoints bench clean
+
+help:  ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# Pinned torch: resolves from the local wheel cache on our machines (see README).
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[all,dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP)  ## create .venv and install hardrank with every extra (ray, dali, report) and the dev tools
 
-demo: $(STAMP)
+demo: $(STAMP)  ## evaluate the six toy checkpoints on the built-in toy world -> results/demo
 	$(VENV)/bin/hardrank demo --out results/demo
 
-test: $(STAMP)
+lint: $(STAMP)  ## ruff over the whole repository
+	$(VENV)/bin/ruff check .
+
+test: lint  ## lint, then the test suite (CPU only, no downloads; what CI runs)
 	$(PY) -m pytest -q -x --timeout=900 tests
 
-test-fast: $(STAMP)
+test-fast: $(STAMP)  ## the tests not marked slow (no Ray cluster, no real-size RoCOCO)
 	$(PY) -m pytest -q -m "not slow" tests
 
-toy-checkpoints: $(STAMP)
+toy-checkpoints: $(STAMP)  ## retrain the bundled toy checkpoints (deterministic, ~2 min)
 	$(VENV)/bin/hardrank toy train --out engine/data/toy_checkpoints
 
-bench: $(STAMP)
+bench: $(STAMP)  ## the ranking kernels against a bare GEMM, FAISS flat and full-matrix baselines
 	$(VENV)/bin/hardrank bench kernels
 
-clean:
+clean:  ## remove results and caches (not .venv)
 	rm -rf results .pytest_cache

@@ -149,9 +149,11 @@ def main(argv=None):
     row = {
         "corpus": len(xb), "queries": nq, "d": args.d, "k": args.k, "search": srch.get("factory", srch.get("method")),
         "nprobe": srch.get("nprobe"), "recall@10": srch.get("recall@10"), "tuning": srch.get("tuning"),
-        "seconds": {"generate": round(t_gen, 1), "load": round(t_load, 1), **s["timings"], "mine_total": round(t_mine, 1)},
+        "seconds": {"generate": round(t_gen, 1), "load": round(t_load, 1), **s["timings"],
+                    "mine_total": round(t_mine, 1)},
         "queries_per_s": round(nq / t_mine, 1), "search_queries_per_s": s["throughput"]["queries_per_s"],
-        "peak_rss_gb": round(peak / 2**30, 2), "exact_bruteforce_estimate_s": round(exact_est, 1) if exact_est else None,
+        "peak_rss_gb": round(peak / 2**30, 2),
+        "exact_bruteforce_estimate_s": round(exact_est, 1) if exact_est else None,
         "speedup_vs_exact": round(exact_est / t_mine, 1) if exact_est else None,
         "negatives": s["counts"]["negatives"], "queries_short": s["counts"]["queries_short"],
         "dropped": s["counts"]["dropped"], "faiss_threads": faiss_search.faiss.omp_get_max_threads(),
@@ -161,7 +163,8 @@ def main(argv=None):
           f"{'search s':>8} {'total s':>8} {'q/s':>7} {'RSS GB':>6} {'exact est s':>11}")
     print(f"{len(xb):>8} x {args.d:<3} {nq:>8} {row['search']:>12} {str(row['nprobe']):>6} "
           f"{row['recall@10'] or 1.0:>6.3f} {s['timings'].get('index', 0):>8.1f} {s['timings'].get('search', 0):>8.1f} "
-          f"{t_mine:>8.1f} {row['queries_per_s']:>7.0f} {row['peak_rss_gb']:>6.2f} {str(row['exact_bruteforce_estimate_s']):>11}")
+          f"{t_mine:>8.1f} {row['queries_per_s']:>7.0f} {row['peak_rss_gb']:>6.2f} "
+          f"{str(row['exact_bruteforce_estimate_s']):>11}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     runs = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else []
     runs.append(row)

@@ -58,7 +58,8 @@ def main() -> None:
     out = Path(args.json or f"benchmarks/results/bench_multickpt_{args.model}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "images": args.images, "k": args.k, "decoder": args.decoder, "model": args.model, "joint_s": joint, "separate_s": sep_total,
+        "images": args.images, "k": args.k, "decoder": args.decoder, "model": args.model, "joint_s": joint,
+        "separate_s": sep_total,
         "speedup": sep_total / joint, "joint_stage_seconds": joint_stages,
         "separate_stage_seconds": [s for _, s in separate],
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),

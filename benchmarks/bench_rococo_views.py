@@ -99,7 +99,8 @@ def main(argv=None):
                        "torch_threads": torch.get_num_threads(), "device": dev,
                        "gpu": torch.cuda.get_device_name() if dev.startswith("cuda") else None},
            "shape": {"queries": nq, "gallery": len(xb), "d": args.d, "dtype": str(dtype)},
-           "rows": [{"method": n, "seconds": t, "gflops": fl / t / 1e9, "ratio_to_gemm": t / t_gemm} for n, t, fl in rows]}
+           "rows": [{"method": n, "seconds": t, "gflops": fl / t / 1e9, "ratio_to_gemm": t / t_gemm}
+                    for n, t, fl in rows]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .items import Tables
 
@@ -14,8 +16,6 @@ _COLUMNS = ("kind", "id", "embedding")
 
 def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarray]]:
     """{kind: (ids, (n, d) float32 L2-normalised)} from a Parquet file with columns kind, id, embedding."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     path = Path(path)
     if not path.is_file():
@@ -40,7 +40,8 @@ def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarr
             first = int(np.nonzero(lengths != lengths[0])[0][0])
             raise ValueError(f"{path}: {kind} embeddings have different lengths ({lengths[0]} vs {lengths[first]} "
                              f"at {kind} row {first}, id {sub.column('id')[first].as_py()!r})")
-        emb = np.asarray(pc.list_flatten(col).to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(lengths), -1)
+        flat = pc.list_flatten(col).to_numpy(zero_copy_only=False)
+        emb = np.asarray(flat, dtype=np.float32).reshape(len(lengths), -1)
         norms = np.linalg.norm(emb, axis=1, keepdims=True)
         if (norms == 0).any():
             raise ValueError(f"{path}: {kind} id {sub.column('id')[int(np.nonzero(norms[:, 0] == 0)[0][0])].as_py()!r} "

@@ -24,7 +24,8 @@ from .errors import UsageError
 from .kernels import TIE_RULES
 
 __all__ = ["DATA_DIR", "PRECISIONS", "EXECUTORS", "DECODERS", "TIE_RULES", "DIRECTIONS", "BASELINES",
-           "opt", "flat_fields", "option_kind", "build", "cache_dir", "default_store", "default_decode_threads", "resolve_device",
+           "opt", "flat_fields", "option_kind", "build", "cache_dir", "default_store", "default_decode_threads",
+           "resolve_device",
            "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"  # bundled model configs, toy checkpoints, vocabularies

@@ -168,8 +168,9 @@ def _score_mask(task: MaskTask, device: str, emb: dict[str, np.ndarray] | None, 
 
 
 def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dict, ident: dict | None) -> dict:
+    model = cfg.model if ident is not None else None  # predictions scored as they are: no model made them
     ident = dict(ident or {})
-    result = {"suite": suite.name, "checkpoint": label, **ident, "model": cfg.model,
+    result = {"suite": suite.name, "checkpoint": label, **ident, "model": model,
               "tie_rule": scored.get("tie_rule", suite.tie_rule), "task_type": scored["task_type"],
               "counts": scored["counts"], "metrics": scored["metrics"], **scored.get("extra", {}),
               "suite_meta": suite.meta, "failures": common["failures"][:1000],

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
+from PIL import Image
 
 __all__ = ["ImageRef", "ItemTable", "Tables", "read_image_bytes", "text_key"]
 
@@ -51,8 +53,6 @@ def read_image_bytes(uri: str) -> bytes:
     row_s, _, column = cell.partition("/")
     table = _parquet_cache.get(file)
     if table is None:
-        import pyarrow.parquet as pq
-
         table = pq.read_table(file, memory_map=True)
         _parquet_cache[file] = table
     value = table.column(column)[int(row_s)].as_py()
@@ -146,7 +146,6 @@ class Tables:
 
 def decode_image(ref: ImageRef, data: bytes | None = None):
     """Decode to an RGB PIL image and apply the ref's crop. The Pillow reference decoder."""
-    from PIL import Image
 
     data = read_image_bytes(ref.uri) if data is None else data
     img = Image.open(io.BytesIO(data))

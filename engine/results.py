@@ -1,8 +1,11 @@
 """Results files (a public contract): one JSON and one Parquet of outcomes per (checkpoint, suite)."""
 from __future__ import annotations
 
+import json
+import logging
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +13,54 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .atomic import atomic_path, write_json_atomic
+from .errors import DataError
 
-__all__ = ["write_result", "outcome_schema", "summary_row", "format_table", "RESULT_VERSION"]
+log = logging.getLogger("hardrank.results")
+
+__all__ = ["write_result", "read_results", "ResultFile", "outcome_schema", "summary_row", "format_table",
+           "RESULT_VERSION", "RESULT_KEYS"]
 
 RESULT_VERSION = 1
+RESULT_KEYS = ("suite", "checkpoint", "task_type", "metrics")  # every result JSON has these
+
+
+@dataclass
+class ResultFile:
+    """One (checkpoint, suite) result as written by ``write_result``."""
+
+    path: Path   # <out>/<checkpoint>/<suite>.json
+    data: dict   # its content: suite, checkpoint, task_type, metrics, counts, provenance, ...
+
+    def outcomes(self) -> pa.Table:
+        """The per-query outcomes (the ``.parquet`` beside the JSON; ``outcome_schema``)."""
+        p = self.path.with_suffix(".parquet")
+        return pq.read_table(p) if p.is_file() else outcome_schema().empty_table()
+
+
+def read_results(results_dir: str | os.PathLike, *, skip: str | os.PathLike | None = None) -> list[ResultFile]:
+    """Every result below ``results_dir`` (the ``--out`` of ``hardrank eval`` / ``run``), in path
+    order: JSON files holding ``RESULT_KEYS``; other JSON (a report, a summary) is ignored, and so is
+    anything under ``skip``. Raises DataError when there is none."""
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise DataError(f"results folder {root} does not exist; pass the --out folder of `hardrank eval` "
+                        f"(it holds <checkpoint>/<suite>.json)")
+    skip_dir = Path(skip).resolve() if skip is not None else None
+    found = []
+    for p in sorted(root.rglob("*.json")):
+        if p.name.startswith(".") or (skip_dir is not None and skip_dir in p.resolve().parents):
+            continue
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            log.warning("skipping %s: not readable JSON (%s)", p, exc)
+            continue
+        if isinstance(data, dict) and all(k in data for k in RESULT_KEYS):
+            found.append(ResultFile(p, data))
+    if not found:
+        raise DataError(f"no result files under {root}: expected <checkpoint>/<suite>.json files with keys "
+                        f"{list(RESULT_KEYS)}, as written by `hardrank eval --out {root}`")
+    return found
 
 
 def outcome_schema() -> pa.Schema:

@@ -57,7 +57,8 @@ class RankingTask:
         if len(b) != len(self.groups) + 1 or b[0] != 0 or b[-1] != nb or np.any(np.diff(b) < 0):
             raise ValueError(f"task {self.name}: group_bounds {b.tolist()} do not partition a gallery of {nb}")
         if len(self.pos_ptr) != self.num_queries + 1:
-            raise ValueError(f"task {self.name}: pos_ptr has {len(self.pos_ptr)} entries for {self.num_queries} queries")
+            raise ValueError(f"task {self.name}: pos_ptr has {len(self.pos_ptr)} entries for "
+                             f"{self.num_queries} queries")
         for v, gs in self.views.items():
             unknown = [g for g in gs if g not in self.groups]
             if unknown:
@@ -112,7 +113,8 @@ class ChoiceTask:
         if self.rule not in CHOICE_RULES:
             raise ValueError(f"task {self.name}: rule {self.rule!r} is not one of {CHOICE_RULES}")
         if self.left.ndim != 2 or self.right.ndim != 2 or len(self.left) != len(self.right):
-            raise ValueError(f"task {self.name}: left {self.left.shape} / right {self.right.shape} must be (n, A) / (n, B)")
+            raise ValueError(f"task {self.name}: left {self.left.shape} / right {self.right.shape} "
+                             f"must be (n, A) / (n, B)")
 
     def drop(self, bad_left: np.ndarray, bad_right: np.ndarray) -> ChoiceTask:
         """Remove rows that touch a failed item (row-wise masks)."""

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from .masks_io import polygons_to_mask, rle_encode
 from .store import write_json_atomic
@@ -69,7 +70,6 @@ def build_amodal_world(out_dir: str | os.PathLike, seed: int = 0, n_images: int 
     """Write ``images/*.jpg``, ``annotations.json`` (masks as polygons, compressed and uncompressed
     RLE and PNG), and ``predictions/perfect`` (scores 1) and ``predictions/noisy`` (noisy logits,
     some at half resolution). Reuses a complete world built with the same arguments."""
-    from PIL import Image
 
     out = Path(out_dir)
     stamp = {"version": _VERSION, "seed": seed, "n_images": n_images}
@@ -91,7 +91,7 @@ def build_amodal_world(out_dir: str | os.PathLike, seed: int = 0, n_images: int 
         name = f"images/{i:05d}.jpg"
         Image.fromarray(pixels).save(out / name, quality=95)
         images.append({"id": i, "file_name": name, "height": h, "width": w})
-        for k, s in enumerate(shapes):
+        for s in shapes:
             s["id"] = n_inst
             amodal = s["poly"] if s["poly"] is not None else rle_encode(s["amodal"], compress=n_inst % 3 != 0)
             if n_inst % 7 == 3:
@@ -131,8 +131,6 @@ def build_amodal_world(out_dir: str | os.PathLike, seed: int = 0, n_images: int 
 
 
 def _write_predictions(root: Path, gts: dict, rng: np.random.Generator) -> None:
-    from PIL import Image
-
     perfect: dict = {}
     for n, (qid, (vis, amo)) in enumerate(gts.items()):
         form = n % 4

@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate checkpoints on benchmark suites", formatter_class=Formatter,
                         epilog="examples:\n"
-                               "  hardrank eval --model toy-clip --checkpoint engine/data/toy_checkpoints/*.safetensors "
+                               "  hardrank eval --model toy-clip "
+                               "--checkpoint engine/data/toy_checkpoints/*.safetensors "
                                "--suite toy --out results/toy\n"
                                "  hardrank eval --model ViT-B-32 --checkpoint openai.pt --suite rococo "
                                "--annotations data/rococo --images /data/coco --image-variants mix_0.9 "
@@ -129,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     tw.add_argument("--out", required=True)
     tt = tsub.add_parser("train", help="train the toy checkpoints (regenerates engine/data/toy_checkpoints)",
                          formatter_class=Formatter,
-                         epilog="examples:\n  hardrank toy train\n  hardrank toy train --out /tmp/ckpts --world /tmp/toy_world")
+                         epilog="examples:\n  hardrank toy train\n"
+                                "  hardrank toy train --out /tmp/ckpts --world /tmp/toy_world")
     tt.add_argument("--out", default=str(DATA_DIR / "toy_checkpoints"))
     tt.add_argument("--world", default=None, help="toy world folder (default: the cache)")
     toy.set_defaults(func=_cmd_toy)

@@ -106,8 +106,8 @@ def _known(where: str, keys, known, path: Path) -> None:
     bad = [k for k in keys if k not in known]
     if bad:
         hint = difflib.get_close_matches(bad[0], known, n=1)
-        raise JobFileError(f"{path}: unknown key {bad[0]!r} in {where}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
-                           + f"; known keys: {', '.join(known)}")
+        did = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise JobFileError(f"{path}: unknown key {bad[0]!r} in {where}{did}; known keys: {', '.join(known)}")
 
 
 def _resolve(base: Path, p: str) -> str:
@@ -227,8 +227,8 @@ def print_plan(p: dict, echo=print) -> None:
         return
     echo(f"store: {p['store']}")
     for row in p["checkpoints"]:
-        echo(f"  {row['label']:<24} {row['fingerprint']}  store hits: images {row['image_hits']}/{row['image_unique']}, "
-             f"texts {row['text_hits']}/{row['text_unique']}")
+        echo(f"  {row['label']:<24} {row['fingerprint']}  store hits: "
+             f"images {row['image_hits']}/{row['image_unique']}, texts {row['text_hits']}/{row['text_unique']}")
     n = len(p["checkpoints"])
     echo(f"would encode {p['to_encode']['image']} images and {p['to_encode']['text']} texts (summed over {n} "
          f"checkpoint(s); each image is decoded once for all of them)")

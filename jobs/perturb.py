@@ -9,9 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+from hardrank.config import PRECISIONS
+from hardrank.models import ModelSpec, load_model
+from hardrank.perturb_images import alter_images
+from hardrank.perturb_texts import KINDS, embedding_influence, load_vocab, write_variant_file
+from hardrank.suites.karpathy import N_PERTURBED, read_karpathy
+
 __all__ = ["add_perturb_parser", "run_perturb"]
 
-_KINDS = ("same_concept", "diff_concept", "rand_voca", "danger")  # = engine.perturb_texts.KINDS (no torch import here)
 
 
 def add_perturb_parser(subparsers) -> argparse.ArgumentParser:
@@ -31,13 +36,13 @@ def add_perturb_parser(subparsers) -> argparse.ArgumentParser:
                    "its text encoder ranks the words")
     t.add_argument("--checkpoint", default=None, help="weights file (default: random init, only for tests)")
     t.add_argument("--annotations", required=True, help="Karpathy-format JSON (image + caption list per item)")
-    t.add_argument("--kinds", nargs="+", default=list(_KINDS), choices=_KINDS)
+    t.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     t.add_argument("--seed", type=int, default=1)
     t.add_argument("--out", required=True, help="folder for <kind>.json (the annotation file is copied there "
                    "too, so `hardrank eval --suite rococo --annotations <out>/<file>` finds both)")
-    t.add_argument("--vocab", default=None, help="vocabulary JSON (default: engine/data/vocab/concepts.json)")
+    t.add_argument("--vocab", default=None, help="vocabulary JSON (default: the bundled concepts.json)")
     t.add_argument("--batch-size", type=int, default=512, help="texts per text-encoder pass")
-    t.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
+    t.add_argument("--precision", default="auto", choices=PRECISIONS)
     t.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     t.add_argument("--overwrite", action=argparse.BooleanOptionalAction, default=False,
                    help="regenerate <kind>.json files that exist (default: skip them)")
@@ -46,7 +51,8 @@ def add_perturb_parser(subparsers) -> argparse.ArgumentParser:
     i.add_argument("--method", required=True, choices=["mix", "patch"])
     i.add_argument("--lam", type=float, default=0.9, help="weight of the original image (default 0.9)")
     i.add_argument("--seed", type=int, default=1)
-    i.add_argument("--quality", type=int, default=75, help="JPEG quality of the altered images (75 = PIL default, as the reference)")
+    i.add_argument("--quality", type=int, default=75,
+                   help="JPEG quality of the altered images (75 = PIL default, as the reference)")
     i.add_argument("--images", required=True, help="image root the annotation paths are relative to")
     i.add_argument("--annotations", required=True, help="Karpathy-format JSON naming the images")
     i.add_argument("--out", required=True, help="altered images go to <out>/<method>_<lam>_s<seed>/<image path>; "
@@ -69,10 +75,6 @@ def _say(msg: str) -> None:
 
 
 def _texts(args) -> int:
-    from hardrank.models import ModelSpec, load_model
-    from hardrank.perturb_texts import embedding_influence, load_vocab, write_variant_file
-    from hardrank.suites.karpathy import N_PERTURBED, read_karpathy
-
     ann, out = Path(args.annotations), Path(args.out)
     clean = read_karpathy(ann)  # validate before loading the model
     vocab = load_vocab(args.vocab)
@@ -112,16 +114,13 @@ def _texts(args) -> int:
 
 
 def _images(args) -> int:
-    from hardrank.perturb_images import alter_images  # written separately; heavy imports stay out of the CLI
-    from hardrank.suites.karpathy import read_karpathy
-
     if not 0.0 <= args.lam <= 1.0:
         raise ValueError(f"--lam must be in [0, 1] (the weight of the original image), got {args.lam}")
     images_root = Path(args.images)
     if not images_root.is_dir():
         raise FileNotFoundError(f"--images {images_root} is not a folder")
     paths = [im for im, _ in read_karpathy(args.annotations)]
-    name = f"{args.method}_{args.lam:g}_s{args.seed}"  # = engine.suites.karpathy.image_variant_names
+    name = f"{args.method}_{args.lam:g}_s{args.seed}"  # = hardrank.suites.karpathy.image_variant_names
     report = alter_images(images_root, paths, Path(args.out), method=args.method, lam=args.lam,
                           seed=args.seed, quality=args.quality)
     print(json.dumps(report, default=str))

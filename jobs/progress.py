@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 import time
 
+from tqdm import tqdm
+
 __all__ = ["make_progress"]
 
 
@@ -49,19 +51,13 @@ def _hms(seconds: float) -> str:
 
 
 def make_progress(quiet: bool = False, *, stream=None, interval: float = 10.0):
-    """A ``progress(total=..., desc=...)`` factory for ``engine.evaluate`` (the object it returns has
+    """A ``progress(total=..., desc=...)`` factory for ``hardrank.evaluate`` (the object it returns has
     ``update(n)`` and ``close()``), or None when ``quiet``. A terminal gets tqdm bars with
     throughput and ETA; anything else (a log file, CI) gets a line every ``interval`` seconds."""
     if quiet:
         return None
     stream = stream if stream is not None else sys.stderr
-    tty = getattr(stream, "isatty", lambda: False)()
-    if tty:
-        try:
-            from tqdm import tqdm
-        except ImportError:  # tqdm is optional: fall back to log lines
-            tty = False
-        else:
-            return lambda total=None, desc="": tqdm(total=total, desc=desc, unit="item", unit_scale=True,
-                                                    leave=False, dynamic_ncols=True, file=stream, smoothing=0.1)
+    if getattr(stream, "isatty", lambda: False)():
+        return lambda total=None, desc="": tqdm(total=total, desc=desc, unit="item", unit_scale=True,
+                                                leave=False, dynamic_ncols=True, file=stream, smoothing=0.1)
     return lambda total=None, desc="": _LogLines(total, desc, stream, interval)

@@ -118,11 +118,14 @@ class RayRunner:
 
 @contextlib.contextmanager
 def _data_context():
-    """Quiet, row-preserving Ray Data settings for one run; the caller's settings come back after."""
+    """Quiet, row-preserving Ray Data settings for one run; the caller's settings come back after.
+    Settings an older Ray lacks (``print_on_execution_start`` is newer than 2.10) are left alone."""
     ctx = ray.data.DataContext.get_current()
-    keys = ("enable_progress_bars", "enable_auto_log_stats", "print_on_execution_start", "target_max_block_size")
-    old = {k: getattr(ctx, k) for k in keys}
-    ctx.enable_progress_bars = ctx.enable_auto_log_stats = ctx.print_on_execution_start = False
+    quiet = [k for k in ("enable_progress_bars", "enable_auto_log_stats", "print_on_execution_start")
+             if hasattr(ctx, k)]
+    old = {k: getattr(ctx, k) for k in (*quiet, "target_max_block_size")}
+    for k in quiet:
+        setattr(ctx, k, False)
     # One row (one encoder batch of pixels) may exceed the default block size; never split rows.
     ctx.target_max_block_size = max(ctx.target_max_block_size or 0, 1 << 30)
     try:
@@ -228,7 +231,8 @@ class _DecodeActor:
             pixels = d["pixels"].numpy() if "pixels" in d else np.zeros((0, 3, *self.hw), np.float32)
             for c, v in (("batch", rows["batch"][j]), ("modality", rows["modality"][j]), ("rows", b["rows"]),
                          ("items", rows["items"][j]), ("pixels", pixels),  # (n, 3, H, W) float32
-                         ("ok", d.get("ok", np.ones(n, dtype=bool))), ("error", json.dumps(d.get("error") or [None] * n))):
+                         ("ok", d.get("ok", np.ones(n, dtype=bool))),
+                         ("error", json.dumps(d.get("error") or [None] * n))):
                 out[c].append(v)
         return _stack(out)
 

@@ -112,7 +112,8 @@ def brute_force_rococo(img_emb: dict[str, np.ndarray], txt_emb: dict[str, np.nda
     T = np.stack([txt_emb[t] for t in originals]).astype(np.float32)
 
     def t2i(extra):
-        G = np.stack([img_emb[im] for im in images] + [img_emb[f"{v}/{im}"] for v in extra for im in images]).astype(np.float32)
+        G = np.stack([img_emb[im] for im in images]
+                     + [img_emb[f"{v}/{im}"] for v in extra for im in images]).astype(np.float32)
         S = T @ G.T
         ranks, top1 = [], []
         for q in range(len(originals)):

@@ -170,7 +170,8 @@ def _vg(tmp_path, seed=0):
     for i in range(4):
         _jpeg(tmp_path / "images" / f"{i}.jpg", (60 * i, 90, 30), size=(16, 12))
     rels = ["on", "behind", "holding", "next to", "with", "sitting on"]  # next to / with are symmetric
-    caps = ["the cup is on the table", "the table is on the cup", "the dog is behind the man", "the man is behind the dog"]
+    caps = ["the cup is on the table", "the table is on the cup", "the dog is behind the man",
+            "the man is behind the dog"]
     rel_items = [{"image_id": str(i), "image_path": f"{i % 4}.jpg", "bbox_x": int(i % 3), "bbox_y": 1, "bbox_w": 8,
                   "bbox_h": 6 + i % 2, "relation_name": rels[rng.integers(len(rels))],
                   "true_caption": caps[rng.integers(4)], "false_caption": caps[rng.integers(4)]} for i in range(40)]
@@ -247,7 +248,8 @@ def test_aro_attribution_format_errors(tmp_path):
     _, att = _vg(tmp_path)
     att[2]["attributes"] = "white black"
     _json(tmp_path / "visual_genome_attribution.json", att)
-    with pytest.raises(SuiteFormatError, match=r"attribution\.json: item 2 'attributes' is 'white black', expected a list"):
+    msg = r"attribution\.json: item 2 'attributes' is 'white black', expected a list"
+    with pytest.raises(SuiteFormatError, match=msg):
         SUITES["aro"](Tables.empty(), SuiteOptions(data=str(tmp_path)))
     _json(tmp_path / "visual_genome_attribution.json", {"0": att[0]})
     with pytest.raises(SuiteFormatError, match=r"attribution\.json: expected a JSON list of test cases, got a dict"):
@@ -409,7 +411,8 @@ def test_hard_positives_sets_crop_and_reference_metrics(tmp_path):
         for it, sw in zip(orig, swapped):
             crop = None if "bbox_x" not in it else tuple(float(it[k]) for k in ("bbox_x", "bbox_y", "bbox_w", "bbox_h"))
             im = _vec(("img", os.path.basename(it["image_path"]), crop))
-            s.append([float(im @ _vec(("txt", x))) for x in (it["true_caption"], sw["true_caption"], it["false_caption"])])
+            caps = (it["true_caption"], sw["true_caption"], it["false_caption"])
+            s.append([float(im @ _vec(("txt", x))) for x in caps])
         n = len(s)
         assert a["original_accuracy"] == pytest.approx(100 * sum(c > cn for c, p, cn in s) / n)
         assert a["augmented_accuracy"] == pytest.approx(100 * sum(c > cn and p > cn for c, p, cn in s) / n)
@@ -517,7 +520,8 @@ def test_inpaintcoco_format_errors_name_file_column_and_row(tmp_path):
     row = _inpaint_row(0)
     del row["inpaint_caption"]
     f = _inpaint_shard(tmp_path / "b" / "test-00000-of-00001.parquet", [row])
-    with pytest.raises(SuiteFormatError, match=r"b.test-00000-of-00001\.parquet: missing column\(s\) \['inpaint_caption'\]"):
+    msg = r"b.test-00000-of-00001\.parquet: missing column\(s\) \['inpaint_caption'\]"
+    with pytest.raises(SuiteFormatError, match=msg):
         SUITES["inpaintcoco"](Tables.empty(), SuiteOptions(data=str(f)))
     row = dict(_inpaint_row(0), coco_image="COCO_val2014_1.jpg", inpaint_image="1_inp.jpg")
     f = _inpaint_shard(tmp_path / "c" / "x.parquet", [row], image_type=pa.string())

@@ -103,7 +103,8 @@ def test_job_file_parses_resolves_and_expands(tmp_path):
     ('out = "r"\nsuites = ["toy"]\n', "no [[model]] entries"),
     ('out = "r"\nsuites = ["toy"]\n[[model]]\nmodel = "m"\nembeddings = "e.parquet"\n', "exactly one of model"),
     ('out = "r"\n[[model]]\nmodel = "m"\n', "has no suites"),
-    ('out = "r"\nsuites = ["toy"]\n[[model]]\nmodel = "m"\n[[model]]\nmodel = "m"\n', "two [[model]] entries write to 'm'"),
+    ('out = "r"\nsuites = ["toy"]\n[[model]]\nmodel = "m"\n[[model]]\nmodel = "m"\n',
+     "two [[model]] entries write to 'm'"),
     ('out = "r"\nsuites = ["toy"]\n[[model]]\nmodel = "m"\ncheckpoints = ["nope/*.pt"]\n', "matches no file"),
     ('out = "r"\nsuites = ["toy"\n', "not valid TOML"),
 ])

@@ -60,8 +60,8 @@ def test_eval_matches_brute_force_and_resumes(world, tmp_path):
     img = dict(zip(tables.images.ids, store.read("image", tables.images.keys())))
     txt = dict(zip(tables.texts.entries, store.read("text", tables.texts.keys())))
     clean = world["clean"]
-    variants = {"same_concept": [json.loads((world["annotations"] / "same_concept.json").read_text())[i]["caption"][len(it["caption"]):]
-                                 for i, it in enumerate(clean)]}
+    same = json.loads((world["annotations"] / "same_concept.json").read_text())
+    variants = {"same_concept": [same[i]["caption"][len(it["caption"]):] for i, it in enumerate(clean)]}
     ref = brute_force_rococo(img, txt, clean, variants, ["mix_0.9_s1"], pre_caption)
     for (view, d), m in ref.items():
         for k, v in m.items():

@@ -229,7 +229,8 @@ def test_score_ranking_dispatches_to_faiss(kernels):
 
     xq, xb, bounds, pos = _grouped_case(np.random.default_rng(5))
     ptr, idx = _csr(pos)
-    task = RankingTask(name="t2i", query_modality="text", query_items=np.arange(41), query_ids=[str(i) for i in range(41)],
+    task = RankingTask(name="t2i", query_modality="text", query_items=np.arange(41),
+                       query_ids=[str(i) for i in range(41)],
                        groups=["original", "a", "b", "c"], group_bounds=bounds, gallery_items=np.arange(90),
                        gallery_ids=[str(i) for i in range(90)], pos_ptr=ptr, pos_idx=idx,
                        views={"original": ["original"], "a": ["original", "a"], "c": ["original", "c"]})
@@ -291,7 +292,7 @@ def test_mine_arrays_matches_brute_force(kernels, tmp_path, search):
     for q, n, sc in zip(got["query_id"], got["negative_id"], got["score"]):
         by_q.setdefault(q, []).append((n, sc))
     assert {q: [n for n, _ in v] for q, v in by_q.items()} == want  # random data: no ties
-    for q, v in by_q.items():
+    for v in by_q.values():
         assert all(sc <= 0.6 + 1e-6 for _, sc in v) and [sc for _, sc in v] == sorted((sc for _, sc in v), reverse=True)
     c = s["counts"]
     assert c["negatives"] == 700 and c["queries_short"] == 0 and c["dropped"]["near_duplicate"] >= 1
@@ -388,7 +389,8 @@ def test_mine_cli_t2i_from_karpathy_queries_and_image_folder(kernels, world, tmp
     from hardrank.store import EmbeddingStore
 
     out = tmp_path / "t2i"
-    args = ["mine", "--model", str(world["cfg"]), "--checkpoint", str(world["ckpt"]), "--store", str(tmp_path / "store"),
+    args = ["mine", "--model", str(world["cfg"]), "--checkpoint", str(world["ckpt"]),
+            "--store", str(tmp_path / "store"),
             "--corpus", str(world["corpus"]), "--queries", str(world["annotations"] / "coco_karpathy_test.json"),
             "--images", str(world["images"]), "--direction", "t2i", "-k", "4", "--dup-threshold", "0.995",
             "--out", str(out), "--export-training", str(tmp_path / "t.jsonl"), "--block-size", "16", "--quiet"]

@@ -12,7 +12,8 @@ def _task():
     # gallery: original [0,1,2,3], variant "v" [4,5]
     return RankingTask(name="i2t", query_modality="image", query_items=np.arange(3), query_ids=["q0", "q1", "q2"],
                        groups=["original", "v"], group_bounds=np.array([0, 4, 6]), gallery_items=np.arange(6),
-                       gallery_ids=[f"g{i}" for i in range(6)], pos_ptr=np.array([0, 1, 2, 3]), pos_idx=np.array([0, 1, 2]),
+                       gallery_ids=[f"g{i}" for i in range(6)], pos_ptr=np.array([0, 1, 2, 3]),
+                       pos_idx=np.array([0, 1, 2]),
                        views={"original": ["original"], "v": ["original", "v"]})
 
 
@@ -60,7 +61,8 @@ def test_recall_empty_and_drops_and_average():
 
 def _choice(rule, n, a, b, subset=None):
     return ChoiceTask(name="t", rule=rule, left_modality="image", right_modality="text",
-                      left=np.zeros((n, a), int), right=np.zeros((n, b), int), ids=[str(i) for i in range(n)], subset=subset)
+                      left=np.zeros((n, a), int), right=np.zeros((n, b), int), ids=[str(i) for i in range(n)],
+                      subset=subset)
 
 
 def test_first_strict_and_first_ties_win():

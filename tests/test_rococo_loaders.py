@@ -37,7 +37,8 @@ def test_real_rococo_with_image_variants(rococo_dir, tmp_path):
     t2i = suite.ranking[1]
     assert t2i.groups == ["original", "mix_0.9_s1", "mix_0.9_s10", "patch_0.9_s1", "patch_0.9_s10"]
     assert all(t2i.view_size(v) == 10000 for v in t2i.views if v != "original")
-    assert suite.view_average == {"mix_0.9": ["mix_0.9_s1", "mix_0.9_s10"], "patch_0.9": ["patch_0.9_s1", "patch_0.9_s10"]}
+    assert suite.view_average == {"mix_0.9": ["mix_0.9_s1", "mix_0.9_s10"],
+                                  "patch_0.9": ["patch_0.9_s1", "patch_0.9_s10"]}
     assert t2i.gallery_ids[5000].startswith("mix_0.9_s1/val2014/")
     assert len(tables.images) == 25000
 

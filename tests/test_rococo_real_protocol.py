@@ -46,8 +46,8 @@ def real_world(rococo_dir, tmp_path_factory):
     norm = list(dict.fromkeys(pre_caption(c) for c in raw_texts))
     base = dict(zip(norm, _quantised(rng, len(norm))))
     # plant exact ties: some perturbed captions embed exactly like their original
-    for v, per in variants.items():
-        for (im, caps), pert in zip(clean[::11], per[::11]):
+    for per in variants.values():
+        for (_, caps), pert in zip(clean[::11], per[::11]):
             base[pre_caption(pert[0])] = base[pre_caption(caps[0])].copy()
     txt = {c: base[pre_caption(c)] for c in raw_texts}
     rows = [("image", k, e) for k, e in img.items()] + [("text", k, e) for k, e in txt.items()]
@@ -89,7 +89,8 @@ def test_i2t_ranks_equal_naive_argsort(real_world):
     out = w["outcomes"]
     rng = np.random.default_rng(1)
     six = [i for i, (_, caps) in enumerate(clean) if len(caps) == 6]
-    sample = sorted(set(rng.choice(len(clean), 150, replace=False).tolist()) | set(six) | set(list(range(0, 5000, 11))[:40]))
+    picked = set(rng.choice(len(clean), 150, replace=False).tolist())
+    sample = sorted(picked | set(six) | set(list(range(0, 5000, 11))[:40]))
     # the engine's text embeddings use normalised captions: identical normalised texts share one row
     G0 = np.stack([w["txt"][c] for c in originals])
     for view in ["original", *ROCOCO_TEXT_VARIANTS]:

@@ -88,5 +88,6 @@ def encode_text(model, tokens: torch.Tensor) -> torch.Tensor:
     x = model.ln_final(x)
     x = text_global_pool(x, tokens, model.text_pool_type, eos_token_id=getattr(model, "text_eos_id", None))
     if model.text_projection is not None:
-        x = model.text_projection(x) if isinstance(model.text_projection, torch.nn.Linear) else x @ model.text_projection
+        proj = model.text_projection
+        x = proj(x) if isinstance(proj, torch.nn.Linear) else x @ proj
     return x

@@ -98,7 +98,8 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
                 ids_q.take(pa.array(qrow)), pa.array(np.nonzero(valid)[1].astype(np.int32)),
                 ids_b.take(pa.array(I[valid])), pa.array(S[valid], pa.float32()),
                 pa.array([problem.modality] * int(valid.sum()), pa.string())], schema=negatives_schema())
-            table = table.replace_schema_metadata({"hardrank_block": json.dumps({"block": b, "queries": len(rows), **st})})
+            block_meta = json.dumps({"block": b, "queries": len(rows), **st})
+            table = table.replace_schema_metadata({"hardrank_block": block_meta})
             with atomic_path(shard_path(out, b)) as tmp:
                 pq.write_table(table, tmp)
             echo(f"block {b + 1}/{n_blocks}: {len(rows)} queries ({i + 1}/{len(todo)} this run, "
@@ -135,7 +136,8 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
                    "max": float(scores.max()) if len(scores) else None},
         "blocks": {"total": n_blocks, "computed": len(todo), "skipped": n_blocks - len(todo), "size": B},
         "timings": {k: round(v, 3) for k, v in timings.items()},
-        "throughput": {"queries_per_s": round(searched / timings["search"], 2) if todo and timings["search"] > 0 else None},
+        "throughput": {"queries_per_s": (round(searched / timings["search"], 2)
+                                         if todo and timings["search"] > 0 else None)},
         "files": files,
     }
     write_json_atomic(out / "summary.json", summary)

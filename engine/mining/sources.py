@@ -147,7 +147,8 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None) -> 
     echo = echo or (lambda s: None)
     qmod, cmod = DIRECTIONS[cfg.direction]
     csrc = _load_source(cfg.corpus, cfg.images)
-    qsrc = csrc if os.path.abspath(cfg.queries) == os.path.abspath(cfg.corpus) else _load_source(cfg.queries, cfg.images)
+    same = os.path.abspath(cfg.queries) == os.path.abspath(cfg.corpus)
+    qsrc = csrc if same else _load_source(cfg.queries, cfg.images)
     for src, mod, role in ((csrc, cmod, "corpus"), (qsrc, qmod, "queries")):
         if mod not in src.items:
             hint = " (pass --images for the Karpathy file's images)" if src.kind == "karpathy" else ""
@@ -238,7 +239,8 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None) -> 
     else:
         pos_emb = np.zeros((0, xb.shape[1]), np.float32)
     fp = store.fingerprint
-    meta = {"corpus": {"path": cfg.corpus, "kind": csrc.kind, "rows": len(c_rows), "skipped": len(cit.keys) - len(c_rows)},
+    meta = {"corpus": {"path": cfg.corpus, "kind": csrc.kind, "rows": len(c_rows),
+                       "skipped": len(cit.keys) - len(c_rows)},
             "queries": {"path": cfg.queries, "kind": qsrc.kind, "rows": len(q_rows),
                         "skipped": sum(1 for k in qit.keys if not k)},
             "model_fingerprint": fp, "embed": embed}

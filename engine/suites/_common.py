@@ -26,7 +26,8 @@ def read_json(path: str | Path):
 
 def require_keys(path, index: int, item, keys: tuple[str, ...], types: dict | None = None) -> None:
     if not isinstance(item, dict):
-        raise SuiteFormatError(f"{path}: item {index} is a {type(item).__name__}, expected an object with keys {list(keys)}")
+        raise SuiteFormatError(f"{path}: item {index} is a {type(item).__name__}, "
+                               f"expected an object with keys {list(keys)}")
     missing = [k for k in keys if k not in item]
     if missing:
         raise SuiteFormatError(f"{path}: item {index} lacks key(s) {missing}; it has {sorted(item)}")
@@ -52,7 +53,8 @@ def read_bbox(path, index, item: dict, *, required: bool) -> tuple[float, float,
     for k in BBOX_KEYS:
         v = item[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise SuiteFormatError(f"{path}: item {index} key {k!r} is {v!r} ({type(v).__name__}), expected a number of pixels")
+            raise SuiteFormatError(f"{path}: item {index} key {k!r} is {v!r} ({type(v).__name__}), "
+                                   f"expected a number of pixels")
         box.append(float(v))
     if box[2] <= 0 or box[3] <= 0:
         raise SuiteFormatError(f"{path}: item {index} has an empty crop box (w={box[2]:g}, h={box[3]:g}); "

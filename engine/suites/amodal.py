@@ -1,6 +1,21 @@
 """AmodalReasonSeg-style annotations and predictions: COCO masks (polygons, RLE, PNG) per question."""
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..config import SuiteOptions
+from ..errors import DataError
+from ..items import ImageRef, Tables
+from ..kernels.masks import PRED_KINDS
+from ..masks_io import polygons_to_mask, rle_decode
+from ..tasks import MaskTask, Suite
+from ._common import SuiteFormatError, read_json
+
 # ---------------------------------------------------------------------------------------------
 # Annotation schema (one JSON file; `--data DIR` means DIR/annotations.json)
 #
@@ -47,19 +62,6 @@ from __future__ import annotations
 #   A question with no prediction scores as an empty prediction and is counted as missing; a
 #   question predicted twice (npz and json) is an error.
 # ---------------------------------------------------------------------------------------------
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
-
-import numpy as np
-
-from ..config import SuiteOptions
-from ..errors import DataError
-from ..items import ImageRef, Tables
-from ..kernels.masks import PRED_KINDS
-from ..masks_io import polygons_to_mask, rle_decode
-from ..tasks import MaskTask, Suite
-from ._common import SuiteFormatError, read_json
 
 __all__ = ["AmodalSet", "Question", "Instance", "MaskSpec", "load_amodal", "load_predictions", "Predictions",
            "RegionItems", "clip_regions_items", "load_amodal_suite", "ANNOTATION_FILE", "PREDICTION_FILE"]
@@ -156,7 +158,6 @@ def _decode(spec: MaskSpec, h: int, w: int, where: str, *, gt: bool) -> np.ndarr
             return rle_decode(spec.value)
         except ValueError as exc:
             raise SuiteFormatError(f"{where}: bad RLE ({exc})") from exc
-    from PIL import Image
 
     try:
         with Image.open(spec.value) as im:

@@ -110,7 +110,8 @@ def load_aro(tables: Tables, opts: SuiteOptions, name: str = "aro") -> Suite:
                   meta={"files_found": [ARO_FILES[t.name] for t in tasks], "files_missing": missing,
                         "items": {t.name: len(t.ids) for t in tasks}, "images": str(images),
                         "macro": "vg_relation_macro: mean over relations minus the reference's symmetric list; "
-                                 f"vg_attribution_macro: mean over attribute pairs with >= {MIN_ATTRIBUTE_ITEMS} items"})
+                                 "vg_attribution_macro: mean over attribute pairs with >= "
+                                 f"{MIN_ATTRIBUTE_ITEMS} items"})
     return attach_aggregates(suite, aggs)
 
 

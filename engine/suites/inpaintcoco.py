@@ -4,6 +4,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from ..items import ImageRef, Tables, parquet_uri
 from ..tasks import ChoiceTask, Suite
 from ._common import SuiteFormatError, SuiteOptions
@@ -51,9 +54,6 @@ def _shards(root: Path, split: str = "test") -> list[Path]:
 
 
 def _check_schema(f: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     schema = pq.read_schema(f)
     missing = [c for c in (*_TEXT_COLUMNS, *_IMAGE_COLUMNS) if c not in schema.names]
     if missing:
@@ -85,7 +85,6 @@ def load_inpaintcoco(tables: Tables, opts: SuiteOptions, name: str = "inpaintcoc
     caption); strict inequalities (ties wrong). Images stay inside the Parquet file (decoded from the
     image struct's bytes; a row without bytes is recorded as unreadable when keys are computed and
     dropped). Rows with an empty caption are skipped and counted. Metrics per concept and overall."""
-    import pyarrow.parquet as pq
 
     if opts.data is None:
         raise ValueError("suite inpaintcoco needs --data DIR (or a .parquet file) with the test shards")

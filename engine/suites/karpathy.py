@@ -22,7 +22,8 @@ def read_karpathy(path: str | Path) -> list[tuple[str, list[str]]]:
     """[(image path as written, [raw captions])]. Caption counts vary (COCO 5k: ten images have 6)."""
     data = read_json(path)
     if not isinstance(data, list):
-        raise SuiteFormatError(f"{path}: expected a JSON list of {{'image', 'caption'}} objects, got {type(data).__name__}")
+        raise SuiteFormatError(f"{path}: expected a JSON list of {{'image', 'caption'}} objects, "
+                               f"got {type(data).__name__}")
     out = []
     for i, item in enumerate(data):
         require_keys(path, i, item, ("image", "caption"), {"image": str})

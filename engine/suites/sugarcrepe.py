@@ -60,7 +60,8 @@ def load_sugarcrepe(tables: Tables, opts: SuiteOptions, name: str = "sugarcrepe"
         if items and not (images / items[0][1]["filename"]).exists() and (images / "val2017").is_dir():
             images = images / "val2017"  # the COCO root was given
         left = tables.images.add_many(ImageRef(os.fspath(images / it["filename"])) for _, it in items).reshape(-1, 1)
-        right = tables.texts.add_many(c for _, it in items for c in (it["caption"], it["negative_caption"])).reshape(-1, 2)
+        pairs = (c for _, it in items for c in (it["caption"], it["negative_caption"]))
+        right = tables.texts.add_many(pairs).reshape(-1, 2)
         identical[stem] = sum(it["caption"] == it["negative_caption"] for _, it in items)
         task = ChoiceTask(name=stem, rule="first_strict", left_modality="image", right_modality="text",
                           left=left, right=right, ids=[f"{stem}/{k}" for k, _ in items])
@@ -79,6 +80,7 @@ def load_sugarcrepe(tables: Tables, opts: SuiteOptions, name: str = "sugarcrepe"
               "count_mismatch": {s: [n, SUGARCREPE_FILES[s]] for s, n in counts.items() if n != SUGARCREPE_FILES[s]},
               "caption_equals_negative": {s: n for s, n in identical.items() if n},
               "categories": "mean of the category's file accuracies (only categories with all files present)",
-              "overall": "micro accuracy over all items of the files found; overall_file_mean = mean of file accuracies"})
+              "overall": "micro accuracy over all items of the files found; "
+                         "overall_file_mean = mean of file accuracies"})
     return attach_aggregates(suite, [ChoiceAggregate("overall", tuple(found), over="items"),
                                      ChoiceAggregate("overall_file_mean", tuple(found), over="tasks")])

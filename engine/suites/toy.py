@@ -7,7 +7,7 @@ from pathlib import Path
 from ..config import cache_dir
 from ..items import Tables
 from ..tasks import Suite
-from ..toyworld import build_world
+from ..toyworld import WorldConfig, build_world, world_config
 from ._common import SuiteOptions
 from .hard_positives import load_hard_positives
 from .inpaintcoco import load_inpaintcoco
@@ -23,8 +23,10 @@ def default_world_dir() -> Path:
 
 
 def ensure_world(opts: SuiteOptions) -> Path:
+    """``--data`` (or the cached default world): a world built with any config is used as it is
+    (rebuilt only when its generator version is stale); a missing one is built with the defaults."""
     world = Path(opts.data) if opts.data else default_world_dir()
-    return Path(build_world(world))
+    return Path(build_world(world, world_config(world) or WorldConfig()))
 
 
 def load_toy(tables: Tables, opts: SuiteOptions, which: str) -> Suite:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -10,8 +11,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import open_clip
 import torch
 import torch.nn.functional as F
+from PIL import Image
+from safetensors.torch import load_file, save_file
 
 from . import TOY_MODEL
 
@@ -26,7 +30,6 @@ DEFAULT_STEPS = (0, 50, 100, 200, 400, 700)  # checkpoint steps; the last is the
 
 def _create(train: bool = False):
     """(model, preprocess, tokenizer) of toy-clip; preprocess is open_clip's eval transform."""
-    import open_clip
 
     open_clip.add_model_config(MODEL_CONFIG)
     model, _, preprocess = open_clip.create_model_and_transforms(MODEL_NAME)
@@ -43,7 +46,6 @@ def _read_split(world_dir: Path, split: str) -> list[dict]:
 
 def _images(world_dir: Path, items: list[dict], preprocess) -> torch.Tensor:
     """(N, 3, S, S) float32: every image through the model's own preprocess transform."""
-    from PIL import Image
 
     out = []
     for it in items:
@@ -89,7 +91,6 @@ def _test_set(world_dir: Path, preprocess, tokenizer):
 
 def evaluate_checkpoints(checkpoints: list[str | Path], world_dir: str | Path) -> list[dict]:
     """Clean R@1/5/10 of toy-clip checkpoints on the world's test split (full score matrix): a self-check."""
-    from safetensors.torch import load_file
 
     model, preprocess, tokenizer = _create()
     images, tokens, txt_img = _test_set(Path(world_dir), preprocess, tokenizer)
@@ -101,8 +102,6 @@ def evaluate_checkpoints(checkpoints: list[str | Path], world_dir: str | Path) -
 
 
 def _save(model, path: Path, step: int, seed: int) -> None:
-    from safetensors.torch import save_file
-
     sd = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file(sd, str(tmp), metadata={"model": MODEL_NAME, "step": str(step), "seed": str(seed)})
@@ -183,7 +182,6 @@ def train_toy(world_dir: str | Path, out_dir: str | Path, *, steps: tuple[int, .
 
 def _main(argv: list[str] | None = None) -> None:
     """python -m engine.toyworld.train WORLD OUT: train, then print clean R@1/R@5 per checkpoint."""
-    import argparse
 
     ap = argparse.ArgumentParser(description=_main.__doc__)
     ap.add_argument("world")

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..perturb_images import alter_images
 from .scenes import (
@@ -37,7 +39,7 @@ from .variants import (
     rococo_variant,
 )
 
-__all__ = ["WorldConfig", "build_world", "WORLD_VERSION"]
+__all__ = ["WorldConfig", "build_world", "world_config", "WORLD_VERSION"]
 
 WORLD_VERSION = 1  # bump when the generator's output changes for the same config
 _MANIFEST = "world.json"
@@ -147,7 +149,6 @@ def _write_images(root: Path, rels: list[str], scenes: list[Scene], cfg: WorldCo
 
 def _inpaint_table(cfg: WorldConfig, scenes: list[Scene], rels: list[str], images: Path):
     """InpaintCOCO-schema rows: a test image + caption and the scene with one attribute edited."""
-    import pyarrow as pa
 
     rng = _rng(cfg, "inpaint")
     n = min(cfg.n_inpaint, len(scenes))
@@ -199,7 +200,6 @@ def _inpaint_table(cfg: WorldConfig, scenes: list[Scene], rels: list[str], image
 
 def _build(out: Path, cfg: WorldConfig) -> dict:
     """Write the whole world under out (an empty folder); returns the manifest."""
-    import pyarrow.parquet as pq
 
     images = out / "images"
     train, test = _sample_scenes(cfg)
@@ -252,6 +252,15 @@ def _is_current(out: Path, cfg: WorldConfig) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(m, dict) and m.get("version") == WORLD_VERSION and m.get("config") == cfg.to_json()
+
+
+def world_config(out_dir: str | Path) -> WorldConfig | None:
+    """The config a world folder was built with (its world.json), or None when there is none."""
+    try:
+        m = json.loads((Path(out_dir) / _MANIFEST).read_text(encoding="utf-8"))
+        return WorldConfig.from_json(m["config"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> Path:

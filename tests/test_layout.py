@@ -1,0 +1,177 @@
+"""The package's shape: one import name, no import cycles, heavy dependencies behind their extras."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# the folders and the package names they install as (pyproject.toml [tool.setuptools] package-dir)
+FOLDERS = {"engine": "hardrank", "kernels": "hardrank.kernels", "jobs": "hardrank.jobs"}
+HEAVY = ("ray", "nvidia.dali", "faiss", "matplotlib")  # optional or heavy: imported where needed only
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for folder, pkg in FOLDERS.items():
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            rel = p.relative_to(ROOT / folder).with_suffix("")
+            parts = [x for x in rel.parts if x != "__init__"]
+            out[".".join([pkg, *parts])] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(module: str, node: ast.ImportFrom | ast.Import, is_pkg: bool) -> list[str]:
+    """Absolute names a statement imports (``from .x import y`` -> the module ``x`` or ``x.y``)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if node.level == 0:
+        base = node.module or ""
+    else:
+        parts = module.split(".")
+        keep = len(parts) - node.level + (1 if is_pkg else 0)
+        base = ".".join(parts[:keep] + ([node.module] if node.module else []))
+    # `from pkg import sub` imports the submodule when there is one
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+
+
+def _imports(module: str) -> tuple[list[str], list[str]]:
+    """(module-level imports, imports inside functions) of a hardrank module, as absolute names."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    top, inner = [], []
+    is_pkg = path.name == "__init__.py"
+
+    def walk(node, depth):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                (inner if depth else top).extend(_resolve(module, child, is_pkg))
+            walk(child, depth + isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    for stmt in tree.body:  # `try: import tomllib / except: import tomli` at module level is still top level
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            top.extend(_resolve(module, stmt, is_pkg))
+        else:
+            walk(stmt, isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return top, inner
+
+
+def _heavy(name: str) -> bool:
+    return any(name == h or name.startswith(h + ".") for h in HEAVY)
+
+
+def test_every_module_opens_with_its_purpose():
+    for path in MODULES.values():
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        assert doc and doc.strip(), f"{path.relative_to(ROOT)} has no module docstring (one line of purpose)"
+
+
+def test_nothing_imports_the_folder_names():
+    for name in MODULES:
+        top, inner = _imports(name)
+        bad = [m for m in top + inner if m.split(".")[0] in FOLDERS]
+        assert not bad, f"{MODULES[name].relative_to(ROOT)} imports {bad}: import them as hardrank..."
+    for test in sorted((ROOT / "tests").glob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(test.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                assert node.module.split(".")[0] not in FOLDERS, f"{test.name} imports {node.module}"
+            if isinstance(node, ast.Import):
+                assert all(a.name.split(".")[0] not in FOLDERS for a in node.names), test.name
+
+
+def test_function_level_imports_only_for_heavy_optional_dependencies():
+    """A function may import ray / DALI / faiss / matplotlib, or the one hardrank module that holds
+    such an import at its top; everything else is imported at module top."""
+    holds_heavy = {m for m in MODULES if any(_heavy(x) for x in _imports(m)[0])}
+    offenders = []
+    for name in MODULES:
+        for m in _imports(name)[1]:
+            if not (_heavy(m) or m in holds_heavy or any(m.startswith(h + ".") for h in holds_heavy)):
+                offenders.append(f"{MODULES[name].relative_to(ROOT)}: {m}")
+    assert not offenders, "function-level imports of core modules:\n" + "\n".join(offenders)
+
+
+def test_heavy_dependencies_live_in_one_module_each():
+    owners: dict[str, list[str]] = {}
+    for name in MODULES:
+        for m in _imports(name)[0]:
+            if _heavy(m):
+                owners.setdefault(next(h for h in HEAVY if m == h or m.startswith(h + ".")), []).append(name)
+    for dep, mods in owners.items():
+        assert len(set(mods)) == 1, f"{dep} is imported at the top of several modules: {sorted(set(mods))}"
+
+
+def test_no_import_cycles():
+    graph = {m: sorted({x for x in _imports(m)[0] if x in MODULES and x != m}) for m in MODULES}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for n in graph[m]:
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n):] + [n]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m)
+
+
+def test_core_imports_without_the_extras():
+    """`import hardrank` and the CLI's parser work with ray, DALI and matplotlib absent."""
+    script = ("import sys\n"
+              "for m in ('ray', 'nvidia.dali', 'matplotlib'):\n"
+              "    sys.modules[m] = None\n"
+              "import hardrank, hardrank.jobs.cli\n"
+              "hardrank.jobs.cli.build_parser()\n"
+              "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_missing_extra_names_the_install_command(tmp_path, monkeypatch, capsys):
+    """Asking for Ray or DALI without them installed exits 1 with the pip command to run."""
+    from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
+
+    from hardrank.jobs.cli import main
+
+    w = make_karpathy_world(tmp_path / "w", n_images=4)
+    cfg = write_tiny_config(tmp_path)
+    ckpt = save_random_checkpoint(cfg, tmp_path / "c.safetensors", 0)
+    base = ["eval", "--model", str(cfg), "--checkpoint", str(ckpt), "--suite", "karpathy", "--annotations",
+            str(w["annotations"]), "--images", str(w["images"]), "--store", str(tmp_path / "s"), "--quiet"]
+    monkeypatch.setitem(sys.modules, "ray", None)
+    monkeypatch.delitem(sys.modules, "hardrank.jobs.ray_executor", raising=False)
+    assert main([*base, "--out", str(tmp_path / "o1"), "--executor", "ray"]) == 1
+    assert "pip install 'hardrank[ray]'" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)
+    monkeypatch.delitem(sys.modules, "hardrank.embed.dali", raising=False)
+    assert main([*base, "--out", str(tmp_path / "o2"), "--decoder", "dali"]) == 1
+    assert "pip install 'hardrank[dali]'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_wheel_installs_one_name(tmp_path):
+    """`pip install .` puts only `hardrank` in site-packages: no `engine`, `kernels` or `jobs`."""
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (wheel,) = tmp_path.glob("hardrank-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"hardrank", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert "hardrank/kernels/ranking.py" in names and "hardrank/jobs/cli.py" in names
+    assert any(n.startswith("hardrank/data/toy_checkpoints/") for n in names)
+    assert "hardrank/embed/pipeline.py" in names and "hardrank/mining/run.py" in names
