@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .atomic import atomic_path
 from .config import resolve_device
 
 __all__ = ["alter_images", "variant_name"]
@@ -137,15 +138,10 @@ def _load(path: Path, size: int) -> np.ndarray:
 
 
 def _save_jpeg(arr: np.ndarray, out: Path, quality: int) -> None:
-    """Atomic JPEG write: a temporary file in the same folder, then os.replace."""
+    """Atomic JPEG write (a reader never sees half an image)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
+    with atomic_path(out) as tmp:
         Image.fromarray(arr).save(tmp, format="JPEG", quality=quality)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def alter_images(images_root: str | Path, image_paths: list[str], out_root: str | Path, *, method: str,

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .atomic import write_text_atomic
 from .config import DATA_DIR
 from .suites.karpathy import N_PERTURBED, read_karpathy
 from .text import pre_caption
@@ -236,7 +237,7 @@ def write_variant_file(karpathy_path: str | os.PathLike, out_path: str | os.Path
                        batch_size: int = 512) -> dict:
     """Write a RoCOCO variant file for a Karpathy-format file: same image order, each caption list =
     the n originals unchanged then one perturbed caption for each of the first min(n, 5) originals.
-    Written atomically (``.tmp`` then ``os.replace``). Returns counts: images, originals, perturbed,
+    Written atomically. Returns counts: images, originals, perturbed,
     fallback (captions without a vocabulary noun), unchanged (perturbed == one of the image's originals
     after normalisation)."""
     _check_kind(kind)
@@ -255,9 +256,7 @@ def write_variant_file(karpathy_path: str | os.PathLike, out_path: str | os.Path
         unchanged += sum(p in normalised for p in new)
         items.append({"image": image, "caption": list(caps) + new})
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    tmp.write_text(json.dumps(items, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, out_path)
+    write_text_atomic(out_path, json.dumps(items, ensure_ascii=False))
     return {"path": str(out_path), "kind": kind, "seed": int(seed), "images": len(clean),
             "originals": sum(len(c) for _, c in clean), "perturbed": len(perturbed), "fallback": n_fallback,
             "unchanged": unchanged}

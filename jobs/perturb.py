@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
+from hardrank.atomic import atomic_path
 from hardrank.config import PRECISIONS
 from hardrank.models import ModelSpec, load_model
 from hardrank.perturb_images import alter_images
@@ -89,9 +89,8 @@ def _texts(args) -> int:
         raise ValueError(f"{copy} exists and differs from --annotations {ann}; the variant files must sit next "
                          f"to the clean file they were made from: use another --out")
     if not copy.exists():
-        tmp = copy.with_name(copy.name + ".tmp")
-        shutil.copyfile(ann, tmp)
-        os.replace(tmp, copy)
+        with atomic_path(copy) as tmp:
+            shutil.copyfile(ann, tmp)
     if todo:
         lm = load_model(ModelSpec(arch=args.model, checkpoint=args.checkpoint, precision=args.precision,
                                   device=args.device))

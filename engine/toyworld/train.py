@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
+from ..atomic import atomic_path
 from . import TOY_MODEL
 
 __all__ = ["train_toy", "recall_at_k", "evaluate_checkpoints", "MODEL_NAME", "MODEL_CONFIG", "DEFAULT_STEPS"]
@@ -103,10 +104,9 @@ def evaluate_checkpoints(checkpoints: list[str | Path], world_dir: str | Path) -
 
 def _save(model, path: Path, step: int, seed: int) -> None:
     sd = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file(sd, str(tmp), metadata={"model": MODEL_NAME, "step": str(step), "seed": str(seed)})
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(sd, str(tmp), metadata={"model": MODEL_NAME, "step": str(step), "seed": str(seed)})
+        os.chmod(tmp, 0o644)
 
 
 def train_toy(world_dir: str | Path, out_dir: str | Path, *, steps: tuple[int, ...] = DEFAULT_STEPS,
