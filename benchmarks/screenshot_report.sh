@@ -10,7 +10,7 @@ if [ -z "$CHROME" ]; then
     echo "no chromium on PATH; install it (apt-get install chromium) or open $OUT/report.html yourself" >&2
     exit 1
 fi
-"$PY" -m jobs.cli report "$RESULTS" --out "$OUT" >/dev/null
+"$PY" -m hardrank.jobs.cli report "$RESULTS" --out "$OUT" >/dev/null
 PROFILE=$(mktemp -d)
 trap 'rm -rf "$PROFILE"' EXIT
 # no network, no GPU, a throwaway profile: the report is self-contained

@@ -1,16 +1,29 @@
-"""hardrank report: leaderboard CSV, HTML/Markdown with embedded plots and worst failures, from fake results."""
+"""hardrank report: leaderboard CSV, HTML/Markdown with embedded plots and worst failures, from real results."""
 import csv
+import html
 import io
+import json
 import re
 import shutil
 import subprocess
+import sys
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fake_results import CHECKPOINTS, make_fake_results
+from helpers import make_karpathy_world
 
+from hardrank.errors import MissingExtra
+from hardrank.evaluate import evaluate
 from hardrank.jobs.progress import make_progress
-from hardrank.jobs.report import build_report, parse_step
+from hardrank.jobs.report import build_report, parse_step, plot_bench
+
+CHECKPOINTS = ("toy-clip_step0000", "toy-clip_step0200", "toy-clip_step0400", "toy-clip_step0800")
+SUITES = ("rococo", "hard_positives")
+TEXT_VARIANTS = ("same_concept", "rand_voca")
+IMAGE_VARIANTS = ("mix_0.9", "patch_0.9")
+HARD_POSITIVE_FILES = ("vl_checklist_attributes", "vl_checklist_relations", "visual_genome_attribution")
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -28,66 +41,143 @@ def test_parse_step(name, expected):
     assert parse_step(name) == expected
 
 
+def _write_hard_positives(ann, clean) -> dict[str, tuple[int, str]]:
+    """Hard-positive files (data/ and swapped_data/) next to the Karpathy file, one triplet per image:
+    c, c_P (the swapped file's true caption) and c_N. Returns {caption: (image, "pos"|"neg")}."""
+    roles = {}
+    for sub in ("data", "swapped_data"):
+        (ann / sub).mkdir()
+    for k, stem in enumerate(HARD_POSITIVE_FILES):
+        orig, swap = [], []
+        for i, item in enumerate(clean):
+            cap = item["caption"][k]
+            triplet = {"image_path": item["image"], "true_caption": cap, "false_caption": f"{cap[:-1]}, upside down."}
+            if stem == "visual_genome_attribution":  # SWAP items are cropped to their box
+                triplet.update(bbox_x=0, bbox_y=0, bbox_w=20, bbox_h=15)
+            orig.append(triplet)
+            swap.append({**triplet, "true_caption": f"Indeed: {cap}"})
+            roles.update({triplet["false_caption"]: (i, "neg"), swap[-1]["true_caption"]: (i, "pos")})
+        (ann / "data" / f"{stem}.json").write_text(json.dumps(orig))
+        (ann / "swapped_data" / f"{stem}.json").write_text(json.dumps(swap))
+    return roles
+
+
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fake")
-    results = make_fake_results(root / "results", world=root / "world")
-    out = root / "report"
-    return results, out, build_report(results, out, top=15)
+def world(tmp_path_factory):
+    """A tiny RoCOCO world (2 caption variants, 2 altered galleries) plus hard-positive files, and the
+    role of every image and caption id: (the image it shows or describes, "pos" or "neg")."""
+    root = tmp_path_factory.mktemp("world")
+    w = make_karpathy_world(root, n_images=12, variants=TEXT_VARIANTS,
+                            image_variants=tuple(f"{v}_s1" for v in IMAGE_VARIANTS))
+    clean, ann = w["clean"], w["annotations"]
+    images = {it["image"]: (i, "pos") for i, it in enumerate(clean)}
+    images.update({f"{v}_s1/{it['image']}": (i, "neg") for i, it in enumerate(clean) for v in IMAGE_VARIANTS})
+    texts = {c: (i, "pos") for i, it in enumerate(clean) for c in it["caption"]}
+    perturbed = set()
+    for v in TEXT_VARIANTS:
+        for i, item in enumerate(json.loads((ann / f"{v}.json").read_text())):
+            for c in item["caption"][len(clean[i]["caption"]):]:
+                texts.setdefault(c, (i, "neg"))  # a perturbed caption equal to its original stays positive
+                perturbed.add(c)
+    for c, role in _write_hard_positives(ann, clean).items():
+        texts.setdefault(c, role)
+    return {**w, "roles": {"image": images, "text": texts}, "perturbed_texts": perturbed}
 
 
-def test_leaderboard_rows(fake):
-    results, out, paths = fake
+def _eval(world, out, checkpoints, tmp) -> None:
+    """Results of ``hardrank eval --embeddings`` for each checkpoint (named by its embeddings file). The
+    embeddings improve with the checkpoint's position: positives move towards their image's concept,
+    perturbed items (altered images, perturbed and false captions) stay half-way there."""
+    concepts = np.random.default_rng(1234).normal(size=(len(world["clean"]), 32))
+    concepts /= np.linalg.norm(concepts, axis=1, keepdims=True)
+    for k, ckpt in enumerate(checkpoints):
+        skill = 0.25 + 0.25 * k / max(len(checkpoints) - 1, 1)
+        rng = np.random.default_rng(k)
+        kinds, ids, embs = [], [], []
+        for kind, roles in world["roles"].items():
+            for id_, (i, role) in roles.items():
+                w = skill if role == "pos" else 0.5
+                kinds.append(kind)
+                ids.append(id_)
+                embs.append((w * concepts[i] + (1 - w) * rng.normal(size=32) / np.sqrt(32)).tolist())
+        path = tmp / "embeddings" / f"{ckpt}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"kind": kinds, "id": ids, "embedding": embs}), path)
+        evaluate(embeddings=str(path), suites=list(SUITES), annotations=str(world["annotations"]),
+                 data=str(world["annotations"]), images=str(world["images"]), image_variants=list(IMAGE_VARIANTS),
+                 seeds=[1], out=str(out), store=str(tmp / "store"), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def report(world, tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    _eval(world, root / "results", CHECKPOINTS, root)
+    return root / "results", build_report(root / "results", root / "report", top=15)
+
+
+def test_leaderboard_rows(report):
+    results, paths = report
     rows = list(csv.DictReader(paths["csv"].open()))
-    assert len(rows) == len(CHECKPOINTS) * 3
-    assert [r["checkpoint"] for r in rows[::3]] == list(CHECKPOINTS)          # step order
-    assert [r["step"] for r in rows[::3]] == ["0", "200", "400", "800"]
-    assert [r["suite"] for r in rows[:3]] == ["toy-rococo", "toy-hard-positives", "toy-inpaint"]
-    import json
-
-    res = json.loads((results / CHECKPOINTS[-1] / "toy-rococo.json").read_text())
-    last = rows[-3]
+    assert len(rows) == len(CHECKPOINTS) * len(SUITES)
+    assert [r["checkpoint"] for r in rows[::2]] == list(CHECKPOINTS)          # step order
+    assert [r["step"] for r in rows[::2]] == ["0", "200", "400", "800"]
+    assert [r["suite"] for r in rows[:2]] == ["rococo", "hard_positives"]   # ranking suites first
+    assert list(rows[0])[-4:] == ["model_fingerprint", "tie_rule", "failed_items", "result"]
+    res = json.loads((results / CHECKPOINTS[-1] / "rococo.json").read_text())
+    last = rows[-2]
     assert last["main_metric"] == "R@1 mean"
     assert float(last["main"]) == pytest.approx(res["metrics"]["original"]["mean"]["R@1"], abs=1e-3)
-    assert float(last["i2t:rand_voca FR"]) == pytest.approx(res["metrics"]["rand_voca"]["i2t"]["false_rate"], abs=1e-3)
+    assert float(last["i2t:rand_voca FR"]) == pytest.approx(res["metrics"]["rand_voca"]["i2t"]["false_rate"],
+                                                            abs=1e-3)
+    assert float(last["t2i:mix_0.9_s1 R@1"]) == pytest.approx(res["metrics"]["mix_0.9_s1"]["t2i"]["R@1"], abs=1e-3)
     assert float(last["rsum"]) == pytest.approx(res["metrics"]["original"]["rsum"], abs=1e-3)
-    hp = next(r for r in rows if r["suite"] == "toy-hard-positives" and r["checkpoint"] == CHECKPOINTS[0])
-    hres = json.loads((results / CHECKPOINTS[0] / "toy-hard-positives.json").read_text())
+    assert last["result"] == (results / CHECKPOINTS[-1] / "rococo.json").as_posix()
+    assert float(last["main"]) > float(rows[0]["main"])                      # the checkpoints get better
+    hp = next(r for r in rows if r["suite"] == "hard_positives" and r["checkpoint"] == CHECKPOINTS[0])
+    hm = json.loads((results / CHECKPOINTS[0] / "hard_positives.json").read_text())["metrics"]
     # replace (the aggregate) stands for its two members: main = mean(replace, swap)
-    want = (hres["metrics"]["replace"]["all"]["augmented_accuracy"] + hres["metrics"]["swap"]["all"]["augmented_accuracy"]) / 2
+    want = (hm["replace"]["all"]["augmented_accuracy"] + hm["swap"]["all"]["augmented_accuracy"]) / 2
     assert hp["main_metric"] == "augmented_accuracy" and float(hp["main"]) == pytest.approx(want, abs=1e-3)
 
 
-def test_html_is_self_contained_with_plots_and_failures(fake):
-    results, out, paths = fake
+def test_html_is_self_contained_with_plots_and_failures(report, world):
+    results, paths = report
     page = paths["html"].read_text()
     assert page.count('<img class="plot"') == 3
     assert len(re.findall(r'src="data:image/png;base64,[A-Za-z0-9+/=]{500,}"', page)) >= 3
     assert not re.search(r'(src|href)="(https?:|//|file:)', page)  # no external assets
     assert '<table class="failures">' in page
-    assert 'class="thumb"' in page                                  # t2i top-1 images exist on disk
     # the failure count is that of the last checkpoint's Parquet: view != original, top-1 perturbed
-    t = pq.read_table(results / CHECKPOINTS[-1] / "toy-rococo.parquet").to_pylist()
+    t = pq.read_table(results / CHECKPOINTS[-1] / "rococo.parquet").to_pylist()
     n = sum(1 for r in t if r["kind"] == "ranking" and r["view"] != "original" and r["top1_group"] != "original")
-    assert f"{n} queries whose top-1 is a perturbed item; showing 15" in page
-    rows = re.findall(r"<tr><td>(i2t|t2i)</td><td>([^<]+)</td>", page)
-    assert len(rows) == 15 and all(v != "original" for _, v in rows)
-    assert "(same_concept)" in page or "(rand_voca)" in page or "patch_0.9_s1/val2014" in page
+    assert n > 15 and f"{n} queries whose top-1 is a perturbed item; showing 15" in page
+    rows = re.findall(r'<tr><td>(i2t|t2i)</td><td>([^<]+)</td><td class="text">(?:<img[^>]*>)?(?:<code>)?([^<]+)'
+                      r'(?:</code>)?</td><td class="text">(?:<img[^>]*>)?(?:<code>)?([^<]+)(?:</code>)?</td>'
+                      r"<td>([^<]+)</td>", page)
+    assert len(rows) == 15 and {task for task, *_ in rows} == {"i2t", "t2i"}
+    for task, view, _, top1, group in rows:                      # the top-1 is an item of the view's variant
+        assert view != "original" and group == view
+        if task == "t2i":
+            assert top1.startswith(f"{view}/val2014/")
+        else:
+            assert html.unescape(top1) in world["perturbed_texts"]
+    # every image cell (the i2t query, the t2i top-1) has its thumbnail: the images are on disk
+    assert page.count('<img class="thumb" src="data:image/png;base64,') == 15
     for k in ("vs_step", "drops", "heatmap"):
         assert paths[f"plot_{k}"].read_bytes()[:4] == b"\x89PNG"
 
 
-def test_markdown(fake):
-    _, _, paths = fake
+def test_markdown(report):
+    _, paths = report
     md = paths["md"].read_text()
-    assert "| checkpoint | toy-rococo | toy-hard-positives | toy-inpaint |" in md
+    assert "| checkpoint | rococo | hard_positives |" in md
     assert "![Per-variant drop](plots/drops.png)" in md
     assert "| task | view | query | top-1 (perturbed) |" in md
 
 
-def test_name_order_and_duplicate_runs(tmp_path):
-    make_fake_results(tmp_path / "res" / "runA", checkpoints=("final", "base"), n_images=6)
-    make_fake_results(tmp_path / "res" / "runB", checkpoints=("final",), n_images=6)
+def test_name_order_and_duplicate_runs(world, tmp_path):
+    _eval(world, tmp_path / "res" / "runA", ("final", "base"), tmp_path)
+    _eval(world, tmp_path / "res" / "runB", ("final",), tmp_path)
     paths = build_report(tmp_path / "res")
     assert paths["html"].parent == tmp_path / "res" / "report"
     rows = list(csv.DictReader(paths["csv"].open()))
@@ -105,25 +195,48 @@ def test_errors(tmp_path):
     (tmp_path / "empty" / "x" / "manifest.json").write_text('{"dim": 4}')  # a store manifest is no result
     with pytest.raises(FileNotFoundError, match="no result files under"):
         build_report(tmp_path / "empty")
+    with pytest.raises(ValueError, match="top must be >= 0"):
+        build_report(tmp_path / "nope", top=-1)
     from hardrank.jobs.cli import main
 
     assert main(["report", str(tmp_path / "nope")]) == 3
 
 
-def test_report_cli(tmp_path, capsys):
+def test_report_cli(world, tmp_path, capsys):
     from hardrank.jobs.cli import main
 
-    make_fake_results(tmp_path / "r", checkpoints=("a_epoch_1", "a_epoch_2"), n_images=5)
+    _eval(world, tmp_path / "r", ("a_epoch_1", "a_epoch_2"), tmp_path)
     assert main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--top", "3"]) == 0
     printed = capsys.readouterr().out.split()
     assert printed == [str(tmp_path / "o" / f) for f in ("leaderboard.csv", "report.html", "report.md")]
 
 
-def test_screenshot_in_headless_chromium(fake, tmp_path):
+def test_importing_the_report_command_imports_no_matplotlib():
+    code = ("import sys, hardrank.jobs.report; "
+            "sys.exit(any(m.split('.')[0] == 'matplotlib' for m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_without_matplotlib_report_names_the_extra(report, tmp_path, monkeypatch, capsys):
+    from hardrank.jobs.cli import main
+
+    results, _ = report
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ModuleNotFoundError
+    monkeypatch.delitem(sys.modules, "hardrank.jobs.report.plots", raising=False)
+    assert main(["report", str(results), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "hardrank report needs the optional package 'matplotlib'" in err
+    assert "pip install 'hardrank[report]'" in err
+    assert not (tmp_path / "o").exists()                  # checked before any work
+    with pytest.raises(MissingExtra, match=r"pip install 'hardrank\[report\]'"):
+        plot_bench({"stages": [], "end_to_end": {}}, tmp_path / "bench.png")
+
+
+def test_screenshot_in_headless_chromium(report, tmp_path):
     exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if exe is None:
         pytest.skip("no chromium on PATH (apt-get install chromium)")
-    _, _, paths = fake
+    _, paths = report
     shot = tmp_path / "report.png"
     subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                     "--disable-component-update", "--disable-sync", "--no-first-run",

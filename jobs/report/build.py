@@ -1,0 +1,68 @@
+"""Building a report: a results folder -> leaderboard.csv, report.html, report.md and plots/*.png."""
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+
+from hardrank.atomic import atomic_path, write_text_atomic
+from hardrank.errors import MissingExtra
+
+from .failures import Thumbs, worst_failures
+from .load import checkpoint_axis, load_results
+from .render import render_html, render_md
+from .tables import leaderboard, write_csv
+
+__all__ = ["build_report", "plot_bench"]
+
+
+def _plots(what: str):
+    """The plots module, imported on first use: matplotlib is the optional extra ``report``."""
+    try:
+        return importlib.import_module(f"{__package__}.plots")
+    except ModuleNotFoundError as exc:
+        if exc.name != "matplotlib" and not (exc.name or "").startswith("matplotlib."):
+            raise
+        raise MissingExtra(what, "report", "matplotlib") from exc
+
+
+def build_report(results_dir: str | Path, out: str | Path | None = None, *, top: int = 20) -> dict[str, Path]:
+    """Write ``leaderboard.csv``, ``report.html`` (plots embedded) and ``report.md`` (+ ``plots/*.png``)
+    for every ``<checkpoint>/<suite>.json`` under ``results_dir``. Returns their paths. Needs
+    matplotlib (``pip install 'hardrank[report]'``); raises ``MissingExtra`` before any work without it."""
+    if top < 0:
+        raise ValueError(f"top must be >= 0, got {top}")
+    plots = _plots("hardrank report")
+    results_dir = Path(results_dir)
+    out = Path(out) if out is not None else results_dir / "report"
+    results = load_results(results_dir, skip=out.resolve() if out.exists() else None)
+    out.mkdir(parents=True, exist_ok=True)
+    order, x, unit = checkpoint_axis(sorted({r.label for r in results}))
+    suites = sorted({r.suite for r in results}, key=lambda s: (not any(r.ranking for r in results if r.suite == s), s))
+    by_suite = {s: [r for r in results if r.suite == s] for s in suites}
+    rows = leaderboard(results, order, suites, x, unit)
+    write_csv(rows, out / "leaderboard.csv")
+    pngs = plots.report_plots(results, by_suite, order, suites, x, unit)
+    (out / "plots").mkdir(exist_ok=True)
+    plot_files = {}
+    for k, png in pngs.items():
+        if png:
+            with atomic_path(out / "plots" / f"{k}.png") as tmp:
+                tmp.write_bytes(png)
+            plot_files[k] = f"plots/{k}.png"
+    columns: list[str] = []
+    for r in rows:
+        columns.extend(k for k in r if k not in columns)
+    ctx = {"results": results, "order": order, "suites": suites, "plots": pngs, "rows": rows, "columns": columns,
+           "failures": worst_failures(by_suite, order, top), "results_dir": str(results_dir),
+           "results_dir_path": results_dir, "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
+    write_text_atomic(out / "report.html", render_html(ctx, Thumbs()))
+    write_text_atomic(out / "report.md", render_md(ctx, plot_files))
+    return {"csv": out / "leaderboard.csv", "html": out / "report.html", "md": out / "report.md",
+            **{f"plot_{k}": out / v for k, v in plot_files.items()}}
+
+
+def plot_bench(bench: dict, path: str | Path) -> Path:
+    """Bar chart of a ``hardrank bench pipeline`` JSON at ``path`` (PNG): items/s per stage, engine vs
+    naive, and end-to-end seconds. Needs matplotlib, like ``build_report``."""
+    return _plots("the plot of `hardrank bench pipeline`").plot_bench(bench, path)

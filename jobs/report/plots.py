@@ -1,0 +1,186 @@
+"""Every figure of the report and of `hardrank bench pipeline`, as PNGs: the one module importing matplotlib."""
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+
+from hardrank.atomic import atomic_path
+
+from .load import Result
+from .tables import directions, drop, main_metric, num, top_level
+
+__all__ = ["report_plots", "plot_bench"]
+
+_CHOICE_KEYS = ("accuracy", "original_accuracy", "augmented_accuracy", "group_score", "text_score", "image_score")
+
+
+def report_plots(results: list[Result], by_suite: dict[str, list[Result]], order: list[str], suites: list[str],
+                 x: dict[str, float], unit: str) -> dict[str, bytes | None]:
+    """The report's PNGs: ``vs_step`` (metrics per suite vs checkpoint), ``drops`` (per-variant drop
+    bars; None without ranking results) and ``heatmap`` (main metric, checkpoint x suite)."""
+    return {"vs_step": _plot_vs_step(by_suite, order, x, unit), "drops": _plot_drops(by_suite, order),
+            "heatmap": _plot_heatmap(results, order, suites)}
+
+
+def _figure(w: float, h: float) -> Figure:
+    return Figure(figsize=(w, h), dpi=100, layout="constrained")
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def _plot_vs_step(by_suite: dict[str, list[Result]], order, x, unit) -> bytes:
+    suites = list(by_suite)
+    ncol = 2 if len(suites) > 1 else 1
+    nrow = math.ceil(len(suites) / ncol)
+    fig = _figure(6.2 * ncol, 3.6 * nrow)
+    axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
+    for ax, suite in zip(axes, suites):
+        rs = sorted(by_suite[suite], key=lambda r: order.index(r.label))
+        xs = [x[r.label] for r in rs]
+        series: dict[str, list] = {}
+        style: dict[str, dict] = {}
+        for i, r in enumerate(rs):
+            m = r.data["metrics"]
+            if r.ranking:
+                for d in directions(m.get("original", {})):
+                    series.setdefault(f"{d} clean", [None] * len(rs))[i] = num(m["original"][d].get("R@1"))
+                    style[f"{d} clean"] = {"lw": 2.6}
+                for v in top_level(m):
+                    for d in directions(m[v]):
+                        series.setdefault(f"{d} {v}", [None] * len(rs))[i] = num(m[v][d].get("R@1"))
+                        style.setdefault(f"{d} {v}", {"lw": 1.2, "ls": "--"})
+                ax.set_ylabel("R@1 (%)")
+            else:
+                for t in top_level(m):
+                    all_ = m[t].get("all", {}) if isinstance(m[t], dict) else {}
+                    for k in _CHOICE_KEYS:
+                        if k in all_:
+                            series.setdefault(f"{t} {k.replace('_accuracy', '').replace('_score', '')}",
+                                              [None] * len(rs))[i] = num(all_[k])
+                ax.set_ylabel("%")
+        top = 0.0
+        for name, ys in series.items():
+            pts = [(a, b) for a, b in zip(xs, ys) if b is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ms=4, label=name, **style.get(name, {"lw": 1.6}))
+                top = max([top] + [b for _, b in pts])
+        ax.set_title(suite, fontsize=11)
+        ax.set_xlabel(unit if unit != "order" else "checkpoint (name order)")
+        if unit == "order":
+            ax.set_xticks(xs, [r.label for r in rs], rotation=30, ha="right", fontsize=7)
+        ax.set_ylim(0, 102 if top > 60 else max(top * 1.25, 1.0))  # near-chance checkpoints stay readable
+        ax.grid(alpha=0.3)
+        if series:
+            ax.legend(fontsize=7, ncol=2, loc="best")
+    for ax in axes[len(suites):]:
+        ax.set_visible(False)
+    return _png(fig)
+
+
+def _sample(order: list[str], n: int = 6) -> list[str]:
+    if len(order) <= n:
+        return order
+    return [order[round(i * (len(order) - 1) / (n - 1))] for i in range(n)]
+
+
+def _plot_drops(by_suite: dict[str, list[Result]], order) -> bytes | None:
+    panels = []  # (suite, direction, views, {label: [drop per view]})
+    for suite, rs in by_suite.items():
+        rs = [r for r in rs if r.ranking]
+        if not rs:
+            continue
+        shown = _sample([l for l in order if any(r.label == l for r in rs)])
+        by_label = {r.label: r.data["metrics"] for r in rs}
+        dirs: dict[str, list[str]] = {}
+        for m in by_label.values():
+            for v in top_level(m):
+                for d in directions(m[v]):
+                    if v not in dirs.setdefault(d, []):
+                        dirs[d].append(v)
+        for d, views in sorted(dirs.items()):
+            panels.append((suite, d, views, {l: [drop(by_label[l], v, d) for v in views] for l in shown}))
+    if not panels:
+        return None
+    ncol = min(2, len(panels))
+    nrow = math.ceil(len(panels) / ncol)
+    fig = _figure(6.2 * ncol, 3.4 * nrow)
+    axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
+    cmap = matplotlib.colormaps["viridis"]
+    for ax, (suite, d, views, vals) in zip(axes, panels):
+        n = max(len(vals), 1)
+        w = 0.8 / n
+        for j, (label, ys) in enumerate(vals.items()):
+            pos = np.arange(len(views)) + (j - (n - 1) / 2) * w
+            ax.bar(pos, [0 if y is None else y for y in ys], w, label=label,
+                   color=cmap(j / max(n - 1, 1) * 0.85))
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(np.arange(len(views)), views, rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("drop in R@1 (points)")
+        ax.set_title(f"{suite}: {d} (clean - variant)", fontsize=11)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, title="checkpoint", title_fontsize=7)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    return _png(fig)
+
+
+def _plot_heatmap(results: list[Result], order: list[str], suites: list[str]) -> bytes:
+    grid = np.full((len(order), len(suites)), np.nan)
+    names = {}
+    for r in results:
+        name, v = main_metric(r.data)
+        names[r.suite] = name
+        if v is not None:
+            grid[order.index(r.label), suites.index(r.suite)] = v
+    fig = _figure(1.6 + 1.7 * len(suites), 1.2 + 0.42 * len(order))
+    ax = fig.subplots()
+    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=100, aspect="auto")
+    ax.set_xticks(range(len(suites)), [f"{s}\n{names.get(s, '')}" for s in suites], fontsize=8)
+    ax.set_yticks(range(len(order)), order, fontsize=8)
+    for i in range(len(order)):
+        for j in range(len(suites)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center", fontsize=8,
+                        color="white" if grid[i, j] < 60 else "black")
+    fig.colorbar(im, ax=ax, label="%")
+    ax.set_title("main metric per checkpoint and suite", fontsize=11)
+    return _png(fig)
+
+
+def plot_bench(bench: dict, path: str | Path) -> Path:
+    """Bar chart of a ``hardrank bench pipeline`` JSON: items/s per stage, engine vs naive, and
+    end-to-end seconds."""
+    stages = [s for s in bench["stages"] if s.get("engine_items_per_s")]
+    fig = _figure(12, 4.2)
+    ax1, ax2 = fig.subplots(1, 2, width_ratios=[2.2, 1])
+    pos = np.arange(len(stages))
+    ax1.bar(pos - 0.2, [s["engine_items_per_s"] for s in stages], 0.4, label="hardrank", color="#2a7ab0")
+    ax1.bar(pos + 0.2, [s.get("naive_items_per_s") or 0 for s in stages], 0.4, label="naive", color="#c0504d")
+    ax1.set_yscale("log")
+    ax1.set_xticks(pos, [s["stage"] for s in stages], rotation=25, ha="right", fontsize=8)
+    ax1.set_ylabel("items/s (log)")
+    ax1.set_title("per-stage throughput", fontsize=11)
+    ax1.legend(fontsize=8)
+    ax1.grid(axis="y", alpha=0.3)
+    e2e = bench["end_to_end"]
+    labels = ["hardrank (cold)", "hardrank (warm)", "naive"]
+    vals = [e2e.get("engine_cold_s"), e2e.get("engine_warm_s"), e2e.get("naive_s")]
+    ax2.bar(range(3), [v or 0 for v in vals], color=["#2a7ab0", "#7fb2d6", "#c0504d"])
+    ax2.set_xticks(range(3), labels, rotation=15, fontsize=8)
+    ax2.set_ylabel("seconds")
+    sp = e2e.get("speedup")
+    ax2.set_title(f"end to end ({sp:.1f}x vs naive)" if sp else "end to end", fontsize=11)
+    path = Path(path)
+    png = _png(fig)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(png)
+    return path

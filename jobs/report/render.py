@@ -1,0 +1,133 @@
+"""The report as text: a self-contained HTML page (plots and thumbnails embedded) and its Markdown twin."""
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+from .failures import Thumbs, image_roots, is_image
+from .tables import num, pivot
+
+__all__ = ["render_html", "render_md"]
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1320px;color:#222}
+h1{margin-bottom:4px} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:32px}
+.meta{color:#666;font-size:13px} table{border-collapse:collapse;font-size:13px;margin:8px 0}
+th,td{border:1px solid #ddd;padding:4px 8px;vertical-align:middle} th{background:#f3f5f7;text-align:left}
+td.num{text-align:right;font-variant-numeric:tabular-nums} td.best{font-weight:bold;background:#e8f4e8}
+img.plot{max-width:100%;border:1px solid #eee;margin:8px 0} img.thumb{width:64px;height:64px;
+image-rendering:pixelated;display:block} .small{font-size:12px;color:#555} code{font-size:12px}
+td.text{max-width:420px}
+"""
+
+
+def _fmt(v) -> str:
+    n = num(v)
+    return "-" if v is None or v == "" else (f"{n:.2f}" if n is not None and not isinstance(v, int) else str(v))
+
+
+def _esc(v) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _md_cell(v) -> str:
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _cell_html(value: str, roots: list[Path], image: bool, thumbs: Thumbs) -> str:
+    b64 = thumbs(value, roots) if image else None
+    img = f'<img class="thumb" src="data:image/png;base64,{b64}" alt="">' if b64 else ""
+    return f'{img}<code>{_esc(value)}</code>' if image else _esc(value)
+
+
+def render_html(ctx: dict, thumbs: Thumbs) -> str:
+    """The page: leaderboard pivot, the plots (embedded PNGs), worst failures with thumbnails, every
+    headline metric. ``ctx`` is the report context ``build_report`` assembles."""
+    order, suites, results = ctx["order"], ctx["suites"], ctx["results"]
+    cell, best = pivot(results, order, suites)
+    metric_of = {s: next((cell[(l, s)][0] for l in order if (l, s) in cell), "") for s in suites}
+    h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+         "<title>hardrank report</title>", f"<style>{_CSS}</style></head><body>",
+         "<h1>hardrank report</h1>",
+         f'<p class="meta">{_esc(ctx["results_dir"])} &middot; {len(results)} results, {len(order)} checkpoints, '
+         f'{len(suites)} suites &middot; generated {_esc(ctx["generated"])}</p>',
+         "<h2>Leaderboard</h2>",
+         '<p class="small">Main metric per suite (ranking: clean R@1, mean of i2t and t2i; choice: accuracy). '
+         'Best per suite in bold. All headline numbers are in <code>leaderboard.csv</code>.</p>',
+         "<table><tr><th>checkpoint</th>" + "".join(
+             f"<th>{_esc(s)}<br><span class='small'>{_esc(metric_of[s])}</span></th>" for s in suites) + "</tr>"]
+    for l in order:
+        tds = []
+        for s in suites:
+            v = cell.get((l, s), (None, None))[1]
+            cls = "num best" if v is not None and v == best[s] else "num"
+            tds.append(f'<td class="{cls}">{_fmt(v)}</td>')
+        h.append(f"<tr><td>{_esc(l)}</td>{''.join(tds)}</tr>")
+    h.append("</table>")
+    for key, title, note in (
+            ("vs_step", "Metrics vs checkpoint", "Solid: clean protocol; dashed: with the variant's items added."),
+            ("drops", "Per-variant drop", "Clean R@1 minus R@1 with the variant's perturbed items in the gallery."),
+            ("heatmap", "Checkpoint x suite", "")):
+        if ctx["plots"].get(key):
+            b64 = base64.b64encode(ctx["plots"][key]).decode()
+            h.append(f"<h2>{title}</h2>" + (f'<p class="small">{note}</p>' if note else "")
+                     + f'<img class="plot" alt="{_esc(title)}" src="data:image/png;base64,{b64}">')
+    h.append("<h2>Worst failures</h2>")
+    if not ctx["failures"]:
+        h.append('<p class="small">No ranking results with per-query outcomes (Parquet) found.</p>')
+    for suite, f in ctx["failures"].items():
+        roots = image_roots(f["result"].data, ctx["results_dir_path"])
+        h.append(f"<h3>{_esc(suite)} &middot; checkpoint {_esc(f['checkpoint'])}</h3>"
+                 f'<p class="small">{f["total"]} queries whose top-1 is a perturbed item; showing {len(f["rows"])}, '
+                 f"per direction those failing in the most of the {f['checkpoints']} checkpoints first, then by the "
+                 f"rank of the true match.</p>")
+        h.append('<table class="failures"><tr><th>task</th><th>view</th><th>query</th><th>top-1 (perturbed)</th>'
+                 "<th>group</th><th>true rank</th><th>fails in</th></tr>")
+        for r in f["rows"]:
+            q = _cell_html(r["query_id"], roots, is_image(r["task"], "query", r["query_id"]), thumbs)
+            t = _cell_html(r["top1_id"], roots, is_image(r["task"], "top1", r["top1_id"]), thumbs)
+            h.append(f'<tr><td>{_esc(r["task"])}</td><td>{_esc(r["view"])}</td><td class="text">{q}</td>'
+                     f'<td class="text">{t}</td><td>{_esc(r["top1_group"])}</td><td class="num">{r["rank"] + 1}</td>'
+                     f'<td class="num">{r["fails_in"]}/{f["checkpoints"]}</td></tr>')
+        h.append("</table>")
+    h.append("<h2>All headline metrics</h2><details><summary>show table</summary><table><tr>")
+    cols = [c for c in ctx["columns"] if c not in ("result", "model_fingerprint")]
+    h.append("".join(f"<th>{_esc(c)}</th>" for c in cols) + "</tr>")
+    for row in ctx["rows"]:
+        h.append("<tr>" + "".join(f'<td class="num">{_fmt(row.get(c))}</td>' if num(row.get(c)) is not None
+                                  else f"<td>{_esc(_fmt(row.get(c)))}</td>" for c in cols) + "</tr>")
+    h.append("</table></details></body></html>")
+    return "\n".join(h)
+
+
+def render_md(ctx: dict, plot_files: dict[str, str]) -> str:
+    """The Markdown report: leaderboard, links to ``plot_files`` (relative paths), worst failures."""
+    order, suites, results = ctx["order"], ctx["suites"], ctx["results"]
+    cell, best = pivot(results, order, suites)
+    md = ["# hardrank report", "", f"{ctx['results_dir']}: {len(results)} results, {len(order)} checkpoints, "
+          f"{len(suites)} suites; generated {ctx['generated']}.", "", "## Leaderboard", "",
+          "Main metric per suite (ranking: clean R@1, mean of i2t and t2i; choice: accuracy); best in bold.", "",
+          "| checkpoint | " + " | ".join(_md_cell(s) for s in suites) + " |",
+          "|---|" + "---:|" * len(suites)]
+    for l in order:
+        vals = []
+        for s in suites:
+            v = cell.get((l, s), (None, None))[1]
+            vals.append(f"**{_fmt(v)}**" if v is not None and v == best[s] else _fmt(v))
+        md.append(f"| {_md_cell(l)} | " + " | ".join(vals) + " |")
+    for key, title in (("vs_step", "Metrics vs checkpoint"), ("drops", "Per-variant drop"),
+                       ("heatmap", "Checkpoint x suite")):
+        if key in plot_files:
+            md += ["", f"## {title}", "", f"![{title}]({plot_files[key]})"]
+    md += ["", "## Worst failures"]
+    for suite, f in ctx["failures"].items():
+        md += ["", f"### {suite} (checkpoint {f['checkpoint']})", "",
+               f"{f['total']} queries whose top-1 is a perturbed item; the {len(f['rows'])} most persistent:", "",
+               "| task | view | query | top-1 (perturbed) | group | true rank | fails in |",
+               "|---|---|---|---|---|---:|---:|"]
+        for r in f["rows"]:
+            md.append(f"| {r['task']} | {_md_cell(r['view'])} | {_md_cell(r['query_id'])} | "
+                      f"{_md_cell(r['top1_id'])} | {_md_cell(r['top1_group'])} | {r['rank'] + 1} | "
+                      f"{r['fails_in']}/{f['checkpoints']} |")
+    return "\n".join(md) + "\n"

@@ -1,0 +1,107 @@
+"""The report's numbers: the main metric per (checkpoint, suite), leaderboard rows and CSV, the pivot table."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from hardrank.atomic import atomic_path
+from hardrank.results import summary_row
+
+from .load import Result
+
+__all__ = ["num", "directions", "top_level", "drop", "main_metric", "leaderboard", "write_csv", "pivot"]
+
+_MAIN_CHOICE = ("accuracy", "augmented_accuracy", "group_score", "i2t_accuracy")
+_TAIL = ("model_fingerprint", "tie_rule", "failed_items", "result")  # the CSV's last columns
+
+
+def num(v) -> float | None:
+    """``v`` as a float if it is a finite number (not a bool), else None."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def directions(view_metrics: dict) -> list[str]:
+    """The directions (i2t, t2i) of one view of a ranking result."""
+    return [d for d, v in view_metrics.items() if d != "mean" and isinstance(v, dict) and "R@1" in v]
+
+
+def top_level(metrics: dict) -> list[str]:
+    """Entries to show, aggregates replacing their members: ``mix_0.9`` for its seeds' views,
+    ``replace`` for its two hard-positive sets, SugarCrepe ``overall`` for its tasks."""
+    members = {m for v in metrics.values() if isinstance(v, dict) for m in v.get("members", [])}
+    return [v for v, d in metrics.items() if v != "original" and v not in members and isinstance(d, dict)]
+
+
+def drop(metrics: dict, view: str, d: str) -> float | None:
+    """Clean minus variant R@1 of one view and direction: the result's ``drop``, else computed."""
+    vm = metrics.get(view, {}).get(d, {})
+    value = vm.get("drop")
+    if isinstance(value, dict) and num(value.get("R@1")) is not None:
+        return num(value["R@1"])
+    if num(value) is not None:
+        return num(value)
+    clean, var = num(metrics.get("original", {}).get(d, {}).get("R@1")), num(vm.get("R@1"))
+    return None if clean is None or var is None else clean - var
+
+
+def main_metric(res: dict) -> tuple[str, float | None]:
+    """The one number per (checkpoint, suite) of the heatmap and the pivot table."""
+    m = res["metrics"]
+    if res["task_type"] == "ranking":
+        o = m.get("original", {})
+        if isinstance(o.get("mean"), dict) and num(o["mean"].get("R@1")) is not None:
+            return "R@1 mean", num(o["mean"]["R@1"])
+        vals = [num(o[d]["R@1"]) for d in directions(o)]
+        vals = [v for v in vals if v is not None]
+        return "R@1", (sum(vals) / len(vals) if vals else None)
+    for key in _MAIN_CHOICE:
+        vals = [num(m[t]["all"].get(key)) for t in top_level(m) if isinstance(m[t].get("all"), dict)
+                and key in m[t]["all"]]
+        vals = [v for v in vals if v is not None]
+        if vals:
+            return key, sum(vals) / len(vals)
+    return "-", None
+
+
+def leaderboard(results: list[Result], order: list[str], suites: list[str], x: dict[str, float],
+                unit: str) -> list[dict]:
+    """One row per (checkpoint, suite), in checkpoint then suite order: the main metric, then the
+    headline numbers of the terminal table."""
+    rows = []
+    for r in sorted(results, key=lambda r: (order.index(r.label), suites.index(r.suite))):
+        name, value = main_metric(r.data)
+        row = {"checkpoint": r.label, unit: int(x[r.label]),
+               "suite": r.suite, "task_type": r.data["task_type"], "main_metric": name,
+               "main": None if value is None else round(value, 4)}
+        if r.ranking and num(r.data["metrics"].get("original", {}).get("rsum")) is not None:
+            row["rsum"] = round(r.data["metrics"]["original"]["rsum"], 4)
+        for k, v in summary_row(r.data).items():
+            row[k] = round(v, 4) if num(v) is not None else None
+        row.update({"model_fingerprint": r.data.get("model_fingerprint"), "tie_rule": r.data.get("tie_rule"),
+                    "failed_items": r.data.get("failed_items", 0), "result": r.path.as_posix()})
+        rows.append(row)
+    return rows
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    """The rows as CSV (atomically): the union of their keys in first-seen order, provenance last."""
+    cols: list[str] = []
+    for r in rows:
+        cols.extend(k for k in r if k not in cols)
+    cols = [c for c in cols if c not in _TAIL] + list(_TAIL)
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+
+
+def pivot(results: list[Result], order: list[str], suites: list[str]):
+    """``(cell, best)``: the main metric's name and value per (checkpoint, suite), and the best value per suite."""
+    cell = {(r.label, r.suite): main_metric(r.data) for r in results}
+    best = {}
+    for s in suites:
+        vals = [cell[(l, s)][1] for l in order if (l, s) in cell and cell[(l, s)][1] is not None]
+        best[s] = max(vals) if vals else None
+    return cell, best
