@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import make_karpathy_world
 
-from hardrank.errors import MissingExtra
+from hardrank.errors import DataError, MissingExtra
 from hardrank.evaluate import evaluate
 from hardrank.jobs.progress import make_progress
 from hardrank.jobs.report import build_report, parse_step, plot_bench
@@ -161,6 +161,9 @@ def test_html_is_self_contained_with_plots_and_failures(report, world):
             assert top1.startswith(f"{view}/val2014/")
         else:
             assert html.unescape(top1) in world["perturbed_texts"]
+    # "fails in n/m": a query fails in at most every checkpoint, even when its caption is written twice
+    fails = [tuple(map(int, m)) for m in re.findall(r'<td class="num">(\d+)/(\d+)</td></tr>', page)]
+    assert len(fails) == 15 and all(1 <= n <= m == len(CHECKPOINTS) for n, m in fails)
     # every image cell (the i2t query, the t2i top-1) has its thumbnail: the images are on disk
     assert page.count('<img class="thumb" src="data:image/png;base64,') == 15
     for k in ("vs_step", "drops", "heatmap"):
@@ -189,11 +192,11 @@ def test_name_order_and_duplicate_runs(world, tmp_path):
 
 
 def test_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(DataError, match="does not exist"):
         build_report(tmp_path / "nope")
     (tmp_path / "empty" / "x").mkdir(parents=True)
     (tmp_path / "empty" / "x" / "manifest.json").write_text('{"dim": 4}')  # a store manifest is no result
-    with pytest.raises(FileNotFoundError, match="no result files under"):
+    with pytest.raises(DataError, match="no result files under"):
         build_report(tmp_path / "empty")
     with pytest.raises(ValueError, match="top must be >= 0"):
         build_report(tmp_path / "nope", top=-1)

@@ -37,15 +37,16 @@ def worst_failures(by_suite: dict[str, list[Result]], order: list[str], top: int
             per_ckpt.append((r, t.filter(pc.fill_null(mask, False)).to_pylist()))
         if not per_ckpt:
             continue
-        counts: dict[tuple, int] = {}
-        for _, rows in per_ckpt:
+        # checkpoints failing each query: a set, since a caption written twice for one image (as in
+        # COCO) has two rows with one query id, and must count once per checkpoint
+        failing: dict[tuple, set[int]] = {}
+        for i, (_, rows) in enumerate(per_ckpt):
             for row in rows:
-                k = (row["task"], row["view"], row["query_id"])
-                counts[k] = counts.get(k, 0) + 1
+                failing.setdefault((row["task"], row["view"], row["query_id"]), set()).add(i)
         last, rows = per_ckpt[-1]
         by_task: dict[str, list] = {}
         for row in rows:
-            row["fails_in"] = counts[(row["task"], row["view"], row["query_id"])]
+            row["fails_in"] = len(failing[(row["task"], row["view"], row["query_id"])])
             by_task.setdefault(row["task"], []).append(row)
         for task_rows in by_task.values():
             task_rows.sort(key=lambda r: (-r["fails_in"], -(r["rank"] or 0), r["view"], r["query_id"]))

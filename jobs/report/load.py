@@ -1,20 +1,17 @@
 """Reading a results folder: its <checkpoint>/<suite>.json files, steps parsed from names, checkpoint order."""
 from __future__ import annotations
 
-import json
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Result", "parse_step", "load_results", "checkpoint_axis"]
+from hardrank.results import read_results
 
-log = logging.getLogger("hardrank.report")
+__all__ = ["Result", "parse_step", "load_results", "checkpoint_axis"]
 
 # "step0200", "epoch_3", "iter-1000", "global_step5": the unit and the number. Checkpoint names
 # without one are placed in name order instead.
 _STEP = re.compile(r"(?<![a-z])(global_step|step|epoch|iteration|iter|it|ckpt|checkpoint)[_\-]?(\d+)", re.I)
-_REQUIRED = ("suite", "checkpoint", "task_type", "metrics")
 
 
 def parse_step(name: str) -> tuple[str, int] | None:
@@ -47,25 +44,9 @@ class Result:
 
 
 def load_results(results_dir: Path, skip: Path | None) -> list[Result]:
-    """Every result JSON below ``results_dir`` (not below ``skip``, the report's own folder). Labels are
+    """Every result below ``results_dir`` (not below ``skip``, the report's own folder). Labels are
     the checkpoint names, or the folders below ``results_dir`` when one name repeats for a suite."""
-    if not results_dir.is_dir():
-        raise FileNotFoundError(f"results folder {results_dir} does not exist; pass the --out folder of "
-                                f"`hardrank eval` (it holds <checkpoint>/<suite>.json)")
-    found: list[Result] = []
-    for p in sorted(results_dir.rglob("*.json")):
-        if p.name.startswith(".") or (skip is not None and skip in p.resolve().parents):
-            continue
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            log.warning("skipping %s: not readable JSON (%s)", p, exc)
-            continue
-        if isinstance(data, dict) and all(k in data for k in _REQUIRED):
-            found.append(Result(p, data, str(data["checkpoint"])))
-    if not found:
-        raise FileNotFoundError(f"no result files under {results_dir}: expected <checkpoint>/<suite>.json files "
-                                f"with keys {list(_REQUIRED)}, as written by `hardrank eval --out {results_dir}`")
+    found = [Result(r.path, r.data, str(r.data["checkpoint"])) for r in read_results(results_dir, skip=skip)]
     seen: dict[tuple[str, str], int] = {}
     for r in found:
         seen[(r.label, r.suite)] = seen.get((r.label, r.suite), 0) + 1
