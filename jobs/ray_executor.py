@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import logging
 import os
 import shutil
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +144,7 @@ def _source(work: list[tuple[EmbedJob, EmbedSink]]) -> list[dict]:
             items = b["items"]
             if job.modality == "image":
                 items = [[r.uri, list(r.crop) if r.crop is not None else None] for r in items]
-            out.append({"batch": len(out), "modality": job.modality, "rows": b["rows"].tolist(),
+            out.append({"batch": len(out), "modality": job.modality, "rows": _pack(b["rows"]),
                         "items": json.dumps(items)})
     return out
 
@@ -186,8 +186,9 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=N
         for out in ds.iter_batches(batch_size=None, batch_format="numpy"):  # streams as batches finish
             for j in range(len(out["batch"])):
                 sink = sinks[str(out["modality"][j])]
-                sink.deliver({"rows": out["rows"][j], "ok": out["ok"][j], "error": json.loads(out["error"][j]),
-                              "emb": [out[f"emb{i}"][j] for i in range(k)]})
+                sink.deliver({"rows": _unpack(out["rows"][j]), "ok": _unpack(out["ok"][j]),
+                              "error": json.loads(out["error"][j]),
+                              "emb": [_unpack(out[f"emb{i}"][j]) for i in range(k)]})
                 sink.time("decode_actor", float(out["decode_s"][j]))
                 sink.time("encode_actor", float(out["encode_s"][j]))
     elapsed = time.perf_counter() - t0
@@ -202,14 +203,12 @@ def _batch(rows: dict, j: int) -> dict:
     items = json.loads(rows["items"][j])
     if modality == "image":
         items = [ImageRef(u, None if c is None else tuple(c)) for u, c in items]
-    b = {"modality": modality, "rows": np.asarray(rows["rows"][j], dtype=np.int64), "items": items}
+    b = {"modality": modality, "rows": _unpack(rows["rows"][j]), "items": items}
     if "ok" in rows:
-        b["ok"] = np.asarray(rows["ok"][j], dtype=bool)
+        b["ok"] = _unpack(rows["ok"][j])
         b["error"] = json.loads(rows["error"][j])
         if modality == "image":
-            with warnings.catch_warnings():  # read-only Arrow buffer; the encoder never writes to it
-                warnings.simplefilter("ignore", UserWarning)
-                b["pixels"] = torch.from_numpy(np.ascontiguousarray(rows["pixels"][j]))
+            b["pixels"] = torch.from_numpy(_unpack(rows["pixels"][j]))  # (n, 3, H, W) float32
     return b
 
 
@@ -264,14 +263,28 @@ class _EncodeActor:
         return _stack(out)
 
 
+def _pack(a: np.ndarray) -> bytes:
+    """An array as .npy bytes. Per-row arrays travel as bytes, not as Ray tensor columns: their
+    shapes differ from row to row, and Ray's variable-shaped tensor columns fail to concatenate in
+    some Ray releases; bytes are plain Arrow binary in every one."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _unpack(b: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(b), allow_pickle=False)
+
+
 def _stack(cols: dict) -> dict:
-    """Per-row values -> a numpy batch; per-row arrays and lists become object arrays of arrays."""
+    """Per-row values -> a numpy batch: arrays are packed to bytes, held (like all bytes) in object
+    arrays (a fixed-width bytes array would drop trailing zero bytes)."""
     out = {}
     for name, vals in cols.items():
-        if vals and isinstance(vals[0], (np.ndarray, list)):
+        vals = [_pack(v) if isinstance(v, np.ndarray) else v for v in vals]
+        if vals and isinstance(vals[0], bytes):
             arr = np.empty(len(vals), dtype=object)
-            for i, v in enumerate(vals):
-                arr[i] = v if isinstance(v, list) else np.asarray(v)
+            arr[:] = vals
             out[name] = arr
         else:
             out[name] = np.asarray(vals)

@@ -234,3 +234,36 @@ def test_run_evaluates_the_grid_and_report_reads_it(world, tmp_path, capsys):
     assert (tmp_path / "res" / "tiny" / "tiny_step000" / "rococo.json").is_file()
     assert main(["report", str(tmp_path / "res")]) == 0
     assert (tmp_path / "res" / "report" / "report.html").is_file()
+
+
+def test_job_files_parse_without_tomllib(tmp_path):
+    """Python 3.10 has no tomllib: the job-file path falls back to tomli (a dependency there)."""
+    import subprocess
+    import sys
+
+    p = _job(tmp_path, 'out = "r"\nsuites = ["toy"]\n[options]\nexecutor = "ray"\ndecoder = "dali"\n'
+                       '[[model]]\nmodel = "m"\n')
+    script = ("import sys\nsys.modules['tomllib'] = None  # as on Python 3.10\n"
+              "from hardrank.jobs.grid import load_job, tomllib\n"
+              "assert tomllib.__name__ == 'tomli', tomllib\n"
+              f"job = load_job({str(p)!r})\n"
+              "print(job.models[0].config.embed.executor, job.models[0].config.embed.decoder)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split() == ["ray", "dali"], out.stderr[-2000:]
+
+
+def test_messages_name_only_commands_that_exist():
+    """Every `hardrank <command>` and `make <target>` a message or help text mentions exists."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    commands = {name: sp for path, sp in _all_parsers(build_parser()) if len(path) == 2 for name in [path[1]]}
+    targets = set(re.findall(r"^([a-z-]+):", (root / "Makefile").read_text(), re.M))
+    for folder in ("engine", "jobs", "kernels"):
+        for src in (root / folder).rglob("*.py"):
+            text = src.read_text()
+            for cmd in re.findall(r"[`']hardrank ([a-z][a-z-]*)", text):
+                assert cmd in commands, f"{src.name} mentions `hardrank {cmd}`, which does not exist"
+            for target in re.findall(r"`make ([a-z][a-z-]*)`", text):
+                assert target in targets, f"{src.name} mentions `make {target}`, which does not exist"
