@@ -1,11 +1,11 @@
-"""Slow, obviously correct twins of the kernels (full score matrix, per-query loops): test oracles only."""
+"""Slow, obviously correct twins of the kernels (full score matrix, per-query loops): test oracles, bench baselines."""
 from __future__ import annotations
 
 import torch
 
 from .ranking import TIE_RULES, GroupedRanks
 
-__all__ = ["grouped_ranks_reference", "topk_reference", "choice_scores_reference"]
+__all__ = ["grouped_ranks_reference", "topk_reference", "choice_scores_reference", "naive_rank"]
 
 
 def _scores(xq: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
@@ -78,3 +78,19 @@ def choice_scores_reference(left, right, left_idx, right_idx) -> torch.Tensor:
     li, ri = torch.as_tensor(left_idx).cpu().long(), torch.as_tensor(right_idx).cpu().long()
     out = full[li[:, :, None], ri[:, None, :]]  # (n, A, B)
     return out.to(left.device)
+
+
+def naive_rank(xq, xb, pos_ptr, pos_idx):
+    """Full ``(nq, nb)`` score matrix + stable descending argsort (lower index wins ties, the index
+    rule). Returns ``rank (nq,)`` of each query's best positive (0 = top-1) and ``top1 (nq,)``.
+    The slow, obviously correct twin of the engine's ranking (and the baseline it is timed against)."""
+    s = xq @ xb.T                                                        # (nq, nb)
+    order = torch.argsort(s, dim=1, descending=True, stable=True)        # (nq, nb)
+    inv = torch.empty_like(order)
+    inv.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    pos_ptr = torch.as_tensor(pos_ptr, device=order.device)
+    pos_idx = torch.as_tensor(pos_idx, device=order.device)
+    q_of = torch.repeat_interleave(torch.arange(len(xq), device=order.device), pos_ptr[1:] - pos_ptr[:-1])
+    big = torch.full((len(xq),), order.shape[1], dtype=torch.int64, device=order.device)
+    rank = big.scatter_reduce(0, q_of, inv[q_of, pos_idx], reduce="amin")
+    return rank, order[:, 0]

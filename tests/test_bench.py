@@ -1,20 +1,21 @@
 """bench pipeline: the naive baseline's pieces (rank, view slices, encoders) and, with the kernels, the whole bench."""
 import json
+import re
+import sys
 
 import numpy as np
 import pytest
 import torch
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
 
-from hardrank.jobs.bench import (
-    PipelineBenchConfig,
-    _bare_gemm_gflops,
-    _Clock,
-    _flops_per_item,
-    _Naive,
-    _view_slice,
-    naive_rank,
-)
+from hardrank.config import EmbedOptions, SuiteOptions
+from hardrank.jobs.bench import PipelineBenchConfig, write_bench
+from hardrank.jobs.bench.naive import NaivePipeline, view_slice
+from hardrank.jobs.bench.timing import Clock, bare_gemm_gflops, flops_per_item
+from hardrank.jobs.cli import main
+from hardrank.kernels import grouped_ranks
+from hardrank.kernels.reference import naive_rank
+from hardrank.tasks import RankingTask
 
 
 def _brute(S, pos_sets):
@@ -43,25 +44,44 @@ def test_naive_rank_matches_brute_force_with_ties(nq, nb):
     np.testing.assert_array_equal(top1.numpy(), [min(range(nb), key=lambda j: (-S[q, j], j)) for q in range(nq)])
 
 
-def test_view_slice_remaps_positives():
-    from hardrank.tasks import RankingTask
+@pytest.mark.parametrize("nq, nb, q_block, g_block", [(1, 1, None, None), (5, 2, 2, 1), (33, 129, 7, 128),
+                                                       (17, 257, None, None), (3, 131, 1, 3)])
+def test_naive_rank_agrees_with_grouped_ranks(nq, nb, q_block, g_block):
+    """The bench's baseline and the engine's kernel, index tie rule, one group: quantised
+    embeddings (exact scores, many ties), exact duplicate gallery rows, repeated positives."""
+    g = torch.Generator().manual_seed(7 * nq + nb)
+    xq = torch.randint(-1, 2, (nq, 8), generator=g).float() / 8   # (nq, 8): every dot product exact
+    xb = torch.randint(-1, 2, (nb, 8), generator=g).float() / 8   # (nb, 8)
+    dup = torch.randint(0, nb, (nb // 3,), generator=g)
+    xb[torch.randint(0, nb, (nb // 3,), generator=g)] = xb[dup]     # exact duplicates at other indices
+    pos = [torch.randint(0, nb, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+           for _ in range(nq)]                                      # duplicates within a query possible
+    ptr = torch.tensor([0] + [len(p) for p in pos]).cumsum(0)
+    idx = torch.tensor([j for p in pos for j in p])
+    rank, top1 = naive_rank(xq, xb, ptr, idx)
+    fast = grouped_ranks(xq, xb, torch.tensor([0, nb]), ptr, idx, tie_rule="index", q_block=q_block, g_block=g_block)
+    assert torch.equal(rank, fast.rank())
+    # top-1: the best positive where it ranks first, else the best non-positive (lowest index among ties)
+    assert torch.equal(top1, torch.where(fast.rank() == 0, fast.pos_index, fast.neg_index[:, 0]))
 
+
+def test_view_slice_remaps_positives():
     t = RankingTask(name="t2i", query_modality="text", query_items=np.arange(3), query_ids=list("abc"),
                     groups=["original", "mix", "patch"], group_bounds=np.array([0, 2, 4, 6]),
                     gallery_items=np.arange(6), gallery_ids=[str(i) for i in range(6)],
                     pos_ptr=np.array([0, 1, 3, 4]), pos_idx=np.array([1, 0, 5, 0]),
                     views={"original": ["original"], "patch": ["original", "patch"]})
-    pos, ptr, idx = _view_slice(t, "patch")
+    pos, ptr, idx = view_slice(t, "patch")
     assert pos.tolist() == [0, 1, 4, 5]
     assert ptr.tolist() == [0, 1, 3, 4] and idx.tolist() == [1, 0, 3, 0]
-    pos, ptr, idx = _view_slice(t, "original")
+    pos, ptr, idx = view_slice(t, "original")
     assert pos.tolist() == [0, 1] and ptr.tolist() == [0, 1, 2, 3] and idx.tolist() == [1, 0, 0]
 
 
 def test_bare_gemm_and_flop_count():
-    assert _bare_gemm_gflops(300, 200, 64, "cpu", reps=1, chunk=128) > 0
+    assert bare_gemm_gflops(300, 200, 64, "cpu", reps=1, chunk=128) > 0
     lin = torch.nn.Linear(16, 8, bias=False)
-    assert _flops_per_item(lin, torch.zeros(4, 16)) == pytest.approx(2 * 16 * 8)
+    assert flops_per_item(lin, torch.zeros(4, 16)) == pytest.approx(2 * 16 * 8)
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +94,15 @@ def world(tmp_path_factory):
 
 
 def _cfg(world, **kw):
-    from hardrank.suites import SuiteOptions
-
     opts = SuiteOptions(annotations=str(world["annotations"]), images=str(world["images"]), image_variants=("mix_0.9",))
     return PipelineBenchConfig(model=str(world["cfg"]), checkpoints=world["ckpts"], suites=("rococo",),
-                               suite_options=opts, device="cpu", batch_size=5, decode_threads=0, **kw)
+                               suite_options=opts, embed=EmbedOptions(device="cpu", batch_size=5, decode_threads=1),
+                               naive_workers=0, **kw)
 
 
 def test_naive_pipeline_counts_its_work(world):
-    clock = _Clock()
-    res = _Naive(_cfg(world), clock).run()
+    clock = Clock()
+    res = NaivePipeline(_cfg(world), clock).run()
     assert sorted(res) == ["c0", "c1"]
     assert set(res["c0"]) == {("rococo", v, d) for v, d in [("original", "i2t"), ("same_concept", "i2t"),
                                                                ("original", "t2i"), ("mix_0.9_s1", "t2i")]}
@@ -97,23 +116,43 @@ def test_naive_pipeline_counts_its_work(world):
 
 
 def test_bench_checkpoint_without_model_is_a_usage_error():
-    from hardrank.jobs.cli import main
-
     assert main(["bench", "pipeline", "--checkpoint", "a.pt"]) == 2
 
 
 def test_bench_pipeline_end_to_end(world, tmp_path, capsys):
-    from hardrank.jobs.cli import main
-
     rc = main(["bench", "pipeline", "--model", str(world["cfg"]), "--checkpoint", *world["ckpts"], "--suite", "rococo",
                "--annotations", str(world["annotations"]), "--images", str(world["images"]), "--image-variants",
-               "mix_0.9", "--batch-size", "8", "--decode-threads", "0", "--sample", "16", "--out", str(tmp_path),
-               "--quiet"])
+               "mix_0.9", "--batch-size", "8", "--decode-threads", "1", "--naive-workers", "0", "--sample", "16",
+               "--out", str(tmp_path), "--quiet"])
     assert rc == 0
     b = json.loads((tmp_path / "bench_pipeline.json").read_text())
     stages = {s["stage"]: s for s in b["stages"]}
-    assert {"key/read", "decode", "preprocess", "image encode", "tokenise", "text encode", "rank", "write"} <= set(stages)
+    assert {"key/read", "decode", "preprocess", "image encode", "tokenise", "text encode", "rank",
+            "write"} <= set(stages)
     assert stages["rank"]["limit_fraction"] is not None and stages["image encode"]["naive_items_per_s"]
     assert b["end_to_end"]["speedup"] > 0 and b["naive"]["check"]["max_abs_diff_R@1"] <= 1e-5
     assert (tmp_path / "bench_pipeline.png").read_bytes()[:4] == b"\x89PNG"
     assert "hardrank is" in capsys.readouterr().out
+
+
+def test_bench_pipeline_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "pipeline", "--help"])
+    flags = set(re.findall(r"--[a-z][a-z0-9-]*", capsys.readouterr().out))
+    assert {"--model", "--checkpoint", "--suite", "--data", "--images", "--annotations", "--image-variants", "--seeds",
+            "--device", "--batch-size", "--decode-threads", "--budget-mb", "--sample", "--naive", "--no-naive",
+            "--naive-workers", "--out", "--quiet"} <= flags
+    assert "--store" not in flags  # the bench times a fresh store of its own (cold, then warm)
+    with pytest.raises(ValueError, match="sample must be an integer >= 1, got 0"):
+        PipelineBenchConfig(model="toy-clip", sample=0)
+    with pytest.raises(ValueError, match="option model is required"):
+        PipelineBenchConfig()
+
+
+def test_bench_writes_json_without_matplotlib(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "hardrank.jobs.report", None)  # import fails as if matplotlib were missing
+    b = {"stages": [], "end_to_end": {"speedup": 2.0}}
+    assert write_bench(b, tmp_path) == [tmp_path / "bench_pipeline.json"]
+    assert json.loads((tmp_path / "bench_pipeline.json").read_text()) == b
+    assert not (tmp_path / "bench_pipeline.png").exists()
+    assert "pip install 'hardrank[report]'" in capsys.readouterr().err
