@@ -150,7 +150,8 @@ def test_bench_pipeline_flags(capsys):
 
 
 def test_bench_writes_json_without_matplotlib(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "hardrank.jobs.report", None)  # import fails as if matplotlib were missing
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ModuleNotFoundError
+    monkeypatch.delitem(sys.modules, "hardrank.jobs.report.plots", raising=False)
     b = {"stages": [], "end_to_end": {"speedup": 2.0}}
     assert write_bench(b, tmp_path) == [tmp_path / "bench_pipeline.json"]
     assert json.loads((tmp_path / "bench_pipeline.json").read_text()) == b

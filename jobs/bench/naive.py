@@ -1,8 +1,6 @@
 """The naive baseline the bench times: Pillow + DataLoader, one checkpoint at a time, a full score matrix per view."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -14,10 +12,8 @@ from hardrank.metrics import choice_metrics
 from hardrank.models import ModelSpec, load_model
 from hardrank.suites import load_suites
 
+from .config import PipelineBenchConfig
 from .timing import Clock
-
-if TYPE_CHECKING:
-    from .pipeline import PipelineBenchConfig
 
 __all__ = ["NaivePipeline", "naive_loader", "view_slice"]
 

@@ -1,21 +1,21 @@
 """`hardrank bench pipeline`: the engine end to end and stage by stage, against the naive pipeline in the same run."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from hardrank.config import EmbedOptions, EvalConfig, SuiteOptions, opt, resolve_device
+from hardrank.atomic import write_text_atomic
+from hardrank.config import EvalConfig, resolve_device
 from hardrank.embed import EmbedPipeline
-from hardrank.errors import EXIT_OK, UsageError
+from hardrank.errors import EXIT_OK, MissingExtra, UsageError
 from hardrank.evaluate import evaluate
 from hardrank.items import Tables, read_image_bytes
 from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
@@ -23,6 +23,8 @@ from hardrank.suites import load_suites
 from hardrank.suites.toy import default_world_dir
 from hardrank.toyworld import demo_inputs
 
+from ..report import plot_bench
+from .config import PipelineBenchConfig
 from .naive import NaivePipeline
 from .stages import time_stages
 from .timing import Clock, bare_gemm_gflops, sync
@@ -32,44 +34,6 @@ __all__ = ["PipelineBenchConfig", "bench_pipeline", "format_bench", "write_bench
 # options that would make the comparison unfair or that the naive baseline cannot follow: the bench
 # embeds into a fresh temporary store (cold, then warm), in-process, with Pillow, under the index rule
 _NOT_FLAGS = ("store", "executor", "decoder", "ray_address", "tie_rule", "predictions", "baseline", "work_dir")
-
-
-@dataclass(frozen=True)
-class PipelineBenchConfig:
-    """One pipeline benchmark: K checkpoints of one model on suites, engine and naive pipeline."""
-
-    model: str | None = opt(None, "open_clip name, config .json or local-dir: (default: the toy model)")
-    checkpoints: tuple[str | None, ...] = opt((None,), "checkpoints of that model (globs ok)", flag="--checkpoint",
-                                              path=True)
-    suites: tuple[str, ...] = opt(("toy",), "suites to run", flag="--suite")
-    suite_options: SuiteOptions = SuiteOptions()
-    embed: EmbedOptions = EmbedOptions()  # device, batch size and decode threads of both pipelines
-    budget_mb: int = opt(256, "kernel score-tile memory budget, MiB", minimum=1)
-    sample: int = opt(2048, "unique items per modality for the per-stage timings", minimum=1)
-    naive: bool = opt(True, "also run the naive baseline end to end")
-    naive_workers: int | None = opt(None, "DataLoader workers of the naive pipeline (default: --decode-threads, "
-                                    "the engine's decode threads; 0 decodes in the main process)", minimum=0)
-    work_dir: str | None = opt(None, "temporary store and results (default: the system's temp folder)", path=True,
-                               cli=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "suites", tuple(self.suites))
-        object.__setattr__(self, "checkpoints", tuple(self.checkpoints))
-        for f in dataclasses.fields(self):
-            v, minimum = getattr(self, f.name), f.metadata.get("minimum")
-            if minimum is not None and v is not None and not (isinstance(v, int) and v >= minimum):
-                raise UsageError(f"option {f.name} must be an integer >= {minimum}, got {v!r}")
-        if not self.model:
-            raise UsageError("option model is required: an open_clip name, config .json or local-dir: (--model)")
-        if not self.checkpoints:
-            raise UsageError("bench pipeline needs at least one checkpoint (--checkpoint; None = the random init)")
-        if not self.suites:
-            raise UsageError("option suites is empty; name at least one suite (--suite toy)")
-
-    @property
-    def loader_workers(self) -> int:
-        """The naive DataLoader's workers: ``naive_workers``, else the engine's decode threads."""
-        return self.embed.decode_threads if self.naive_workers is None else self.naive_workers
 
 
 def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
@@ -196,12 +160,10 @@ def write_bench(b: dict, out: str | Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "bench_pipeline.json"]
-    written[0].write_text(json.dumps(b, indent=2, default=str))
+    write_text_atomic(written[0], json.dumps(b, indent=2, default=str))
     try:
-        from hardrank.jobs.report import plot_bench  # matplotlib: an optional extra
-
         written.append(plot_bench(b, out / "bench_pipeline.png"))
-    except ImportError:
+    except MissingExtra:
         print("hardrank bench pipeline: bench_pipeline.png not written: the plot needs matplotlib: "
               "pip install 'hardrank[report]'", file=sys.stderr)
     return written

@@ -3,22 +3,19 @@ from __future__ import annotations
 
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from hardrank.embed import EmbedPipeline, ImageEncoder, PillowDecoder, TextEncoder, make_transform
+from hardrank.embed import EmbedPipeline, ImageEncoder, PillowDecoder, TextEncoder, encode_text, make_transform
 from hardrank.items import ItemTable, Tables, decode_image
 from hardrank.kernels.reference import naive_rank
 from hardrank.search import score_ranking
 from hardrank.store import EmbeddingStore
 
+from .config import PipelineBenchConfig
 from .naive import naive_loader, view_slice
 from .timing import Clock, bare_gemm_gflops, flops_per_item
-
-if TYPE_CHECKING:
-    from .pipeline import PipelineBenchConfig
 
 __all__ = ["STAGES", "time_stages", "stage_rows"]
 
@@ -89,20 +86,24 @@ class _StageTimer:
                     m.model.encode_image(pixels[s:s + bs].to(dev, m.dtype))
 
     def text(self, texts: list[str]) -> None:
-        """Tokenise once per tokenizer (engine) vs once per checkpoint (naive: counted per item),
-        then encode the tokens with each checkpoint."""
+        """Tokenise once per tokenizer (engine) vs once per checkpoint (naive: counted per item); then
+        the engine's encode (texts in length order, each batch cut to its longest caption: the
+        ``encode_text`` the embed stage runs) vs each model's full-length ``encode_text``."""
         m0, dev, bs, K = self.m0, self.dev, self.bs, len(self.models)
+        by_length = sorted(texts, key=len)  # what the embed stage batches
         with self.clock("tokenise", len(texts)):
-            toks = [m0.tokenizer(texts[s:s + bs]) for s in range(0, len(texts), bs)]
+            toks = [m0.tokenizer(by_length[s:s + bs]) for s in range(0, len(texts), bs)]
         with self.naive("tokenise", len(texts)):
-            for s in range(0, len(texts), bs):
-                m0.tokenizer(texts[s:s + bs])
+            naive_toks = [m0.tokenizer(texts[s:s + bs]) for s in range(0, len(texts), bs)]
         TextEncoder(self.models)({"text": texts[:8]})  # warm-up
-        for clock in (self.clock, self.naive):
-            with clock("text encode", len(texts) * K), torch.inference_mode():
-                for m in self.models:
-                    for tok in toks:
-                        m.model.encode_text(tok.to(dev))
+        with self.clock("text encode", len(texts) * K), torch.inference_mode():
+            for m in self.models:
+                for tok in toks:
+                    encode_text(m.model, tok.to(dev))
+        with self.naive("text encode", len(texts) * K), torch.inference_mode():
+            for m in self.models:
+                for tok in naive_toks:
+                    m.model.encode_text(tok.to(dev))
         with torch.inference_mode():
             f = flops_per_item(lambda x: m0.model.encode_text(x.to(dev)), toks[0][:4]) if toks else None
         if f:
