@@ -24,8 +24,8 @@ from .errors import UsageError
 from .kernels import TIE_RULES
 
 __all__ = ["DATA_DIR", "PRECISIONS", "EXECUTORS", "DECODERS", "TIE_RULES", "DIRECTIONS", "BASELINES",
-           "opt", "flat_fields", "option_kind", "build", "cache_dir", "default_store", "default_decode_threads",
-           "resolve_device",
+           "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir", "default_store",
+           "default_decode_threads", "resolve_device",
            "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"  # bundled model configs, toy checkpoints, vocabularies
@@ -68,7 +68,7 @@ def resolve_device(device: str = "auto") -> str:
 
 
 # -- validation shared by every options dataclass --------------------------------------------------
-def _validate(obj) -> None:
+def check_options(obj) -> None:
     """Check each field against its ``choices`` and ``minimum`` (UsageError naming the option)."""
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
@@ -256,7 +256,7 @@ class EmbedOptions:
                                   "else a local cluster)")
 
     def __post_init__(self):
-        _validate(self)
+        check_options(self)
         if not _DEVICE.match(self.device):
             raise UsageError(f"option device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.ray_address and self.executor != "ray":
@@ -283,7 +283,7 @@ class SuiteOptions:
                                "most similar to it, embedded by the model", choices=BASELINES)
 
     def __post_init__(self):
-        _validate(self)
+        check_options(self)
 
 
 @dataclass(frozen=True)
@@ -307,7 +307,7 @@ class EvalConfig:
     embed: EmbedOptions = EmbedOptions()
 
     def __post_init__(self):
-        _validate(self)
+        check_options(self)
         object.__setattr__(self, "suites", tuple(self.suites))
         object.__setattr__(self, "checkpoints", tuple(self.checkpoints) or (None,))
         SearchSpec.parse(self.search)
@@ -341,7 +341,7 @@ class MineOptions:
     seed: int = opt(0, "sampling seed (recall sample, IVF training)")
 
     def __post_init__(self):
-        _validate(self)
+        check_options(self)
         for name in ("dup_threshold", "max_sim", "min_sim"):
             v = getattr(self, name)
             if v is not None and not -1.0 <= float(v) <= 1.0:
@@ -375,7 +375,7 @@ class MineConfig:
     embed: EmbedOptions = EmbedOptions()
 
     def __post_init__(self):
-        _validate(self)
+        check_options(self)
         for name in ("corpus", "queries", "out"):
             if not getattr(self, name):
                 raise UsageError(f"option {name} is required")

@@ -1,10 +1,9 @@
 """The pipeline benchmark's options: one frozen dataclass, its flags made from its fields."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-from hardrank.config import EmbedOptions, SuiteOptions, opt
+from hardrank.config import EmbedOptions, SuiteOptions, check_options, opt
 from hardrank.errors import UsageError
 
 __all__ = ["PipelineBenchConfig"]
@@ -31,10 +30,7 @@ class PipelineBenchConfig:
     def __post_init__(self):
         object.__setattr__(self, "suites", tuple(self.suites))
         object.__setattr__(self, "checkpoints", tuple(self.checkpoints))
-        for f in dataclasses.fields(self):
-            v, minimum = getattr(self, f.name), f.metadata.get("minimum")
-            if minimum is not None and v is not None and not (isinstance(v, int) and v >= minimum):
-                raise UsageError(f"option {f.name} must be an integer >= {minimum}, got {v!r}")
+        check_options(self)
         if not self.model:
             raise UsageError("option model is required: an open_clip name, config .json or local-dir: (--model)")
         if not self.checkpoints:
