@@ -68,15 +68,20 @@ def resolve_device(device: str = "auto") -> str:
 
 
 # -- validation shared by every options dataclass --------------------------------------------------
+def _named(f: dataclasses.Field) -> str:
+    """How messages name an option: its key and its command-line flag."""
+    return f"{f.name} ({f.metadata.get('flag') or '--' + f.name.replace('_', '-')})"
+
+
 def check_options(obj) -> None:
     """Check each field against its ``choices`` and ``minimum`` (UsageError naming the option)."""
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
         if choices is not None and v is not None and v not in choices:
-            raise UsageError(f"option {f.name} must be one of {list(choices)}, got {v!r}")
+            raise UsageError(f"option {_named(f)} must be one of {list(choices)}, got {v!r}")
         if minimum is not None and v is not None and not (isinstance(v, (int, float)) and v >= minimum):
-            raise UsageError(f"option {f.name} must be a number >= {minimum}, got {v!r}")
+            raise UsageError(f"option {_named(f)} must be a number >= {minimum}, got {v!r}")
 
 
 def _hints(cls) -> dict:
@@ -258,9 +263,9 @@ class EmbedOptions:
     def __post_init__(self):
         check_options(self)
         if not _DEVICE.match(self.device):
-            raise UsageError(f"option device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+            raise UsageError(f"option device (--device) must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.ray_address and self.executor != "ray":
-            raise UsageError("option ray_address needs executor 'ray' (--executor ray)")
+            raise UsageError("option ray_address (--ray-address) needs executor 'ray' (--executor ray)")
 
     def store_root(self) -> str:
         return self.store or default_store()

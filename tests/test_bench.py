@@ -143,7 +143,7 @@ def test_bench_pipeline_flags(capsys):
             "--device", "--batch-size", "--decode-threads", "--budget-mb", "--sample", "--naive", "--no-naive",
             "--naive-workers", "--out", "--quiet"} <= flags
     assert "--store" not in flags  # the bench times a fresh store of its own (cold, then warm)
-    with pytest.raises(ValueError, match="sample must be a number >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"sample \(--sample\) must be a number >= 1, got 0"):
         PipelineBenchConfig(model="toy-clip", sample=0)
     with pytest.raises(ValueError, match="option model is required"):
         PipelineBenchConfig()

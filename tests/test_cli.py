@@ -98,7 +98,7 @@ def test_job_file_parses_resolves_and_expands(tmp_path):
     ('out = "r"\nsuites = ["toy"]\n[options]\nseeds = [1, "x"]\n[[model]]\nmodel = "m"\n',
      "[options] option 'seeds' must be a list of integers, got str 'x'"),
     ('out = "r"\nsuites = ["toy"]\n[options]\nprecision = "fp8"\n[[model]]\nmodel = "m"\n',
-     "[options] option precision must be one of ['auto', 'fp32', 'fp16', 'bf16'], got 'fp8'"),
+     "[options] option precision (--precision) must be one of ['auto', 'fp32', 'fp16', 'bf16'], got 'fp8'"),
     ('suites = ["toy"]\n[[model]]\nmodel = "m"\n', 'missing key "out"'),
     ('out = "r"\nsuites = ["toy"]\n', "no [[model]] entries"),
     ('out = "r"\nsuites = ["toy"]\n[[model]]\nmodel = "m"\nembeddings = "e.parquet"\n', "exactly one of model"),

@@ -403,7 +403,7 @@ def test_cli_flags_and_config_validation():
         embed_tables(Tables.empty(), [], [], decoder="opencv")
     from hardrank.config import EvalConfig, build
 
-    with pytest.raises(ValueError, match="executor must be one of"):
+    with pytest.raises(ValueError, match=r"executor \(--executor\) must be one of"):
         build(EvalConfig, dict(model="m", suites=("toy",), out="o", store="s", executor="spark"))
     assert main(["eval", "--model", "m", "--suite", "toy", "--out", "o", "--ray-address", "x"]) == 2
 
