@@ -154,10 +154,9 @@ def world(tmp_path_factory):
 
 def _fill_store(world, store, ckpt):
     """Embed every item for one checkpoint (what a finished run leaves in the store)."""
+    from hardrank import EmbeddingStore, ModelSpec, load_model
     from hardrank.embed import embed_tables
     from hardrank.items import Tables
-    from hardrank.models import ModelSpec, load_model
-    from hardrank.store import EmbeddingStore
     from hardrank.suites import SuiteOptions, load_suites
 
     tables = Tables.empty()

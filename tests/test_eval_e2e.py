@@ -6,9 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import brute_force_rococo, make_karpathy_world, save_random_checkpoint, write_tiny_config
 
-from hardrank.config import EvalConfig, build
-from hardrank.evaluate import evaluate
-from hardrank.store import EmbeddingStore
+from hardrank import EmbeddingStore, EvalConfig, evaluate
+from hardrank.config import build
 from hardrank.suites import SuiteOptions
 from hardrank.text import pre_caption
 

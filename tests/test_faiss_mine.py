@@ -386,7 +386,7 @@ def _run_cli(args):
 
 
 def test_mine_cli_t2i_from_karpathy_queries_and_image_folder(kernels, world, tmp_path):
-    from hardrank.store import EmbeddingStore
+    from hardrank import EmbeddingStore
 
     out = tmp_path / "t2i"
     args = ["mine", "--model", str(world["cfg"]), "--checkpoint", str(world["ckpt"]),
@@ -441,7 +441,7 @@ def test_mine_cli_i2t_excludes_the_images_own_captions(kernels, world, tmp_path)
 
 
 def test_mine_cli_store_folder_same_modal_and_errors(kernels, world, tmp_path, capsys):
-    from hardrank.store import EmbeddingStore
+    from hardrank import EmbeddingStore
 
     rng = np.random.default_rng(0)
     st = EmbeddingStore(tmp_path / "store", "rand-fp", dim=8, dtype="float16")
@@ -471,7 +471,7 @@ def test_mine_cli_store_folder_same_modal_and_errors(kernels, world, tmp_path, c
 
 
 def test_eval_with_faiss_search_records_provenance(kernels, world, tmp_path):
-    from hardrank.evaluate import evaluate
+    from hardrank import evaluate
     from hardrank.suites import SuiteOptions
 
     opts = SuiteOptions(annotations=str(world["annotations"]), images=str(world["images"]),

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from hardrank import ModelSpec, load_model
 from hardrank.jobs.perturb import add_perturb_parser, run_perturb
-from hardrank.models import ModelSpec, load_model
 from hardrank.perturb_texts import (
     DEFAULT_VOCAB,
     KINDS,

@@ -15,11 +15,10 @@ import pytest
 import torch
 from helpers import save_random_checkpoint, write_tiny_config
 
+from hardrank import EmbeddingStore, ModelSpec, load_model
 from hardrank.embed import PillowDecoder, embed_tables, encode_text
 from hardrank.errors import TooManyFailures
 from hardrank.items import ImageRef, Tables
-from hardrank.models import ModelSpec, load_model
-from hardrank.store import EmbeddingStore
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIP_CFG = {"mode": "RGB", "mean": [0.48145466, 0.4578275, 0.40821073], "std": [0.26862954, 0.26130258, 0.27577711],
@@ -328,8 +327,8 @@ import sys, time
 from pathlib import Path
 sys.path[:0] = [{tests!r}]
 from hardrank.embed import embed_tables
-from hardrank.models import ModelSpec, load_model
-from hardrank.store import EmbeddingStore
+from hardrank import ModelSpec, load_model
+from hardrank import EmbeddingStore
 from hardrank.jobs.ray_executor import RayRunner
 from test_ray_dali import _world, _stores
 
@@ -401,7 +400,8 @@ def test_cli_flags_and_config_validation():
         build_parser().parse_args(["eval", "--suite", "toy", "--out", "o", "--executor", "spark"])
     with pytest.raises(ValueError, match="decoder must be one of"):
         embed_tables(Tables.empty(), [], [], decoder="opencv")
-    from hardrank.config import EvalConfig, build
+    from hardrank import EvalConfig
+    from hardrank.config import build
 
     with pytest.raises(ValueError, match=r"executor \(--executor\) must be one of"):
         build(EvalConfig, dict(model="m", suites=("toy",), out="o", store="s", executor="spark"))
@@ -412,7 +412,7 @@ def test_cli_flags_and_config_validation():
 def test_evaluate_with_ray_executor_matches_local(tmp_path, tiny, ray_cluster):
     from helpers import make_karpathy_world
 
-    from hardrank.evaluate import evaluate
+    from hardrank import evaluate
     from hardrank.jobs.ray_executor import RayRunner
     from hardrank.suites import SuiteOptions
 

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import make_karpathy_world
 
+from hardrank import evaluate
 from hardrank.errors import DataError, MissingExtra
-from hardrank.evaluate import evaluate
 from hardrank.jobs.progress import make_progress
 from hardrank.jobs.report import build_report, parse_step, plot_bench
 

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hardrank.evaluate import evaluate
+from hardrank import evaluate
 from hardrank.suites import SuiteOptions
 from hardrank.suites.karpathy import ROCOCO_TEXT_VARIANTS, read_karpathy, read_rococo_variant
 from hardrank.text import pre_caption
