@@ -298,10 +298,19 @@ class EvalConfig:
     suites: tuple[str, ...] = opt((), "suites: toy, rococo, karpathy, hard_positives, inpaintcoco, sugarcrepe, "
                                   "aro, coco_order, flickr_order, amodal", flag="--suite")
     out: str = opt("", "results folder (one sub-folder per checkpoint)", path=True)
-    model: str | None = opt(None, "open_clip model name, config .json, or local-dir:<folder> "
-                            "(not needed with --embeddings, or mask suites scoring --predictions)")
+    model: str | None = opt(None, "open_clip model name (ViT-B-32), config .json, hf-hub:ORG/NAME or "
+                            "local-dir:<folder> (not needed with --embeddings, --run, or mask suites scoring "
+                            "--predictions)")
     checkpoints: tuple[str | None, ...] = opt((None,), "checkpoint files (globs ok); one result per file",
                                               flag="--checkpoint", path=True)
+    pretrained: str | None = opt(None, "open_clip pretrained tag (openai, laion2b_s34b_b79k, webli, ...): the "
+                                 "preprocessing and activation its authors used, and without --checkpoint its "
+                                 "weights from the local Hugging Face / open_clip cache (never downloaded)")
+    random_init: bool = opt(False, "evaluate random weights on purpose (a model without --checkpoint or "
+                            "--pretrained is refused otherwise)")
+    run: str | None = opt(None, "an open_clip training run folder (params.txt, checkpoints/epoch_*.pt): the model, "
+                          "its preprocessing and every complete epoch's checkpoint come from it (--checkpoint picks "
+                          "some; --model names a custom architecture's config .json)", path=True)
     embeddings: str | None = opt(None, "score precomputed embeddings instead of a model: Parquet with columns "
                                  "kind (image|text), id (image path / caption as in the annotation file), "
                                  "embedding", path=True)
@@ -318,8 +327,10 @@ class EvalConfig:
         SearchSpec.parse(self.search)
         if not self.suites:
             raise UsageError("option suites is empty; name at least one suite (--suite toy)")
-        if self.model is not None and self.embeddings is not None:
-            raise UsageError("give a model (with checkpoints) or embeddings, not both")
+        if self.model is not None and self.embeddings is not None or self.run and self.embeddings:
+            raise UsageError("give --model (with --checkpoint/--pretrained), --run or --embeddings, not several")
+        if self.run and self.pretrained:
+            raise UsageError("--run reads the pretrained tag from the run's params.txt; drop --pretrained")
 
     @property
     def search_spec(self) -> SearchSpec:
@@ -370,9 +381,12 @@ class MineConfig:
     queries: str = opt("", "the queries, same kinds (may equal --corpus)", path=True)
     out: str = opt("", "output folder: negatives/part-*.parquet, summary.json", path=True)
     direction: str = opt("t2i", "query modality 2 corpus modality", choices=tuple(DIRECTIONS))
-    model: str | None = opt(None, "open_clip model name, config .json, or local-dir:<folder> (not needed when "
-                            "both inputs are store folders)")
+    model: str | None = opt(None, "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder> (not "
+                            "needed when both inputs are store folders)")
     checkpoint: str | None = opt(None, "weights file for --model", path=True)
+    pretrained: str | None = opt(None, "open_clip pretrained tag: its preprocessing, and without --checkpoint its "
+                                 "weights from the local cache")
+    random_init: bool = opt(False, "mine with random weights on purpose")
     images: str | None = opt(None, "root of the relative image paths in .json/.parquet inputs", path=True)
     export_training: str | None = opt(None, 'also write one line per query: {"query", "positives", "negatives"}',
                                       path=True, metavar="FILE.jsonl")

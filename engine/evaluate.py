@@ -24,8 +24,9 @@ from .mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outc
 from .metrics import add_drops, average_views, choice_metrics, ranking_metrics
 from .models import file_hash
 from .results import outcome_schema, summary_row, write_result
+from .runs import model_specs
 from .search import score_choice, score_ranking
-from .suites import load_suites
+from .suites import expand_suites, load_suites
 from .tasks import MaskTask, Suite
 
 __all__ = ["evaluate", "plan", "EvalReport"]
@@ -203,7 +204,13 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     echo = echo or (lambda s: None)
     if not cfg.out:
         raise UsageError("option out (the results folder) is required")
+    if cfg.model is None and cfg.embeddings is None and cfg.run is None and _needs_model(cfg):
+        raise UsageError("give --model (with --checkpoint or --pretrained), --run RUN_DIR or --embeddings "
+                         f"FILE.parquet: suites {list(cfg.suites)} score embeddings")
     t_start = time.perf_counter()
+    pipe = None  # the models first: a bad checkpoint or tag fails before any data is read
+    if cfg.embeddings is None and (cfg.model is not None or cfg.run is not None) and _needs_model(cfg):
+        pipe = EmbedPipeline(model_specs(cfg), cfg.embed, runner=runner)
     tables = Tables.empty()
     t0 = time.perf_counter()
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
@@ -219,7 +226,7 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
             _write(report, cfg, label, suite.name, _result(suite, label, scored, cfg, common, None),
                    scored["outcomes"])
     if any(s.needs_embeddings for s in suites):
-        sources = _sources(cfg, tables, suites, report, common, progress, echo, runner)
+        sources = _sources(cfg, pipe, tables, suites, report, common, progress, echo)
         for src in sources:
             emb = src.embeddings()
             for suite in [s for s in suites if s.needs_embeddings]:
@@ -230,6 +237,11 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     return report
 
 
+def _needs_model(cfg: EvalConfig) -> bool:
+    """Whether some suite scores embeddings (only mask suites scoring --predictions need none)."""
+    return any(n != "amodal" for n in expand_suites(list(cfg.suites))) or cfg.suite_options.baseline is not None
+
+
 def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_images: int) -> list[dict]:
     if suite.ranking:
         return [_score_ranking(suite, device, emb, cfg)]
@@ -238,17 +250,13 @@ def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_i
     return [_score_mask(t, device, emb, failed_images) for t in suite.mask if t.needs_embeddings]
 
 
-def _sources(cfg: EvalConfig, tables: Tables, suites: list[Suite], report: EvalReport, common: dict,
-             progress, echo, runner) -> list[_Source]:
+def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites: list[Suite], report: EvalReport,
+             common: dict, progress, echo) -> list[_Source]:
     if cfg.embeddings:
         if any(t.needs_embeddings for s in suites for t in s.mask):
             raise UsageError("the clip-regions baseline embeds region crops with --model; precomputed "
                              "--embeddings hold no crop embeddings")
         return [_byo_source(cfg, tables, report)]
-    if cfg.model is None:
-        raise UsageError("give --model (with --checkpoint files) or --embeddings FILE.parquet: suites "
-                         f"{[s.name for s in suites if s.needs_embeddings]} score embeddings")
-    pipe = EmbedPipeline.from_checkpoints(cfg.model, cfg.checkpoints, cfg.embed, runner=runner)
     stats = pipe.run(tables, progress=progress)
     report.embed_stats = common["embed"] = {k: v.as_dict() for k, v in stats.items()}
     for mod, st in stats.items():
@@ -261,9 +269,17 @@ def _sources(cfg: EvalConfig, tables: Tables, suites: list[Suite], report: EvalR
     for i, (model, label) in enumerate(zip(pipe.models, pipe.labels)):
         ident = {"checkpoint_path": model.spec.checkpoint, "model_fingerprint": pipe.fingerprint(i),
                  "provenance": {"architecture": model.arch_name, "precision": model.precision, "device": model.device,
-                                "checkpoint_hash": model.checkpoint_hash}}
+                                "checkpoint_hash": model.checkpoint_hash, "model_source": _model_source(model)}}
         sources.append(_Source(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables)))
     return sources
+
+
+def _model_source(model) -> dict:
+    """What a result records of where its model came from and how it preprocessed images."""
+    i = model.info
+    return {"pretrained": i.get("pretrained"), "weights": i.get("weights"), "weights_format": i.get("weights_format"),
+            "quick_gelu": i.get("quick_gelu"), "random_init": i.get("random_init"),
+            "preprocess": model.preprocess_cfg, "warnings": i.get("warnings", [])}
 
 
 def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _Source:
@@ -296,9 +312,7 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
     out["unreadable"] = len(tables.images.failed)
     if cfg.embeddings or not any(s.needs_embeddings for s in suites):
         return out
-    if cfg.model is None:
-        raise UsageError("give --model (with --checkpoint files) or --embeddings FILE.parquet")
-    rows = EmbedPipeline.from_checkpoints(cfg.model, cfg.checkpoints, cfg.embed).plan(tables)
+    rows = EmbedPipeline(model_specs(cfg), cfg.embed).plan(tables)
     out["checkpoints"] = rows
     out["to_encode"] = {m: sum(r[f"{m}_to_encode"] for r in rows) for m in ("image", "text")}
     return out

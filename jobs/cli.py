@@ -23,6 +23,7 @@ from .mine import add_mine_parser
 from .perturb import add_perturb_parser
 from .progress import make_progress
 from .report import add_report_parser
+from .watch import add_watch_parser
 
 __all__ = ["main", "build_parser"]
 
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "--suite rococo --annotations data/rococo --images coco --out results/run1\n"
                                         "  hardrank mine --model ViT-B-32 --checkpoint a.pt --corpus images/ "
                                         "--queries captions.json --out mined\n"
+                                        "  hardrank eval --run logs/exp1 --suite rococo --annotations data/rococo "
+                                        "--images coco --out results/exp1\n"
+                                        "  hardrank watch logs/exp1 --suite toy --out results/exp1\n"
                                         "  hardrank run grid.toml --dry-run\n"
                                         "  hardrank report results/run1\n"
                                         "  hardrank bench pipeline\n\n" + EXIT_CODES_HELP)
@@ -101,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "  hardrank eval --model toy-clip "
                                "--checkpoint engine/data/toy_checkpoints/*.safetensors "
                                "--suite toy --out results/toy\n"
-                               "  hardrank eval --model ViT-B-32 --checkpoint openai.pt --suite rococo "
+                               "  hardrank eval --model ViT-B-32 --pretrained openai --suite rococo "
                                "--annotations data/rococo --images /data/coco --image-variants mix_0.9 "
                                "--seeds 1 10 100 --out results/b32\n"
                                "  hardrank eval --model ViT-B-32 --checkpoint a.pt --suite karpathy "
@@ -140,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_report_parser(sub)
     add_bench_parser(sub)
+    add_watch_parser(sub)
     return ap
 
 

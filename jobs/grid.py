@@ -41,8 +41,12 @@ decoder = "pillow"                     # or "dali"
 search = "exhaustive"                  # or "faiss:IVF1024,Flat"
 
 [[model]]
-model = "ViT-B-32"                     # open_clip name, config .json, or local-dir:<folder>
-checkpoints = ["runs/exp1/checkpoints/epoch_*.pt"]
+model = "ViT-B-32"                     # open_clip name, config .json, hf-hub:ORG/NAME or local-dir:<folder>
+pretrained = "laion2b_s34b_b79k"       # its weights from the local cache (no checkpoints given)
+
+[[model]]
+name = "exp1"
+run = "logs/exp1"                      # an open_clip training run: params.txt + checkpoints/epoch_*.pt
 
 [[model]]
 name = "mine"                          # results folder name (default: from model / embeddings)
@@ -50,7 +54,8 @@ embeddings = "my_model.parquet"        # precomputed embeddings instead of a mod
 suites = ["rococo"]                    # overrides the top-level suites
 """
 
-_ENTRY_FIELDS = ("suites", "out", "model", "checkpoints", "embeddings")  # set per [[model]], not in [options]
+# set per [[model]] entry, not in [options]
+_ENTRY_FIELDS = ("suites", "out", "model", "checkpoints", "pretrained", "random_init", "run", "embeddings")
 OPTION_KEYS = tuple(name for name, _, _ in flat_fields(EvalConfig) if name not in _ENTRY_FIELDS)
 _TOP_KEYS = ("out", "suites", "options", "model")
 
@@ -64,7 +69,10 @@ class _Entry:
     """The keys of one [[model]] table."""
 
     name: str | None = opt(None, "results sub-folder: <out>/<name>/<checkpoint>/")
-    model: str | None = opt(None, "open_clip name, config .json or local-dir:")
+    model: str | None = opt(None, "open_clip name, config .json, hf-hub:ORG/NAME or local-dir:")
+    pretrained: str | None = opt(None, "open_clip pretrained tag")
+    random_init: bool = opt(False, "random weights on purpose")
+    run: str | None = opt(None, "an open_clip training run folder", path=True)
     embeddings: str | None = opt(None, "precomputed embeddings Parquet instead of a model", path=True)
     checkpoints: tuple[str, ...] = opt((), "checkpoint files or globs")
     suites: tuple[str, ...] | None = opt(None, "suites of this entry (default: the top-level suites)")
@@ -130,9 +138,14 @@ def _safe_name(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s).strip("._") or "model"
 
 
-def _default_name(model: str | None, embeddings: str | None) -> str:
+def _default_name(model: str | None, embeddings: str | None, run: str | None = None,
+                  pretrained: str | None = None) -> str:
     if embeddings:
         return _safe_name(Path(embeddings).stem)
+    if run:
+        return _safe_name(Path(run).name)
+    if pretrained:
+        return _safe_name(f"{model}-{pretrained}")
     if model.startswith("local-dir:"):
         return _safe_name(Path(model[len("local-dir:"):]).name)
     return _safe_name(Path(model).stem if model.endswith(".json") else model)
@@ -191,22 +204,23 @@ def load_job(path: str | os.PathLike) -> JobFile:
             e = build(_Entry, raw_entry, base=base)
         except UsageError as exc:
             raise JobFileError(f"{path}: {where}: {exc}") from exc
-        if (e.model is None) == (e.embeddings is None):
-            raise JobFileError(f"{path}: {where} needs exactly one of model = ... or embeddings = ...")
+        if sum(v is not None for v in (e.model, e.embeddings, e.run)) != 1:
+            raise JobFileError(f"{path}: {where} needs exactly one of model = ..., run = ... or embeddings = ...")
         if e.embeddings and e.checkpoints:
             raise JobFileError(f"{path}: {where} gives embeddings and checkpoints; checkpoints need a model")
         suites = e.suites or default_suites
         if not suites:
             raise JobFileError(f"{path}: {where} has no suites; set suites = [...] at the top level or in the entry")
         model = _model_path(base, e.model)
-        name = e.name or _default_name(model, e.embeddings)
+        name = e.name or _default_name(model, e.embeddings, e.run, e.pretrained)
         if name in names:
             raise JobFileError(f"{path}: two [[model]] entries write to {name!r}; give one a distinct name = ...")
         names.add(name)
         ckpts = _expand(base, e.checkpoints, path, name) if e.checkpoints else (None,)
         try:
             cfg = build(EvalConfig, {**opts, "suites": suites, "out": os.path.join(out, name), "model": model,
-                                     "checkpoints": ckpts, "embeddings": e.embeddings}, base=base)
+                                     "checkpoints": ckpts, "pretrained": e.pretrained, "random_init": e.random_init,
+                                     "run": e.run, "embeddings": e.embeddings}, base=base)
         except UsageError as exc:
             raise JobFileError(f"{path}: {where}: {exc}") from exc
         models.append(JobModel(name=name, config=cfg))

@@ -37,7 +37,7 @@ def add_mine_parser(subparsers) -> argparse.ArgumentParser:
         epilog="inputs (--corpus / --queries): a Karpathy-format .json (with --images), an image folder, a .parquet "
                "listing (id + path, or id + text), or an embedding store fingerprint folder.\n"
                "examples:\n"
-               "  hardrank mine --model ViT-B-32 --checkpoint openai.pt --corpus /data/laion_subset.parquet "
+               "  hardrank mine --model ViT-B-32 --pretrained openai --corpus /data/laion_subset.parquet "
                "--queries coco_karpathy_train.json --images /data/coco --direction t2i -k 20 --out mined/t2i\n"
                "  hardrank mine --corpus ~/.cache/hardrank/store/ViT-B-32-fp16-ab12 --queries "
                "~/.cache/hardrank/store/ViT-B-32-fp16-ab12 --direction t2t --out mined/t2t "

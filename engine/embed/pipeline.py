@@ -156,9 +156,10 @@ class EmbedPipeline:
 
     @classmethod
     def from_checkpoints(cls, model: str, checkpoints: Sequence[str | None], options: EmbedOptions = EmbedOptions(),
-                         *, runner=None) -> EmbedPipeline:
-        return cls([ModelSpec(model, c, options.precision, options.device) for c in checkpoints or (None,)],
-                   options, runner=runner)
+                         *, pretrained: str | None = None, random_init: bool = False, runner=None) -> EmbedPipeline:
+        """K checkpoints of ``model`` (``None``: the tag's / folder's weights, or random with ``random_init``)."""
+        return cls([ModelSpec(model, c, options.precision, options.device, pretrained=pretrained,
+                              random_init=random_init) for c in checkpoints or (None,)], options, runner=runner)
 
     def fingerprint(self, i: int) -> str:
         """Store folder of model i: DALI pixels differ from Pillow's (within a tested bound), so

@@ -107,7 +107,8 @@ def _pipeline(cfg: MineConfig, sources: list[_Source], echo, runner) -> tuple[Em
                              f"their embeddings are not comparable")
         return None, stores[0]
     e = cfg.embed
-    pipe = EmbedPipeline([ModelSpec(cfg.model, cfg.checkpoint, e.precision, e.device)], e, runner=runner)
+    pipe = EmbedPipeline([ModelSpec(cfg.model, cfg.checkpoint, e.precision, e.device, pretrained=cfg.pretrained,
+                                    random_init=cfg.random_init)], e, runner=runner)
     for s in stores:
         if s.fingerprint != pipe.fingerprint(0):
             raise UsageError(f"store folder {s.dir} holds embeddings of {s.fingerprint}, but --model/--checkpoint "
