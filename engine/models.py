@@ -337,8 +337,8 @@ def _load_weights(model: torch.nn.Module, path: str, fmt: str, name: str) -> Non
                         f"TorchScript archive") from exc
     except (EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"checkpoint {path} ends early ({type(exc).__name__}): it is truncated; copy it again") from exc
-    except RuntimeError as exc:
-        msg = str(exc)
+    except (RuntimeError, AssertionError) as exc:  # open_clip asserts when embedding widths differ
+        msg = str(exc) or type(exc).__name__
         if "PytorchStreamReader" in msg or "zip archive" in msg or "central directory" in msg:
             raise DataError(f"checkpoint {path} is a truncated or corrupt PyTorch archive ({msg[:200]}); copy it "
                             f"again") from exc

@@ -259,12 +259,15 @@ def test_each_bad_checkpoint_says_what_it_is(arch, tmp_path):
     wrong = dict(arch["sd"])
     wrong["text_projection"] = torch.zeros(3, 3)
     cases["wrong.safetensors"] = (None, "does not fit model 'hr-tiny'")
+    other = dict(arch["sd"])  # another architecture's text width: open_clip asserts while resizing
+    other["positional_embedding"] = torch.zeros(77, 48)
+    cases["other.safetensors"] = (None, "does not fit model 'hr-tiny'")
     for name, (data, message) in cases.items():
         path = tmp_path / name
         if name == "pickled.pt":
             torch.save({"state_dict": arch["sd"], "args": _Opaque()}, path)
-        elif name == "wrong.safetensors":
-            save_file(wrong, str(path))
+        elif name in ("wrong.safetensors", "other.safetensors"):
+            save_file(wrong if name.startswith("wrong") else other, str(path))
         else:
             path.write_bytes(data)
         with pytest.raises(DataError, match=message):
