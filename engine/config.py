@@ -355,6 +355,8 @@ class MineOptions:
                              "on the recall sample)", minimum=1)
     recall_sample: int = opt(1000, "queries used to measure approximate recall against exact search", minimum=0)
     seed: int = opt(0, "sampling seed (recall sample, IVF training)")
+    shards: int | None = opt(None, "with --executor ray: corpus shards, each held by a Ray actor within "
+                             "--budget-mb (default: one per CPU of the cluster)", minimum=1)
 
     def __post_init__(self):
         check_options(self)

@@ -21,7 +21,7 @@ import hardrank.kernels
 from hardrank.embed import DecodeStage, EmbedJob, EmbedSink, EncodeStage, image_size
 from hardrank.items import ImageRef
 
-__all__ = ["RayRunner"]
+__all__ = ["RayRunner", "connect"]
 
 log = logging.getLogger("hardrank.ray")
 
@@ -41,6 +41,25 @@ def _shipped_package() -> str:
     shutil.copytree(kernels_dir, root / "kernels", ignore=ignore)
     shutil.copytree(jobs_dir, root / "jobs", ignore=ignore)
     return str(root)
+
+
+def connect(address: str | None = None) -> bool:
+    """Join the Ray cluster at ``address`` (else ``$RAY_ADDRESS``, else start a local one), shipping this
+    hardrank to remote workers. Returns whether this call initialised Ray (the caller then shuts it
+    down); an already initialised Ray session is used as it is."""
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:  # ship this checkout's code so workers run exactly what the driver runs
+        env = {"py_modules": [_shipped_package()], "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
+        try:
+            ray.init(address=address, runtime_env=env, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ValueError(f"could not join the Ray cluster at {address!r} ({exc}); check "
+                             f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
+    else:  # a local cluster's workers run this interpreter, which imports hardrank already
+        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    return True
 
 
 class RayRunner:
@@ -71,18 +90,7 @@ class RayRunner:
 
     # -- cluster -------------------------------------------------------------------------
     def _connect(self) -> None:
-        if ray.is_initialized():
-            return
-        if self.address:  # ship this checkout's code so workers run exactly what the driver runs
-            env = {"py_modules": [_shipped_package()], "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
-            try:
-                ray.init(address=self.address, runtime_env=env, logging_level=logging.WARNING)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise ValueError(f"could not join the Ray cluster at {self.address!r} ({exc}); check "
-                                 f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
-        else:  # a local cluster's workers run this interpreter, which imports hardrank already
-            ray.init(include_dashboard=False, logging_level=logging.WARNING)
-        self._owned = True
+        self._owned = connect(self.address) or self._owned
 
     def close(self) -> None:
         """Shut Ray down if this runner started or joined it."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -16,7 +17,7 @@ import pyarrow.parquet as pq
 
 from ..atomic import atomic_path, write_json_atomic
 from ..config import DIRECTIONS, MineConfig, MineOptions, build
-from ..errors import UsageError
+from ..errors import MissingExtra, UsageError
 from .block import mine_block
 from .export import shard_path, write_training
 from .problem import MineProblem, negatives_schema
@@ -38,7 +39,7 @@ def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
     record = {"run_version": RUN_VERSION, "direction": problem.direction, "modality": problem.modality,
               "queries": len(problem.xq), "corpus": len(problem.xb), "dim": int(problem.xq.shape[1]),
               "query_ids": _digest(problem.query_ids), "corpus_ids": _digest(problem.corpus_ids),
-              "options": {k: v for k, v in asdict(opts).items() if k not in ("recall_sample",)}}
+              "options": {k: v for k, v in asdict(opts).items() if k not in ("recall_sample", "shards")}}
     path = out / "mine_run.json"
     if path.exists():
         old = json.loads(path.read_text())
@@ -52,14 +53,16 @@ def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
 
 
 def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike, *,
-                export_training: str | os.PathLike | None = None, echo=None) -> dict:
+                export_training: str | os.PathLike | None = None, echo=None, searcher=None) -> dict:
     """Mine ``opts.k`` negatives per query into ``out/negatives/part-*.parquet`` (one shard per
     block of ``opts.block_size`` queries, written atomically; existing shards are skipped, so a
     killed run resumes), then write ``out/summary.json`` and return it.
 
     Search: ``exact`` = kernels.topk over the fp32 corpus in memory; ``faiss:<factory>`` = a FAISS
     index (approximate ones over-fetch 2-8x candidates and re-score them exactly); ``auto`` = exact
-    while the fp32 corpus fits ``budget_mb``, else IVF with fast-scan PQ codes (``_auto_factory``)."""
+    while the fp32 corpus fits ``budget_mb``, else IVF with fast-scan PQ codes (``_auto_factory``).
+    ``searcher``: a factory ``searcher(problem, opts)`` replacing the in-process search (the Ray
+    shards of ``hardrank.jobs.ray_search``); the blocks, filters and outputs are the same."""
     echo = echo or (lambda s: None)
     problem.validate()
     t_start = time.perf_counter()
@@ -76,7 +79,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     ids_b = pa.array(problem.corpus_ids, pa.string())
     if todo:
         t0 = time.perf_counter()
-        search = build_searcher(problem, opts)
+        search = (searcher or build_searcher)(problem, opts)
         timings["index"] = time.perf_counter() - t0
         search_info = dict(search.info)
         if hasattr(search, "index") and search.index.nprobe is not None:
@@ -153,9 +156,27 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     cfg = cfg if cfg is not None else build(MineConfig, options)
     echo = echo or (lambda s: None)
     t0 = time.perf_counter()
-    problem = build_problem(cfg, progress=progress, echo=echo, runner=runner)
+    sharded = cfg.embed.executor == "ray"
+    problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=sharded)
     t_inputs = time.perf_counter() - t0
     echo(f"{len(problem.query_ids)} {DIRECTIONS[cfg.direction][0]} queries, {len(problem.corpus_ids)} "
          f"{problem.modality} corpus items ({t_inputs:.1f}s)")
     problem.meta.setdefault("timings", {})["inputs"] = round(t_inputs, 3)
-    return mine_arrays(problem, cfg.options, cfg.out, export_training=cfg.export_training, echo=echo)
+    searcher = _sharded_searcher(cfg) if sharded else None
+    try:
+        return mine_arrays(problem, cfg.options, cfg.out, export_training=cfg.export_training, echo=echo,
+                           searcher=searcher)
+    finally:
+        if searcher is not None:
+            searcher.close()
+
+
+def _sharded_searcher(cfg: MineConfig):
+    """The corpus sharded over Ray actors (``hardrank.jobs.ray_search``: the engine never imports Ray)."""
+    try:
+        ray_search = importlib.import_module("hardrank.jobs.ray_search")
+    except ImportError as exc:
+        if "ray" not in str(exc):
+            raise
+        raise MissingExtra("mine --executor ray", "ray", "ray[data]") from exc
+    return ray_search.ShardedSearchFactory(shards=cfg.options.shards, address=cfg.embed.ray_address)

@@ -16,7 +16,7 @@ from ..models import ModelSpec
 from ..store import EmbeddingStore, open_store
 from ..suites.karpathy import read_karpathy
 from ..text import pre_caption
-from .problem import MineProblem
+from .problem import MineProblem, StoreRows
 
 __all__ = ["build_problem", "IMAGE_EXTENSIONS"]
 
@@ -136,7 +136,7 @@ def _karpathy_groups(src: _Source, tables: Tables, rows: dict) -> None:
         it.group_key = [group_key[g] for g in it.group]
 
 
-def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None) -> MineProblem:
+def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, lazy_corpus: bool = False) -> MineProblem:
     """Load both inputs, embed what the store lacks, and compile queries, corpus and positives.
 
     Positives of a query (in the corpus modality) are the items of its own source in its group: for
@@ -202,7 +202,10 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None) -> 
         g = gkey(cit, i)
         if g != cit.keys[i]:
             by_key.setdefault(g, []).append(j)
-    xb = read(csrc, cmod, c_rows)
+    if lazy_corpus:  # shard actors read their own slices from the store
+        xb = StoreRows.of(csrc.store or store, cmod, [cit.keys[i] for i in c_rows])
+    else:
+        xb = read(csrc, cmod, c_rows)
     # queries, merged by id; positives = same-group items of the query source, in the corpus modality
     qit = qsrc.items[qmod]
     members: dict[int, list[int]] = {}
