@@ -30,6 +30,28 @@ __all__ = ["ShardedSearch", "ShardedSearchFactory"]
 log = logging.getLogger("hardrank.ray")
 
 
+class _MemmapSlice:
+    """Rows [lo, hi) of a memory-mapped (n, d) array on a shared disk, opened by the actor itself
+    (so a slice of a corpus too large for the driver never passes through it)."""
+
+    def __init__(self, xb: np.memmap, lo: int, hi: int):
+        d = xb.shape[1]
+        self.filename, self.dtype, self.shape = str(xb.filename), xb.dtype, (hi - lo, d)
+        self.offset = int(xb.offset) + lo * d * xb.dtype.itemsize
+
+    def __array__(self, dtype=None, copy=None):
+        rows = np.memmap(self.filename, self.dtype, "r", self.offset, self.shape) if self.shape[0] else \
+            np.zeros(self.shape, self.dtype)
+        return np.array(rows, dtype=dtype)
+
+
+def _slice(xb, lo: int, hi: int):
+    """What an actor gets for its rows: a store view, a memmap reference, or (in memory) the rows."""
+    if isinstance(xb, np.memmap) and xb.ndim == 2 and xb.flags.c_contiguous:
+        return _MemmapSlice(xb, lo, hi)
+    return xb[lo:hi]
+
+
 class _Shard:
     """A Ray actor: one contiguous slice of the corpus and its searcher."""
 
@@ -60,6 +82,11 @@ class _Shard:
         if self.search is not None and getattr(self.search, "index", None) is not None:
             self.search.index.set_nprobe(nprobe)
 
+    def peak_rss(self) -> int:
+        """This actor's peak resident memory in bytes (Linux), to check it stays within the budget."""
+        with open("/proc/self/status") as f:
+            return next((int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:")), 0)
+
 
 class _Nprobe:
     """The shards' IVF lists as one index, for nprobe tuning (``measure_recall``)."""
@@ -82,7 +109,7 @@ class ShardedSearch:
         cpus = max(1.0, float(ray.cluster_resources().get("CPU", 1)))
         per = min(1.0, cpus / (len(self.bounds) - 1))  # every actor must fit at once, or the search waits
         actor = ray.remote(max_restarts=-1, max_task_retries=-1)(_Shard)
-        self.actors = [actor.options(num_cpus=per).remote(problem.xb[lo:hi], opts, int(max(1, per)))
+        self.actors = [actor.options(num_cpus=per).remote(_slice(problem.xb, lo, hi), opts, int(max(1, per)))
                        for lo, hi in zip(self.bounds[:-1], self.bounds[1:])]
         parts = ray.get([a.describe.remote() for a in self.actors])
         self.exact = all(p["exact"] for p in parts)
@@ -122,6 +149,10 @@ class ShardedSearch:
         for sel, ref in calls.values():
             out[sel] = ray.get(ref)
         return out.reshape(*I.shape, self.d)
+
+    def peak_rss(self) -> list[int]:
+        """Each shard actor's peak resident memory, bytes."""
+        return ray.get([a.peak_rss.remote() for a in self.actors])
 
     def close(self) -> None:
         for a in self.actors:
