@@ -25,7 +25,7 @@ from .metrics import add_drops, average_views, choice_metrics, ranking_metrics
 from .models import file_hash
 from .results import outcome_schema, summary_row, write_result
 from .search import score_choice, score_ranking
-from .suites import load_suites
+from .suites import expand_suites, load_suites
 from .tasks import MaskTask, Suite
 
 __all__ = ["evaluate", "plan", "EvalReport"]
@@ -238,8 +238,9 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
 def _check_usage(cfg: EvalConfig) -> None:
     """Everything about the options that can fail, checked before any loading or encoding: the
     results folder and the store can be written, the device exists."""
-    check_writable_dir(cfg.out, "out (--out)")
+    expand_suites(list(cfg.suites))
     resolve_device(cfg.embed.device)
+    check_writable_dir(cfg.out, "out (--out)")
     if cfg.model is not None and cfg.embeddings is None:
         check_writable_dir(cfg.embed.store_root(), "store (--store)")
 

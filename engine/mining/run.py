@@ -161,8 +161,8 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
         raise UsageError(f"pass a MineConfig or keyword options, not both (got {sorted(options)})")
     cfg = cfg if cfg is not None else build(MineConfig, options)
     echo = echo or (lambda s: None)
-    check_writable_dir(cfg.out, "out (--out)")  # usage first: nothing is embedded for an unwritable output
-    resolve_device(cfg.embed.device)
+    resolve_device(cfg.embed.device)  # usage first: nothing is embedded for a missing device or unwritable output
+    check_writable_dir(cfg.out, "out (--out)")
     if cfg.model is not None:
         check_writable_dir(cfg.embed.store_root(), "store (--store)")
     if cfg.export_training:
