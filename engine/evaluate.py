@@ -238,8 +238,12 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
 def _check_usage(cfg: EvalConfig) -> None:
     """Everything about the options that can fail, checked before any loading or encoding: the
     results folder and the store can be written, the device exists."""
-    expand_suites(list(cfg.suites))
+    names = expand_suites(list(cfg.suites))
     resolve_device(cfg.embed.device)
+    needs_model = any(n != "amodal" for n in names) or cfg.suite_options.baseline is not None
+    if needs_model and cfg.model is None and cfg.embeddings is None:
+        raise UsageError(f"give --model (with --checkpoint files) or --embeddings FILE.parquet: suites {names} "
+                         f"score embeddings")
     check_writable_dir(cfg.out, "out (--out)")
     if cfg.model is not None and cfg.embeddings is None:
         check_writable_dir(cfg.embed.store_root(), "store (--store)")
@@ -320,6 +324,7 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
     cfg = _config(cfg, options)
     tables = Tables.empty()
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+    _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
     out = {"suites": {}, "images": len(tables.images), "texts": len(tables.texts), "checkpoints": [],
            "store": cfg.embed.store_root()}
     for s in suites:

@@ -72,14 +72,23 @@ class _FolderLock:
         self.fd: int | None = None
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self, wait: bool = True) -> Iterator[bool]:
+        """Yields True once held; with ``wait=False`` yields False at once if another process holds it."""
         with self.mutex:
             if self.depth == 0:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                except OSError as exc:
+                    raise DataError(f"cannot create the lock file {self.path} of the store ({exc.strerror or exc}); "
+                                    f"the store must be on a writable filesystem") from None
                 try:
                     try:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     except BlockingIOError:
+                        if not wait:
+                            os.close(fd)
+                            yield False
+                            return
                         holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
                         log.warning("store %s is being written by %s; waiting for it to finish (its items will "
                                     "then come from the store)", self.path.parent, holder)
@@ -92,7 +101,7 @@ class _FolderLock:
                 self.fd = fd
             self.depth += 1
             try:
-                yield
+                yield True
             finally:
                 self.depth -= 1
                 if self.depth == 0:
@@ -170,11 +179,17 @@ class EmbeddingStore:
         if not readonly:
             if self.dir.exists() and not self.dir.is_dir():
                 raise DataError(f"store folder {self.dir} is a file; pass a --store folder (or remove the file)")
-            for modality in _MODALITIES:
-                (self.dir / modality).mkdir(parents=True, exist_ok=True)
+            try:
+                for modality in _MODALITIES:
+                    (self.dir / modality).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise DataError(f"cannot create the store folder {self.dir} ({exc.strerror or exc}); pass a "
+                                f"writable --store") from None
         self.refresh()
         if manifest is None and not readonly:
-            self._write_manifest()
+            with self.lock(wait=False) as held:  # a busy writer rewrites it after its next shard
+                if held:
+                    self.write_manifest()
 
     def _read_manifest(self) -> dict | None:
         """The manifest, or None when missing or unreadable (then rebuilt from the shards)."""
@@ -340,15 +355,16 @@ class EmbeddingStore:
 
     # -- writing -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold this store folder's writer lock (waits while another process holds it)."""
+    def lock(self, wait: bool = True) -> Iterator[bool]:
+        """Hold this store folder's writer lock, waiting while another process holds it; with
+        ``wait=False`` yields False instead of waiting."""
         if self.readonly:
             raise RuntimeError(f"store {self.dir} was opened read-only")
         key = os.path.realpath(self.dir)
         with _LOCKS_MUTEX:
             lk = _LOCKS.setdefault(key, _FolderLock(Path(key) / _LOCK_NAME))
-        with lk.held():
-            yield
+        with lk.held(wait) as held:
+            yield held
 
     def write(self, modality: str, keys: list[str], embeddings: np.ndarray) -> str | None:
         """Append one shard atomically, its checksum inside it. Keys already stored (by this or
@@ -385,18 +401,21 @@ class EmbeddingStore:
             sid = len(self._shards[modality]) - 1
             for row, k in enumerate(keys):
                 index[k] = (sid, row)
-            self._write_manifest()
+            self.write_manifest()
         return name
 
     def remove_stale_temporaries(self) -> None:
         """Delete the half-written temporaries of killed writers. Call with ``lock()`` held (no
         writer of this store is running then)."""
-        for modality in _MODALITIES:
-            for tmp in (self.dir / modality).glob(".shard-*.tmp"):
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
+        stale = [*self.dir.glob(".manifest.json.*.tmp"), *(p for m in _MODALITIES
+                                                           for p in (self.dir / m).glob(".shard-*.tmp"))]
+        for tmp in stale:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
 
-    def _write_manifest(self) -> None:
+    def write_manifest(self) -> None:
+        """Rewrite ``manifest.json`` from the shards this object knows (call ``refresh`` under
+        ``lock()`` first to list every writer's)."""
         write_json_atomic(self.dir / "manifest.json", {
             "fingerprint": self.fingerprint, "dim": self.dim, "dtype": self.dtype,
             "schema_version": SCHEMA_VERSION, "meta": self.meta,

@@ -175,6 +175,31 @@ def test_broken_manifest_is_rebuilt_from_the_shards(world, tmp_path, manifest):
     assert _check_store(store) == counts  # the manifest lists every shard again
 
 
+def test_store_folder_as_mining_input_is_verified(tmp_path, capsys):
+    from hardrank import EmbeddingStore
+
+    rng = np.random.default_rng(0)
+    st = EmbeddingStore(tmp_path / "store", "fp", dim=8, dtype="float32")
+    emb = rng.standard_normal((20, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    st.write("text", [f"t{i}" for i in range(10)], emb[:10])
+    st.write("text", [f"t{i}" for i in range(10, 20)], emb[10:])
+    folder = tmp_path / "store" / "fp"
+    (folder / "manifest.json").unlink()  # shards alone make a store folder
+    args = ["mine", "--corpus", str(folder), "--queries", str(folder), "--direction", "t2t", "-k", "2", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "ok")]) == 0
+    shard = sorted((folder / "text").glob("shard-*.arrow"))[1]
+    data = bytearray(shard.read_bytes())
+    at = data.find(emb[12].tobytes())
+    data[at:at + 32] = emb[3].tobytes()
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "bad")]) == 3
+    err = capsys.readouterr().err
+    assert "1 shard(s) of this store folder failed their checksum" in err and str(folder) in err
+    assert shard.is_file()  # an input store folder is only read: nothing moved
+
+
 def test_each_shard_is_verified_once_per_process(tmp_path, monkeypatch):
     import hardrank.store as store_mod
     from hardrank import EmbeddingStore

@@ -81,6 +81,7 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
         for store in stores:
             store.refresh()  # shards another run committed while this one waited or hashed
             store.remove_stale_temporaries()
+            store.write_manifest()  # every writer's shards, also after a manifest was lost
         for modality in ("image", "text"):
             job_sink = _plan_modality(tables.of(modality), keys_of[modality], models, stores, stats[modality],
                                       batch_size=batch_size, flush_rows=flush_rows, decode_threads=decode_threads,

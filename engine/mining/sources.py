@@ -54,6 +54,11 @@ def _load_source(path: str, images: str | None) -> _Source:
     p = Path(path)
     if is_store_folder(p):
         store = open_store(p)
+        bad = sum(store.verify(mod) for mod in ("image", "text"))  # read in full below: check it all now
+        if bad:
+            raise DataError(f"{p}: {bad} shard(s) of this store folder failed their checksum (named above), so "
+                            f"their embeddings cannot be trusted; re-embed the items with --model/--checkpoint "
+                            f"(eval or mine quarantine and re-encode them), or pass an intact copy of the store")
         items = {}
         for mod in ("image", "text"):
             keys = store.keys(mod)
