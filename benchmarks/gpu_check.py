@@ -652,7 +652,7 @@ def _encoder_rows(rec: Recorder, profile: dict, arch: str, peak: float | None) -
     from hardrank.embed import ImageEncoder, TextEncoder, encode_text
 
     device, min_s = _device(profile), profile["encoder_min_s"]
-    m = load_model(ModelSpec(arch, None, rec.result["precision"], device))
+    m = load_model(ModelSpec(arch, None, rec.result["precision"], device, random_init=True))
     cfg = open_clip.get_model_config(arch)
     size = cfg["vision_cfg"]["image_size"]
     texts = _captions(256 if device == "cuda" else 4)
@@ -815,7 +815,7 @@ def part_dali_mixed(rec: Recorder, profile: dict, work: Path, args) -> None:
     p = profile["e2e"]
     ann, root = _world(work, min(p["images"], 2048), p["captions"], p["threads"])
     refs = [ImageRef(str(root / it["image"])) for it in json.loads(ann.read_text())]
-    pre = load_model(ModelSpec("ViT-B-32", None, "fp32", "cpu")).preprocess_cfg
+    pre = load_model(ModelSpec("ViT-B-32", None, "fp32", "cpu", random_init=True)).preprocess_cfg
     batches = [refs[i:i + p["batch"]] for i in range(0, len(refs), p["batch"])]
     r, first = rec.result, {}
     for name, dec in (("dali_mixed", DaliDecoder(pre, threads=p["threads"], batch_size=p["batch"], device="gpu")),

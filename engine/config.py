@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import os
 import re
+import threading
 import types
 import typing
 from collections.abc import Mapping
@@ -25,7 +26,7 @@ from .kernels import TIE_RULES
 
 __all__ = ["DATA_DIR", "PRECISIONS", "EXECUTORS", "DECODERS", "TIE_RULES", "DIRECTIONS", "BASELINES",
            "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir", "default_store",
-           "default_decode_threads", "resolve_device",
+           "default_decode_threads", "resolve_device", "check_writable_dir",
            "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"  # bundled model configs, toy checkpoints, vocabularies
@@ -61,10 +62,41 @@ def default_decode_threads() -> int:
 
 
 def resolve_device(device: str = "auto") -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; other names pass through."""
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; other names pass through once the
+    device is known to exist (UsageError naming ``--device`` otherwise, before any work)."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"option device (--device) is {device!r}, but torch sees no CUDA GPU "
+                             f"(torch.cuda.is_available() is False: no GPU, no driver, or a CPU-only torch build); "
+                             f"use --device cpu, or --device auto to take a GPU when there is one")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise UsageError(f"option device (--device) is {device!r}, but torch sees "
+                             f"{torch.cuda.device_count()} CUDA device(s) (cuda:0..cuda:"
+                             f"{torch.cuda.device_count() - 1}); pick one of those")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UsageError("option device (--device) is 'mps', but torch sees no Apple GPU; use --device cpu")
     return device
+
+
+def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
+    """``path`` as a folder this process can write, created if missing; otherwise a UsageError naming
+    ``option`` (e.g. ``out (--out)``), raised before any work is done."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"option {option} is {str(p)!r}, which is a file, not a folder; pass a folder "
+                         f"(it is created if missing)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".hardrank-write-test-{os.getpid()}-{threading.get_ident()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"option {option} is {str(p)!r}, which cannot be written ({exc.strerror or exc}); "
+                         f"pass a writable folder") from None
+    return p
 
 
 # -- validation shared by every options dataclass --------------------------------------------------

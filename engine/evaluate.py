@@ -16,9 +16,9 @@ import torch
 
 from .byo import embeddings_for_tables
 from .choice_macro import suite_aggregates
-from .config import EvalConfig, build, resolve_device
+from .config import EvalConfig, build, check_writable_dir, resolve_device
 from .embed import EmbedPipeline
-from .errors import UsageError
+from .errors import DataError, UsageError
 from .items import Tables
 from .mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
 from .metrics import add_drops, average_views, choice_metrics, ranking_metrics
@@ -55,6 +55,7 @@ class _Source:
     ident: dict                                 # checkpoint_path, model_fingerprint, provenance
     device: str                                 # where scoring runs
     embeddings: Callable[[], dict[str, np.ndarray]]  # whole-table (rows, d) arrays per modality
+    embed: dict = field(default_factory=dict)   # provenance.embed: this checkpoint's store hits and encodes
 
 
 def _versions() -> dict:
@@ -168,7 +169,8 @@ def _score_mask(task: MaskTask, device: str, emb: dict[str, np.ndarray] | None, 
             "extra": {"metrics_unit": "percent", "protocol": PROTOCOL, **extra}}
 
 
-def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dict, ident: dict | None) -> dict:
+def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dict, ident: dict | None,
+            embed: dict | None = None) -> dict:
     model = cfg.model if ident is not None else None  # predictions scored as they are: no model made them
     ident = dict(ident or {})
     result = {"suite": suite.name, "checkpoint": label, **ident, "model": model,
@@ -177,7 +179,8 @@ def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dic
               "suite_meta": suite.meta, "failures": common["failures"][:1000],
               "failed_items": len(common["failures"])}
     result["provenance"] = {
-        **result.pop("provenance", {}), "versions": common["versions"], "embed": common["embed"],
+        **result.pop("provenance", {}), "versions": common["versions"],
+        "embed": embed if embed is not None else common["embed"],
         "timings": {**scored["timings"], "suite_load": common["t_load"]},
         "config": {**{k: v for k, v in asdict(cfg).items() if k not in ("suite_options", "embed")},
                    **asdict(cfg.embed)},
@@ -204,9 +207,7 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     echo = echo or (lambda s: None)
     if not cfg.out:
         raise UsageError("option out (the results folder) is required")
-    if cfg.model is None and cfg.embeddings is None and cfg.run is None and _needs_model(cfg):
-        raise UsageError("give --model (with --checkpoint or --pretrained), --run RUN_DIR or --embeddings "
-                         f"FILE.parquet: suites {list(cfg.suites)} score embeddings")
+    _check_usage(cfg)
     t_start = time.perf_counter()
     pipe = None  # the models first: a bad checkpoint or tag fails before any data is read
     if cfg.embeddings is None and (cfg.model is not None or cfg.run is not None) and _needs_model(cfg):
@@ -214,6 +215,7 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     tables = Tables.empty()
     t0 = time.perf_counter()
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+    _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
     t_load = time.perf_counter() - t0
     echo(f"loaded {len(suites)} suite(s): {len(tables.images)} unique images, {len(tables.texts)} unique texts "
          f"({t_load:.1f}s)")
@@ -232,7 +234,7 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
             for suite in [s for s in suites if s.needs_embeddings]:
                 for scored in _score_suite(suite, src.device, emb, cfg, len(tables.images.failed)):
                     _write(report, cfg, src.label, suite.name,
-                           _result(suite, src.label, scored, cfg, common, src.ident), scored["outcomes"])
+                           _result(suite, src.label, scored, cfg, common, src.ident, src.embed), scored["outcomes"])
     echo(f"done in {time.perf_counter() - t_start:.1f}s; results in {cfg.out}")
     return report
 
@@ -240,6 +242,31 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
 def _needs_model(cfg: EvalConfig) -> bool:
     """Whether some suite scores embeddings (only mask suites scoring --predictions need none)."""
     return any(n != "amodal" for n in expand_suites(list(cfg.suites))) or cfg.suite_options.baseline is not None
+
+
+def _check_usage(cfg: EvalConfig) -> None:
+    """Everything about the options that can fail, checked before any loading or encoding: a source
+    of embeddings where suites need them, the results folder and the store can be written, the
+    device exists."""
+    resolve_device(cfg.embed.device)
+    if _needs_model(cfg) and cfg.model is None and cfg.embeddings is None and cfg.run is None:
+        raise UsageError("give --model (with --checkpoint or --pretrained), --run RUN_DIR or --embeddings "
+                         f"FILE.parquet: suites {expand_suites(list(cfg.suites))} score embeddings")
+    check_writable_dir(cfg.out, "out (--out)")
+    if (cfg.model is not None or cfg.run is not None) and cfg.embeddings is None:
+        check_writable_dir(cfg.embed.store_root(), "store (--store)")
+
+
+def _check_not_empty(suites: list[Suite], why: str) -> None:
+    """A task with nothing to score would give empty (null) metrics: an error naming the suite."""
+    for s in suites:
+        empty = [f"{t.name} ({t.num_queries} queries)" for t in s.ranking if t.num_queries == 0]
+        empty += [f"{t.name} (0 rows)" for t in s.choice if len(t.ids) == 0]
+        empty += [f"{t.name} (0 questions)" for t in s.mask if len(t.data.questions) == 0]
+        if empty:
+            source = s.meta.get("annotations") or s.meta.get("files_found") or ""
+            raise DataError(f"suite {s.name}{f' ({source})' if source else ''}: task(s) {', '.join(empty)} "
+                            f"{why}")
 
 
 def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_images: int) -> list[dict]:
@@ -260,9 +287,17 @@ def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites
     stats = pipe.run(tables, progress=progress)
     report.embed_stats = common["embed"] = {k: v.as_dict() for k, v in stats.items()}
     for mod, st in stats.items():
-        echo(f"{mod}s: {st.total} unique, {st.from_store} from the store, {st.encoded} encoded "
-             f"x {len(pipe.models)} checkpoint(s), {st.failed} failed ({st.seconds:.1f}s)")
+        if len(pipe.models) == 1:
+            echo(f"{mod}s: {st.total} unique, {st.from_store} from the store, {st.encoded} encoded, "
+                 f"{st.failed} failed ({st.seconds:.1f}s)")
+            continue
+        per = ", ".join(f"{label} {c['from_store']} + {c['encoded']}"
+                        for label, c in zip(pipe.labels, st.per_checkpoint))
+        echo(f"{mod}s: {st.total} unique, {st.failed} failed, {st.encoded} encoded for at least one of "
+             f"{len(pipe.models)} checkpoints ({st.seconds:.1f}s); per checkpoint, from the store + encoded: {per}")
     suites[:] = [_drop_failed(s, tables) for s in suites]
+    _check_not_empty(suites, "lost every query to unreadable items (listed above); fix the files or the "
+                             "annotations")
     common["failures"] = [{"modality": mod, "row": r, "source": u, "reason": w}
                           for mod, st in stats.items() for r, u, w in st.failures]
     sources = []
@@ -270,7 +305,8 @@ def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites
         ident = {"checkpoint_path": model.spec.checkpoint, "model_fingerprint": pipe.fingerprint(i),
                  "provenance": {"architecture": model.arch_name, "precision": model.precision, "device": model.device,
                                 "checkpoint_hash": model.checkpoint_hash, "model_source": _model_source(model)}}
-        sources.append(_Source(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables)))
+        embed = {mod: st.for_checkpoint(i) for mod, st in stats.items()}
+        sources.append(_Source(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables), embed))
     return sources
 
 
@@ -300,6 +336,7 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
     cfg = _config(cfg, options)
     tables = Tables.empty()
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+    _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
     out = {"suites": {}, "images": len(tables.images), "texts": len(tables.texts), "checkpoints": [],
            "store": cfg.embed.store_root()}
     for s in suites:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hardrank.config import DATA_DIR, EvalConfig, SuiteOptions
-from hardrank.errors import EXIT_CODES_HELP, EXIT_OK, HardrankError, TooManyFailures, exit_code
+from hardrank.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, HardrankError, TooManyFailures, exit_code
 from hardrank.evaluate import evaluate, plan
 from hardrank.results import format_table
 from hardrank.suites.toy import default_world_dir
@@ -154,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        print("hardrank: interrupted; finished work is kept (committed store shards, written results and "
+              "mining shards): run the same command again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except TooManyFailures as exc:
         print(f"hardrank: stopped: {exc}", file=sys.stderr)
         return exit_code(exc)

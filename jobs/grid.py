@@ -7,6 +7,7 @@ import difflib
 import glob
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package
     import tomli as tomllib
 
 from hardrank.config import EvalConfig, build, flat_fields, opt
-from hardrank.errors import EXIT_OK, TooManyFailures, UsageError, exit_code
+from hardrank.errors import EXIT_OK, HardrankError, TooManyFailures, UsageError, exit_code
 from hardrank.evaluate import evaluate, plan
 from hardrank.results import format_table
 
@@ -276,12 +277,20 @@ def _cmd_run(args) -> int:
         except TooManyFailures as exc:
             print(f"hardrank run: {m.name}: stopped: {exc}", file=sys.stderr)
             codes.append(exit_code(exc))
-        except (UsageError, FileNotFoundError, ValueError, KeyError) as exc:  # a failing entry: the others still run
-            print(f"hardrank run: {m.name}: error: {exc}", file=sys.stderr)
+        except (HardrankError, FileNotFoundError, NotADirectoryError, ValueError, KeyError) as exc:
+            print(f"hardrank run: {m.name}: error: {exc}", file=sys.stderr)  # a failing entry: the others still run
+            codes.append(exit_code(exc))
+        except Exception as exc:  # anything else (a library's error on a garbage file, a bug): reported, go on
+            print(f"hardrank run: {m.name}: error: {type(exc).__name__}: {exc}"
+                  f"{'' if getattr(args, 'verbose', False) else ' (hardrank -v run ... shows the traceback)'}",
+                  file=sys.stderr)
+            if getattr(args, "verbose", False):
+                traceback.print_exc()
             codes.append(exit_code(exc))
     failed = [m.name for m, c in zip(job.models, codes) if c]
     if failed:
-        print(f"hardrank run: {len(failed)} of {len(codes)} entries failed: {', '.join(failed)}", file=sys.stderr)
+        print(f"hardrank run: {len(failed)} of {len(codes)} entries failed: {', '.join(failed)}; the others' "
+              f"results are written", file=sys.stderr)
     return next((c for c in codes if c), EXIT_OK)
 
 
@@ -290,8 +299,9 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "run", help="run a grid of models x checkpoints x suites from a TOML job file",
         description="Run every [[model]] of a TOML job file on its suites (each model's checkpoints share one "
-                    "decode). Entries that fail are reported and the others still run; the exit code is that of the "
-                    "first failure (2 bad job file, 3 bad data, 4 too many unreadable images). [options] takes "
+                    "decode). Entries that fail (for any reason) are reported and the others still run; the exit "
+                    "code is that of the first failure (2 bad job file or options, 3 bad data, 4 too many "
+                    "unreadable images, 1 anything else). [options] takes "
                     f"the names of the `hardrank eval` flags: {', '.join(OPTION_KEYS)}.",
         formatter_class=Formatter,
         epilog="examples:\n  hardrank run grid.toml --dry-run\n  hardrank run grid.toml --quiet > grid.log\n\n"

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..atomic import atomic_path, write_json_atomic
-from ..config import DIRECTIONS, MineConfig, MineOptions, build
-from ..errors import MissingExtra, UsageError
+from ..config import DIRECTIONS, MineConfig, MineOptions, build, check_writable_dir, resolve_device
+from ..errors import DataError, MissingExtra, UsageError
 from .block import mine_block
 from .export import shard_path, write_training
 from .problem import MineProblem, negatives_schema
@@ -42,7 +42,11 @@ def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
               "options": {k: v for k, v in asdict(opts).items() if k not in ("recall_sample", "shards")}}
     path = out / "mine_run.json"
     if path.exists():
-        old = json.loads(path.read_text())
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{path}: unreadable run record ({exc}); it pins the inputs of the mining run in "
+                            f"{out}: delete {out} to start over, or use another --out") from None
         if old != json.loads(json.dumps(record)):
             diff = sorted(k for k in set(old) | set(record) if old.get(k) != json.loads(json.dumps(record)).get(k))
             raise ValueError(f"{out} holds a mining run with different inputs or options (differs in {diff}); "
@@ -74,7 +78,12 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     todo = [b for b in range(n_blocks) if not shard_path(out, b).exists()]
     timings: dict[str, float] = {}
     prev = out / "summary.json"
-    search_info = json.loads(prev.read_text()).get("search", {}) if prev.exists() and not todo else {}
+    search_info = {}
+    if prev.exists() and not todo:
+        try:
+            search_info = json.loads(prev.read_text(encoding="utf-8")).get("search", {})
+        except (OSError, ValueError, AttributeError):  # rewritten below; only its search record is reused
+            search_info = {}
     ids_q = pa.array(problem.query_ids, pa.string())
     ids_b = pa.array(problem.corpus_ids, pa.string())
     if todo:
@@ -155,6 +164,12 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
         raise UsageError(f"pass a MineConfig or keyword options, not both (got {sorted(options)})")
     cfg = cfg if cfg is not None else build(MineConfig, options)
     echo = echo or (lambda s: None)
+    resolve_device(cfg.embed.device)  # usage first: nothing is embedded for a missing device or unwritable output
+    check_writable_dir(cfg.out, "out (--out)")
+    if cfg.model is not None:
+        check_writable_dir(cfg.embed.store_root(), "store (--store)")
+    if cfg.export_training:
+        check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
     t0 = time.perf_counter()
     sharded = cfg.embed.executor == "ray"
     problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=sharded)

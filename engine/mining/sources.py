@@ -13,7 +13,7 @@ from ..embed import EmbedPipeline
 from ..errors import DataError, UsageError
 from ..items import ImageRef, ItemTable, Tables
 from ..models import ModelSpec
-from ..store import EmbeddingStore, open_store
+from ..store import EmbeddingStore, is_store_folder, open_store
 from ..suites.karpathy import read_karpathy
 from ..text import pre_caption
 from .problem import MineProblem, StoreRows
@@ -52,8 +52,13 @@ def _source_error(path, what: str) -> DataError:
 
 def _load_source(path: str, images: str | None) -> _Source:
     p = Path(path)
-    if p.is_dir() and (p / "manifest.json").is_file():
+    if is_store_folder(p):
         store = open_store(p)
+        bad = sum(store.verify(mod) for mod in ("image", "text"))  # read in full below: check it all now
+        if bad:
+            raise DataError(f"{p}: {bad} shard(s) of this store folder failed their checksum (named above), so "
+                            f"their embeddings cannot be trusted; re-embed the items with --model/--checkpoint "
+                            f"(eval or mine quarantine and re-encode them), or pass an intact copy of the store")
         items = {}
         for mod in ("image", "text"):
             keys = store.keys(mod)
