@@ -66,8 +66,8 @@ def _cmd_toy(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hardrank", description="Stress-test image-text matching models: "
                                  "exact benchmark metrics, fast, for many checkpoints.", formatter_class=Formatter,
-                                 epilog="examples (the first five reuse what `hardrank demo --out results/demo` "
-                                        "made):\n"
+                                 epilog="the first five examples reuse what `hardrank demo --out "
+                                        "results/demo` made (its store and toy world)\nexamples:\n"
                                         "  hardrank demo --out results/demo\n"
                                         "  hardrank report results/demo\n"
                                         "  hardrank store list results/demo/store\n"
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="evaluate checkpoints on benchmark suites", formatter_class=Formatter,
-                        epilog="examples (the first two reuse what `hardrank demo --out results/demo` made):\n"
+                        epilog="the first two examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
                                "  hardrank eval --model toy-clip --checkpoint "
                                "engine/data/toy_checkpoints/*.safetensors --suite toy --data results/demo/toy_world "
                                "--store results/demo/store --out results/toy\n"

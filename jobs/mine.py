@@ -39,7 +39,7 @@ def add_mine_parser(subparsers) -> argparse.ArgumentParser:
                "export), or an embedding store fingerprint folder (ids: content keys).\n"
                "ids in the outputs: image paths relative to one root (--images when it holds every image, else "
                "their common folder), captions as written; query_key / negative_key columns hold content keys.\n"
-               "examples (the first two reuse what `hardrank demo --out results/demo` made):\n"
+               "the first two examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
                "  hardrank mine --model toy-clip --checkpoint "
                "engine/data/toy_checkpoints/toy-clip_step0700.safetensors "
                "--queries results/demo/toy_world/karpathy_test.json --images results/demo/toy_world/images "
