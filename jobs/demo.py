@@ -12,7 +12,7 @@ from hardrank.errors import EXIT_OK, DataError
 from hardrank.evaluate import evaluate, plan
 from hardrank.results import format_table
 from hardrank.toy_amodal import build_amodal_world
-from hardrank.toyworld import TOY_CHECKPOINTS, TOY_MODEL, build_world
+from hardrank.toyworld import TOY_CHECKPOINTS, TOY_MODEL, WorldConfig, build_world, world_config
 
 from .flags import Formatter, add_options, options_from_args
 from .grid import print_plan
@@ -71,7 +71,7 @@ def _cmd_demo(args) -> int:
         if not amodal.is_dir():
             print(f"  then the toy mask suite: its world would be built in {amodal}")
         return EXIT_OK
-    build_world(world)  # before the timer of the evaluation: a first demo spends ~30 s here
+    build_world(world, world_config(world) or WorldConfig())  # a world already there is used as it is
     report = evaluate(cfg, progress=make_progress(args.quiet), echo=echo)
     print(format_table(report.table_rows()))
     amodal = build_amodal_world(amodal)
