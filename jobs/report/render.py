@@ -29,6 +29,11 @@ _VS_STEP_NOTE = ("Ranking: R@1, solid the clean protocol, dashed with a variant'
                  "the dotted line.")
 
 
+def _ckpts(axis) -> str:
+    n, other = len(axis.order), len(axis.unstepped)
+    return f"{n} checkpoints" + (f" ({other} without a {axis.unit})" if other and axis.unit != "order" else "")
+
+
 def _step(axis, label: str) -> str:
     return "-" if axis.step[label] is None else str(axis.step[label])
 
@@ -89,7 +94,7 @@ def render_html(ctx: dict, thumbs: Thumbs) -> str:
     h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
          "<title>hardrank report</title>", f"<style>{_CSS}</style></head><body>",
          "<h1>hardrank report</h1>",
-         f'<p class="meta">{_esc(ctx["results_dir"])} &middot; {len(results)} results, {len(order)} checkpoints, '
+         f'<p class="meta">{_esc(ctx["results_dir"])} &middot; {len(results)} results, {_ckpts(axis)}, '
          f'{len(suites)} suites &middot; generated {_esc(ctx["generated"])}</p>',
          "<h2>Leaderboard</h2>",
          f'<p class="small">{_esc(_MAIN_NOTE)} Best per suite in bold. All headline numbers are in '
@@ -163,7 +168,7 @@ def render_md(ctx: dict, plot_files: dict[str, str]) -> str:
     order, suites, results, axis = ctx["order"], ctx["suites"], ctx["results"], ctx["axis"]
     cell, best = pivot(results, order, suites)
     step_col = axis.unit != "order"
-    md = ["# hardrank report", "", f"{ctx['results_dir']}: {len(results)} results, {len(order)} checkpoints, "
+    md = ["# hardrank report", "", f"{ctx['results_dir']}: {len(results)} results, {_ckpts(axis)}, "
           f"{len(suites)} suites; generated {ctx['generated']}.", "", "## Leaderboard", "",
           f"{_MAIN_NOTE} Best in bold.", "",
           "| checkpoint | " + (f"{axis.unit} | " if step_col else "") + " | ".join(_md_cell(s) for s in suites) + " |",
