@@ -157,7 +157,9 @@ def _plot_drops(by_suite: dict[str, list[Result]], order) -> bytes | None:
         ax.set_ylabel("drop in R@1 (points)")
         ax.set_title(f"{suite}: {d} (clean - variant)", fontsize=11)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7, title="checkpoint", title_fontsize=7)
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, hi + (hi - lo) * 0.35)  # headroom: the legend sits above the bars, not on them
+        ax.legend(fontsize=7, title="checkpoint", title_fontsize=7, loc="upper left", ncol=3)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     return _png(fig)
