@@ -112,7 +112,8 @@ def _suffixes(uri: str):
 def embeddings_for_tables(path: str | Path, tables: Tables) -> dict[str, np.ndarray]:
     """Whole-table embedding arrays in row order. Rows are matched by the id the annotation file
     writes (image path / raw caption); images may also match by the longest path suffix of their
-    file. Missing ids fail, listing the first few."""
+    file (a cropped region: that suffix plus ``@crop:x,y,w,h``, as ``hardrank store export`` writes
+    it, else the path alone). Missing ids fail, listing the first few."""
     data = load_embedding_file(path)
     out = {}
     for modality in ("image", "text"):
@@ -127,8 +128,9 @@ def embeddings_for_tables(path: str | Path, tables: Tables) -> dict[str, np.ndar
         rows, missing = np.empty(len(table), dtype=np.int64), []
         for r, (tid, entry) in enumerate(zip(table.ids, table.entries)):
             hit = lookup.get(tid)
-            if hit is None and modality == "image":
-                hit = next((lookup[s] for s in _suffixes(entry.uri) if s in lookup), None)
+            if hit is None and modality == "image":  # a cropped region first under its own id (path@crop:...)
+                tags = [f"@{entry.recipe}", ""] if entry.recipe else [""]
+                hit = next((lookup[s + t] for t in tags for s in _suffixes(entry.uri) if s + t in lookup), None)
             if hit is None and modality == "text":
                 hit = lookup.get(entry)
             if hit is None:

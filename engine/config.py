@@ -410,7 +410,8 @@ class MineConfig:
     """One mining run: queries against a corpus, negatives written to ``out``."""
 
     corpus: str = opt("", "where negatives come from: a Karpathy-format .json (with --images), an image folder, "
-                      "a .parquet listing (id + path, or id + text), or an embedding store fingerprint folder",
+                      "a .parquet listing (id + path, or id + text), an embeddings .parquet (kind, id, embedding: "
+                      "hardrank store export), or an embedding store fingerprint folder (ids: content keys)",
                       path=True)
     queries: str = opt("", "the queries, same kinds (may equal --corpus)", path=True)
     out: str = opt("", "output folder: negatives/part-*.parquet, summary.json", path=True)
@@ -422,8 +423,10 @@ class MineConfig:
                                  "weights from the local cache")
     random_init: bool = opt(False, "mine with random weights on purpose")
     images: str | None = opt(None, "root of the relative image paths in .json/.parquet inputs", path=True)
-    export_training: str | None = opt(None, 'also write one line per query: {"query", "positives", "negatives"}',
-                                      path=True, metavar="FILE.jsonl")
+    export_training: str | None = opt(None, "also write training data: FILE.tsv / .csv, a NegCLIP-style table "
+                                      "(filepath, title, neg_caption, neg_image) for open_clip hard-negative "
+                                      'training; FILE.jsonl, one line per query {"query", "positives", '
+                                      '"negatives", "scores"}', path=True, metavar="FILE")
     options: MineOptions = MineOptions()
     embed: EmbedOptions = EmbedOptions()
 

@@ -17,6 +17,7 @@ import torch
 from .byo import embeddings_for_tables
 from .choice_macro import suite_aggregates
 from .config import EvalConfig, build, check_writable_dir, resolve_device
+from .counts import embed_line, item_counts
 from .embed import EmbedPipeline
 from .errors import DataError, UsageError
 from .items import Tables
@@ -27,6 +28,7 @@ from .results import outcome_schema, summary_row, write_result
 from .runs import model_specs
 from .search import score_choice, score_ranking
 from .suites import expand_suites, load_suites
+from .suites.toy import TOY_SUITES, pending_world
 from .tasks import MaskTask, Suite
 
 __all__ = ["evaluate", "plan", "EvalReport"]
@@ -214,11 +216,14 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
         pipe = EmbedPipeline(model_specs(cfg), cfg.embed, runner=runner)
     tables = Tables.empty()
     t0 = time.perf_counter()
+    world = _pending_world(cfg)
+    if world is not None:
+        echo(f"building the toy world in {world} (once, about 30 s; --data DIR names another folder)")
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
     _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
     t_load = time.perf_counter() - t0
-    echo(f"loaded {len(suites)} suite(s): {len(tables.images)} unique images, {len(tables.texts)} unique texts "
-         f"({t_load:.1f}s)")
+    echo(f"loaded {len(suites)} suite(s): {len(tables.images)} images (distinct paths), {len(tables.texts)} texts "
+         f"(distinct normalised captions) ({t_load:.1f}s)")
     report = EvalReport()
     common = {"failures": [], "versions": _versions(), "embed": {}, "t_load": t_load}
     for suite in suites:  # answers that need no model: scored once, under the predictions' folder name
@@ -237,6 +242,13 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
                            _result(suite, src.label, scored, cfg, common, src.ident, src.embed), scored["outcomes"])
     echo(f"done in {time.perf_counter() - t_start:.1f}s; results in {cfg.out}")
     return report
+
+
+def _pending_world(cfg: EvalConfig) -> Path | None:
+    """The toy world folder loading these suites would build first, if any."""
+    if not any(n in TOY_SUITES for n in expand_suites(list(cfg.suites))):
+        return None
+    return pending_world(cfg.suite_options)
 
 
 def _needs_model(cfg: EvalConfig) -> bool:
@@ -287,14 +299,7 @@ def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites
     stats = pipe.run(tables, progress=progress)
     report.embed_stats = common["embed"] = {k: v.as_dict() for k, v in stats.items()}
     for mod, st in stats.items():
-        if len(pipe.models) == 1:
-            echo(f"{mod}s: {st.total} unique, {st.from_store} from the store, {st.encoded} encoded, "
-                 f"{st.failed} failed ({st.seconds:.1f}s)")
-            continue
-        per = ", ".join(f"{label} {c['from_store']} + {c['encoded']}"
-                        for label, c in zip(pipe.labels, st.per_checkpoint))
-        echo(f"{mod}s: {st.total} unique, {st.failed} failed, {st.encoded} encoded for at least one of "
-             f"{len(pipe.models)} checkpoints ({st.seconds:.1f}s); per checkpoint, from the store + encoded: {per}")
+        echo(embed_line(mod, st, tables.of(mod), len(pipe.models), labels=pipe.labels))
     suites[:] = [_drop_failed(s, tables) for s in suites]
     _check_not_empty(suites, "lost every query to unreadable items (listed above); fix the files or the "
                              "annotations")
@@ -335,20 +340,26 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
     (for their fingerprints) and reads every image once (for its content key)."""
     cfg = _config(cfg, options)
     tables = Tables.empty()
-    suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+    names, world = expand_suites(list(cfg.suites)), _pending_world(cfg)
+    if world is not None:  # a plan builds nothing: the toy suites are counted once their world exists
+        names = [n for n in names if n not in TOY_SUITES]
+    suites = load_suites(names, tables, cfg.suite_options)
     _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
     out = {"suites": {}, "images": len(tables.images), "texts": len(tables.texts), "checkpoints": [],
            "store": cfg.embed.store_root()}
+    if world is not None:
+        out["would_build"] = {"toy world": str(world), "suites": list(TOY_SUITES)}
     for s in suites:
         tasks = [f"{t.name}: {t.num_queries} queries x {len(t.gallery_items)} gallery items, "
                  f"{len(t.views)} views ({', '.join(t.views)})" for t in s.ranking]
         tasks += [f"{t.name}: {len(t.ids)} rows of {t.left.shape[1]}x{t.right.shape[1]} ({t.rule})" for t in s.choice]
         tasks += [f"{t.name}: {len(t.data.questions)} questions" for t in s.mask]
         out["suites"][s.name] = tasks
-    tables.images.keys(), tables.texts.keys()
-    out["unreadable"] = len(tables.images.failed)
+    counts = item_counts(tables.images)
+    tables.texts.keys()
+    out["unreadable"], out["image_duplicates"] = counts["unreadable"], counts["duplicates"]
     if cfg.embeddings or not any(s.needs_embeddings for s in suites):
-        return out
+        return out  # (also when the toy suites, waiting for their world, were all there was)
     rows = EmbedPipeline(model_specs(cfg), cfg.embed).plan(tables)
     out["checkpoints"] = rows
     out["to_encode"] = {m: sum(r[f"{m}_to_encode"] for r in rows) for m in ("image", "text")}

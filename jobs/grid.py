@@ -231,14 +231,23 @@ def load_job(path: str | os.PathLike) -> JobFile:
 # -- plans (dry runs) ------------------------------------------------------------------------
 def print_plan(p: dict, echo=print) -> None:
     """The dry-run plan of ``hardrank.evaluate.plan`` as text."""
-    echo(f"plan: {len(p['suites'])} suite(s), nothing will be encoded (dry run)")
+    echo(f"plan: {len(p['suites'])} suite(s), nothing will be encoded or written (dry run)")
+    if p.get("would_build"):
+        w = p["would_build"]
+        echo(f"  the toy world is not built yet: a real run first builds it in {w['toy world']} (about 30 s); "
+             f"{', '.join(w['suites'])} are counted once it exists")
+    if not p["suites"]:
+        return
     for name, tasks in p["suites"].items():
         echo(f"  {name}")
         for line in tasks:
             echo(f"    {line}")
-    echo(f"unique items: {p['images']} images ({p['unreadable']} unreadable), {p['texts']} texts")
+    dup = p.get("image_duplicates", 0)
+    echo(f"items: {p['images']} images ({p['unreadable']} unreadable"
+         + (f", {dup} duplicates of another image's content, embedded once" if dup else "")
+         + f"), {p['texts']} texts (distinct normalised captions)")
     if not p["checkpoints"]:
-        echo("nothing to encode (precomputed embeddings, or suites that score predictions)")
+        echo("nothing to encode (precomputed embeddings, suites that score predictions, or none loaded)")
         return
     echo(f"store: {p['store']}")
     for row in p["checkpoints"]:

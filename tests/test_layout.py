@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # the folders and the package names they install as (pyproject.toml [tool.setuptools] package-dir)
 FOLDERS = {"engine": "hardrank", "kernels": "hardrank.kernels", "jobs": "hardrank.jobs"}
-HEAVY = ("ray", "nvidia.dali", "faiss", "matplotlib")  # optional or heavy: imported where needed only
+HEAVY = ("ray", "nvidia.dali", "faiss", "matplotlib", "spacy", "nltk")  # optional or heavy: imported where needed
 
 
 def _modules() -> dict[str, Path]:

@@ -19,14 +19,14 @@ from ..atomic import atomic_path, write_json_atomic
 from ..config import DIRECTIONS, MineConfig, MineOptions, build, check_writable_dir, resolve_device
 from ..errors import DataError, MissingExtra, UsageError
 from .block import mine_block
-from .export import shard_path, write_training
+from .export import check_training, shard_path, write_training
 from .problem import MineProblem, negatives_schema
 from .search import build_searcher, measure_recall
 from .sources import build_problem
 
 __all__ = ["mine", "mine_arrays"]
 
-RUN_VERSION = 1
+RUN_VERSION = 2  # 2: human ids (image paths relative to one root), query_key / negative_key columns
 _HIST_BINS = 40  # score histogram: 40 bins over [-1, 1]
 
 
@@ -69,6 +69,8 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     shards of ``hardrank.jobs.ray_search``); the blocks, filters and outputs are the same."""
     echo = echo or (lambda s: None)
     problem.validate()
+    if export_training:
+        check_training(export_training, problem)  # a bad name or missing pairs fail before any work
     t_start = time.perf_counter()
     out = Path(out)
     (out / "negatives").mkdir(parents=True, exist_ok=True)
@@ -86,6 +88,9 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
             search_info = {}
     ids_q = pa.array(problem.query_ids, pa.string())
     ids_b = pa.array(problem.corpus_ids, pa.string())
+    keys_q = pa.array(problem.query_keys if problem.query_keys is not None else [None] * nq, pa.string())
+    keys_b = pa.array(problem.corpus_keys if problem.corpus_keys is not None else [None] * len(problem.xb),
+                      pa.string())
     if todo:
         t0 = time.perf_counter()
         search = (searcher or build_searcher)(problem, opts)
@@ -109,7 +114,8 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
             table = pa.Table.from_arrays([
                 ids_q.take(pa.array(qrow)), pa.array(np.nonzero(valid)[1].astype(np.int32)),
                 ids_b.take(pa.array(I[valid])), pa.array(S[valid], pa.float32()),
-                pa.array([problem.modality] * int(valid.sum()), pa.string())], schema=negatives_schema())
+                pa.array([problem.modality] * int(valid.sum()), pa.string()),
+                keys_q.take(pa.array(qrow)), keys_b.take(pa.array(I[valid]))], schema=negatives_schema())
             block_meta = json.dumps({"block": b, "queries": len(rows), **st})
             table = table.replace_schema_metadata({"hardrank_block": block_meta})
             with atomic_path(shard_path(out, b)) as tmp:
@@ -128,9 +134,10 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     scores = np.concatenate(scores) if scores else np.zeros(0, np.float32)
     hist, edges = np.histogram(scores, bins=_HIST_BINS, range=(-1.0, 1.0))
     files = {"negatives": str(out / "negatives"), "summary": str(out / "summary.json")}
+    training = None
     if export_training:
         t0 = time.perf_counter()
-        write_training(Path(export_training), out, problem, n_blocks, B)
+        training = write_training(Path(export_training), out, problem, n_blocks, B)
         timings["export"] = time.perf_counter() - t0
         files["training"] = str(export_training)
     timings["total"] = time.perf_counter() - t_start
@@ -152,6 +159,8 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
                                          if todo and timings["search"] > 0 else None)},
         "files": files,
     }
+    if training is not None:
+        summary["training"] = training
     write_json_atomic(out / "summary.json", summary)
     return summary
 
