@@ -169,7 +169,10 @@ def decode_image(ref: ImageRef, data: bytes | None = None):
     except UnidentifiedImageError:  # Pillow's message names a BytesIO object, not the file
         raise ValueError(f"{ref.uri}: not an image Pillow can read ({len(data)} bytes starting "
                          f"{data[:8]!r})") from None
-    img = img.convert("RGB")
+    if img.mode == "RGB":
+        img.load()  # convert("RGB") of an RGB image would only copy it
+    else:
+        img = img.convert("RGB")
     if ref.crop is not None:
         x, y, w, h = ref.crop
         img = img.crop((int(x), int(y), int(x + w), int(y + h)))

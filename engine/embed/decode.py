@@ -5,13 +5,24 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from open_clip.transform import PreprocessCfg, image_transform_v2
+from open_clip.transform import (
+    CenterCropOrPad,
+    MaybeConvertMode,
+    MaybeToTensor,
+    PreprocessCfg,
+    ResizeKeepRatio,
+    image_transform_v2,
+)
+from torchvision.transforms import CenterCrop, Normalize, Resize, ToTensor
 
 from ..config import DECODERS
 from ..errors import MissingExtra, UsageError
 from ..items import ImageRef, decode_image, failure_reason
 
 __all__ = ["make_transform", "PillowDecoder", "make_decoder", "image_size"]
+
+# transform steps that take and return a PIL image, run in the decode threads
+_PIL_STEPS = (Resize, CenterCrop, MaybeConvertMode, ResizeKeepRatio, CenterCropOrPad)
 
 
 def make_transform(preprocess_cfg: dict):
@@ -27,12 +38,26 @@ def make_transform(preprocess_cfg: dict):
 
 class PillowDecoder:
     """Stage: ``{"ref": [ImageRef]}`` -> ``{"pixels": (B, 3, H, W) float32, "ok": (B,) bool,
-    "error": [str|None]}``. Decoding runs in a thread pool (Pillow releases the GIL)."""
+    "error": [str|None]}``, equal bit for bit to the model's own transform run image by image.
+
+    Threads run the Pillow part of the transform (decode, resize, crop: Pillow releases the GIL in
+    each) up to 8-bit pixels, written into one ``(B, H, W, 3) uint8`` batch; ``ToTensor`` + ``Normalize``
+    then run once on the whole batch with the same float32 operations in the same order (``x / 255``,
+    ``- mean``, ``/ std``), so every value is identical. Per image, those two tensor steps cost ~130 us
+    of Python and small-tensor dispatch under the GIL, which kept two threads from scaling (see
+    benchmarks/README.md). A transform of another shape runs whole, image by image (``fused`` False)."""
 
     def __init__(self, preprocess_cfg: dict, threads: int = 2):
         self.transform = make_transform(preprocess_cfg)
         self.size = image_size(preprocess_cfg)
-        self.pool = ThreadPoolExecutor(max(1, threads))
+        self.threads = max(1, threads)
+        self.pool = ThreadPoolExecutor(self.threads)
+        split = _split_transform(self.transform)
+        self.fused = split is not None
+        self._pil, mean, std = split or ([], None, None)
+        if self.fused:  # (1, 3, 1, 1) float32, as torchvision's normalize builds them
+            self._mean = torch.as_tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+            self._std = torch.as_tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
 
     def _one(self, ref: ImageRef):
         try:
@@ -40,14 +65,67 @@ class PillowDecoder:
         except Exception as exc:  # corrupt/truncated/missing: recorded, not fatal
             return None, failure_reason(exc)
 
+    def _pil_one(self, i: int, ref: ImageRef, u8: np.ndarray):
+        """Image ``i`` through the Pillow steps into ``u8[i]``; returns (kind, value): ("u8", None) when
+        written there, ("tensor", t) for an image that left them in another mode or size (run the rest
+        of the transform on it alone), ("error", why)."""
+        try:
+            img = decode_image(ref)
+            for t in self._pil:
+                if isinstance(t, MaybeConvertMode) and img.mode == t.mode:
+                    continue  # convert() to its own mode only copies
+                img = t(img)
+            h, w = self.size
+            if img.mode == "RGB" and img.size == (w, h):
+                u8[i] = np.asarray(img)
+                return "u8", None
+            return "tensor", self.transform.transforms[-1](self.transform.transforms[-2](img))
+        except Exception as exc:  # corrupt/truncated/missing: recorded, not fatal
+            return "error", failure_reason(exc)
+
     def __call__(self, batch: dict) -> dict:
-        out = list(self.pool.map(self._one, batch["ref"]))
-        ok = np.array([t is not None for t, _ in out], dtype=bool)
-        pixels = torch.zeros((len(out), 3, *self.size), dtype=torch.float32)
-        for i, (t, _) in enumerate(out):
-            if t is not None:
-                pixels[i] = t
-        return {**batch, "pixels": pixels, "ok": ok, "error": [e for _, e in out]}
+        refs = list(batch["ref"])
+        if not self.fused:
+            out = list(self.pool.map(self._one, refs))
+            ok = np.array([t is not None for t, _ in out], dtype=bool)
+            pixels = torch.zeros((len(out), 3, *self.size), dtype=torch.float32)
+            for i, (t, _) in enumerate(out):
+                if t is not None:
+                    pixels[i] = t
+            return {**batch, "pixels": pixels, "ok": ok, "error": [e for _, e in out]}
+        n = len(refs)
+        u8 = np.zeros((n, *self.size, 3), dtype=np.uint8)  # (B, H, W, 3)
+        chunks = [range(s, min(n, s + step)) for step in [max(1, -(-n // self.threads))] for s in range(0, n, step)]
+        out = [r for part in self.pool.map(lambda idx: [self._pil_one(i, refs[i], u8) for i in idx], chunks)
+               for r in part]  # one task per thread: per-image futures cost more than a small image's decode
+        pixels = torch.empty((n, 3, *self.size), dtype=torch.float32)  # (B, 3, H, W)
+        pixels.copy_(torch.from_numpy(u8).permute(0, 3, 1, 2))  # uint8 -> float32: exact
+        pixels.div_(255).sub_(self._mean).div_(self._std)  # ToTensor's x / 255, then Normalize
+        ok = np.ones(n, dtype=bool)
+        error: list[str | None] = [None] * n
+        for i, (kind, v) in enumerate(out):
+            if kind == "tensor":
+                pixels[i] = v
+            elif kind == "error":
+                ok[i], error[i] = False, v
+                pixels[i] = 0.0
+        return {**batch, "pixels": pixels, "ok": ok, "error": error}
+
+
+def _split_transform(transform):
+    """(Pillow steps, mean, std) when ``transform`` is ``Compose([Pillow steps..., ToTensor, Normalize])``
+    with steps that keep a PIL image (resize, crop, convert) and a plain per-channel Normalize; None
+    otherwise (the transform then runs whole, image by image)."""
+    steps = list(getattr(transform, "transforms", ()))
+    if len(steps) < 2 or type(steps[-2]) not in (ToTensor, MaybeToTensor) or type(steps[-1]) is not Normalize:
+        return None
+    norm = steps[-1]
+    if norm.inplace or len(norm.mean) != 3 or len(norm.std) != 3:
+        return None
+    pil = steps[:-2]
+    if not all(isinstance(t, _PIL_STEPS) for t in pil):
+        return None
+    return pil, [float(m) for m in norm.mean], [float(s) for s in norm.std]
 
 
 def image_size(preprocess_cfg: dict) -> tuple[int, int]:
