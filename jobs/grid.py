@@ -17,6 +17,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package
     import tomli as tomllib
 
 from hardrank.config import EvalConfig, build, flat_fields, opt
+from hardrank.embed import make_runner
 from hardrank.errors import EXIT_OK, HardrankError, TooManyFailures, UsageError, exit_code
 from hardrank.evaluate import evaluate, plan
 from hardrank.results import format_table
@@ -259,13 +260,27 @@ def print_plan(p: dict, echo=print) -> None:
 
 
 # -- `hardrank run` --------------------------------------------------------------------------
-def _run_entry(job: JobFile, m: JobModel, args) -> None:
+def _run_entry(job: JobFile, m: JobModel, args, runners: dict | None = None) -> None:
     if args.dry_run:
         print_plan(plan(m.config), echo=print)
         return
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    report = evaluate(m.config, progress=make_progress(args.quiet), echo=echo)
+    report = evaluate(m.config, progress=make_progress(args.quiet), echo=echo,
+                      runner=_shared_runner(m.config, runners) if runners is not None else None)
     print(format_table(report.table_rows()))
+
+
+def _shared_runner(cfg: EvalConfig, runners: dict):
+    """One Ray executor per cluster address for every entry of a job file (``--executor ray``): the Ray
+    session started (or joined) for the first entry serves the later ones, instead of a ``ray.init`` and
+    ``ray.shutdown`` per entry. None for the in-process executor (each entry uses its own live models)."""
+    e = cfg.embed
+    if e.executor != "ray" or cfg.embeddings is not None:
+        return None
+    key = e.ray_address or os.environ.get("RAY_ADDRESS") or ""
+    if key not in runners:
+        runners[key] = make_runner(e, [])
+    return runners[key]
 
 
 def _cmd_run(args) -> int:
@@ -277,11 +292,25 @@ def _cmd_run(args) -> int:
     n = sum(len(m.checkpoints) * len(m.suites) for m in job.models)
     print(f"{job.path}: {len(job.models)} model(s), {n} checkpoint x suite runs -> {job.out}", file=sys.stderr)
     codes = []
+    runners: dict = {}  # cluster address -> the Ray executor shared by the entries (closed at the end)
+    try:
+        _run_entries(job, args, codes, runners)
+    finally:
+        for r in runners.values():
+            r.close()
+    failed = [m.name for m, c in zip(job.models, codes) if c]
+    if failed:
+        print(f"hardrank run: {len(failed)} of {len(codes)} entries failed: {', '.join(failed)}; the others' "
+              f"results are written", file=sys.stderr)
+    return next((c for c in codes if c), EXIT_OK)
+
+
+def _run_entries(job: JobFile, args, codes: list, runners: dict) -> None:
     for i, m in enumerate(job.models):
         print(f"[{i + 1}/{len(job.models)}] {m.name}: {len(m.checkpoints)} checkpoint(s) x {', '.join(m.suites)}",
               file=sys.stderr, flush=True)
         try:
-            _run_entry(job, m, args)
+            _run_entry(job, m, args, runners)
             codes.append(EXIT_OK)
         except TooManyFailures as exc:
             print(f"hardrank run: {m.name}: stopped: {exc}", file=sys.stderr)
@@ -296,11 +325,6 @@ def _cmd_run(args) -> int:
             if getattr(args, "verbose", False):
                 traceback.print_exc()
             codes.append(exit_code(exc))
-    failed = [m.name for m, c in zip(job.models, codes) if c]
-    if failed:
-        print(f"hardrank run: {len(failed)} of {len(codes)} entries failed: {', '.join(failed)}; the others' "
-              f"results are written", file=sys.stderr)
-    return next((c for c in codes if c), EXIT_OK)
 
 
 def add_run_parser(subparsers) -> argparse.ArgumentParser:

@@ -266,3 +266,56 @@ def test_messages_name_only_commands_that_exist():
                 assert cmd in commands, f"{src.name} mentions `hardrank {cmd}`, which does not exist"
             for target in re.findall(r"`make ([a-z][a-z-]*)`", text):
                 assert target in targets, f"{src.name} mentions `make {target}`, which does not exist"
+
+
+def test_job_file_entries_share_one_ray_executor(tmp_path, monkeypatch, capsys):
+    """`hardrank run` with executor ray: one runner (one Ray session) serves every model entry and is
+    closed once at the end, even when an entry fails; local entries and embeddings entries get none."""
+    import hardrank.jobs.grid as grid
+
+    made, seen = [], []
+
+    class FakeRunner:
+        closed = 0
+
+        def close(self):
+            self.closed += 1
+
+    def fake_make_runner(options, models):
+        made.append(FakeRunner())
+        return made[-1]
+
+    class Report:
+        def table_rows(self):
+            return []
+
+    def fake_evaluate(cfg, *, progress=None, echo=None, runner=None):
+        seen.append((cfg.embed.executor, runner))
+        if len(seen) == 2:
+            raise ValueError("entry two fails")
+        return Report()
+
+    monkeypatch.setattr(grid, "make_runner", fake_make_runner)
+    monkeypatch.setattr(grid, "evaluate", fake_evaluate)
+    p = _job(tmp_path, """
+        out = "res"
+        suites = ["toy"]
+        [options]
+        executor = "ray"
+        [[model]]
+        name = "a"
+        model = "cfg/a.json"
+        [[model]]
+        name = "b"
+        model = "cfg/b.json"
+        [[model]]
+        name = "c"
+        model = "cfg/c.json"
+        [[model]]
+        name = "e"
+        embeddings = "e.parquet"
+    """)
+    assert main(["run", str(p)]) != 0  # entry b failed; the others ran
+    assert len(made) == 1 and made[0].closed == 1
+    assert [r for _, r in seen] == [made[0], made[0], made[0], None]
+    assert "entry two fails" in capsys.readouterr().err
