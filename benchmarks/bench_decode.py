@@ -17,11 +17,13 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224, help="model input size (ViT-B/32: 224)")
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--naive", action="store_true", help="also time the transform run image by image")
     ap.add_argument("--core", type=int, default=0, help="pin the process to this core (per-core numbers)")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "hardrank-bench-coco"))
     ap.add_argument("--json", default="benchmarks/results/bench_decode.json")
     args = ap.parse_args()
     os.sched_setaffinity(0, {args.core})
+    import numpy as np
     import torch
 
     torch.set_num_threads(1)
@@ -36,7 +38,14 @@ def main() -> None:
            "std": [0.26862954, 0.26130258, 0.27577711], "interpolation": "bicubic", "resize_mode": "shortest",
            "fill_color": 0}
     stages = {"pillow+torchvision": PillowDecoder(cfg, threads=1),
-              "dali-cpu": DaliDecoder(cfg, threads=1, batch_size=args.batch, device="cpu")}
+              "dali-cpu": DaliDecoder(cfg, threads=1, batch_size=args.batch, device="cpu"),
+              "pillow-draft": PillowDecoder(cfg, threads=1, draft=True)}
+    if args.naive:  # torchvision's transform image by image (the engine's decoder before batching ToTensor+Normalize)
+        from hardrank.embed import make_transform
+        from hardrank.items import decode_image
+
+        tr = make_transform(cfg)
+        stages["per-image transform"] = lambda b: {"ok": np.array([tr(decode_image(r)) is not None for r in b["ref"]])}
 
     def run(stage):
         for s in range(0, len(refs), args.batch):
@@ -64,9 +73,18 @@ def main() -> None:
     for name, r in rows.items():
         print(f"{name:22s} {r['images_per_s_per_core_best']:11.1f} {r['images_per_s_per_core_median']:13.1f}")
     print(f"DALI / Pillow: {speedup_best:.2f}x (best), {speedup_med:.2f}x (median); target 1.5x")
+    for name in rows:
+        r = rows[name]["images_per_s_per_core_median"] / base["images_per_s_per_core_median"]
+        print(f"{name} / Pillow: {r:.2f}x (median)")
+    exact, draft = stages["pillow+torchvision"]({"ref": refs[:20]}), stages["pillow-draft"]({"ref": refs[:20]})
+    dali = stages["dali-cpu"]({"ref": refs[:20]})
+    err = {k: float((v["pixels"] - exact["pixels"]).abs().mean())
+           for k, v in (("pillow-draft", draft), ("dali-cpu", dali))}
+    print("mean |pixel - pillow| (normalised units, 20 images): " + ", ".join(f"{k} {v:.4f}" for k, v in err.items()))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({
-        "rows": rows, "speedup_best": speedup_best, "speedup_median": speedup_med, "images": len(refs),
+        "rows": rows, "mean_abs_pixel_diff_vs_pillow": err, "speedup_best": speedup_best,
+        "speedup_median": speedup_med, "images": len(refs),
         "size": args.size, "machine": {"cpu": platform.processor() or platform.machine(),
                                         "cores": os.cpu_count(), "loadavg": os.getloadavg()}}, indent=2))
 

@@ -33,7 +33,7 @@ DATA_DIR = Path(__file__).resolve().parent / "data"  # bundled model configs, to
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 EXECUTORS = ("local", "ray")
-DECODERS = ("pillow", "dali")
+DECODERS = ("pillow", "dali", "pillow-draft")
 DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text"), "i2i": ("image", "image")}
 BASELINES = ("clip-regions",)  # mask suites: answer with the candidate region most similar to the question
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
@@ -287,7 +287,9 @@ class EmbedOptions:
                         "ray: Ray Data actor pools (decode actors, one encoder per GPU holding all checkpoints), "
                         "joining --ray-address / $RAY_ADDRESS or starting a local cluster", choices=EXECUTORS)
     decoder: str = opt("pillow", "pillow: the model's own transform, the reference; dali: NVIDIA DALI decode + "
-                       "resize (GPU if present, else CPU), within a tested bound of pillow, stored separately",
+                       "resize (GPU if present, else CPU), within a tested bound of pillow, stored separately; "
+                       "pillow-draft: pillow decoding large JPEGs at 1/2-1/8 scale first (faster; within a tested "
+                       "bound of pillow, identical for images under 2x the model's size), stored separately",
                        choices=DECODERS)
     ray_address: str | None = opt(None, "Ray cluster to join with --executor ray (default: $RAY_ADDRESS, "
                                   "else a local cluster)")

@@ -158,8 +158,13 @@ class Tables:
         return self.images if modality == "image" else self.texts
 
 
-def decode_image(ref: ImageRef, data: bytes | None = None):
-    """Decode to an RGB PIL image and apply the ref's crop. The Pillow reference decoder."""
+def decode_image(ref: ImageRef, data: bytes | None = None, draft=None):
+    """Decode to an RGB PIL image and apply the ref's crop. The Pillow reference decoder.
+
+    draft: None (the reference), or ``draft(width, height) -> (w, h) | None``, the smallest size the
+    caller needs from a JPEG of that size: the JPEG is then decoded at 1/2, 1/4 or 1/8 scale (libjpeg's
+    scaled IDCT, Pillow's ``draft``) when that still covers it. Not applied to cropped refs or to other
+    formats; it changes pixels whenever it reduces (see ``PillowDecoder``'s ``draft``)."""
 
     data = read_image_bytes(ref.uri) if data is None else data
     if not data:
@@ -169,6 +174,10 @@ def decode_image(ref: ImageRef, data: bytes | None = None):
     except UnidentifiedImageError:  # Pillow's message names a BytesIO object, not the file
         raise ValueError(f"{ref.uri}: not an image Pillow can read ({len(data)} bytes starting "
                          f"{data[:8]!r})") from None
+    if draft is not None and ref.crop is None and img.format == "JPEG":
+        need = draft(*img.size)
+        if need is not None:
+            img.draft(None, need)  # largest 1/2^k scale whose size still covers `need`; no-op below 2x
     if img.mode == "RGB":
         img.load()  # convert("RGB") of an RGB image would only copy it
     else:

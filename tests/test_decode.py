@@ -143,3 +143,43 @@ def test_rgb_decode_skips_copy_but_matches_convert(tmp_path):
     assert img.mode == "RGB"
     want = Image.open(io.BytesIO(p.read_bytes())).convert("RGB")
     assert np.array_equal(np.asarray(img), np.asarray(want))
+
+
+def _draft_ref(cfg, ref):
+    try:
+        return make_transform(cfg)(decode_image(ref)), None
+    except Exception as exc:
+        return None, failure_reason(exc)
+
+
+@pytest.mark.parametrize("cfg_name", sorted(CFGS))
+def test_pillow_draft_exact_where_it_cannot_reduce_and_close_where_it_does(tmp_path, cfg_name):
+    """--decoder pillow-draft: identical bits for every image it cannot reduce (under 2x the resized size,
+    not a JPEG, cropped, broken); on large JPEGs it reduces, and stays within a small bound of the reference."""
+    cfg = CFGS[cfg_name]
+    rng = np.random.default_rng(4)
+    images = _awkward_images(tmp_path, rng)
+    refs = [ImageRef(str(p)) for _, p in images] + [ImageRef(str(images[-6][1]), crop=(0, 0, 1500, 1100))]
+    big = [n for n, _ in images] + ["crop-of-big"]
+    dec = PillowDecoder(cfg, threads=2, draft=True)
+    exact = PillowDecoder(cfg, threads=2)
+    out, want = dec({"ref": refs}), exact({"ref": refs})
+    assert list(out["ok"]) == list(want["ok"]) and out["error"] == want["error"]
+    reduced = {"big-1600x1200"}  # the only JPEG at least 2x the model's resized size
+    for i, name in enumerate(big):
+        if name in reduced:
+            continue
+        assert torch.equal(out["pixels"][i], want["pixels"][i]), name
+    for photo_size in [(640, 480), (1024, 768), (333, 1000)]:
+        p = tmp_path / f"photo_{photo_size[0]}.jpg"
+        Image.fromarray(_photo(rng, *photo_size)).save(p, quality=92)
+        ref = ImageRef(str(p))
+        got, ref_px = dec({"ref": [ref]})["pixels"][0], exact({"ref": [ref]})["pixels"][0]
+        assert not torch.equal(got, ref_px)  # it did reduce
+        # normalised pixels (std ~0.27: 1/255 of the range is ~0.015): mean error under 2 levels
+        diff = (got - ref_px).abs()
+        assert float(diff.mean()) < 0.03, (photo_size, float(diff.mean()))
+    img = Image.open(tmp_path / "photo_640.jpg")
+    need = dec.draft(*img.size)
+    rw, rh = make_transform(cfg).transforms[0](Image.new("RGB", img.size)).size  # what the resize step makes
+    assert need[0] >= rw and need[1] >= rh  # the reduced image still covers it

@@ -1,6 +1,7 @@
 """Decode stages: the model's own transform (Pillow, the reference) and the choice of decoder."""
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -45,11 +46,18 @@ class PillowDecoder:
     then run once on the whole batch with the same float32 operations in the same order (``x / 255``,
     ``- mean``, ``/ std``), so every value is identical. Per image, those two tensor steps cost ~130 us
     of Python and small-tensor dispatch under the GIL, which kept two threads from scaling (see
-    benchmarks/README.md). A transform of another shape runs whole, image by image (``fused`` False)."""
+    benchmarks/README.md). A transform of another shape runs whole, image by image (``fused`` False).
 
-    def __init__(self, preprocess_cfg: dict, threads: int = 2):
+    draft: decode each uncropped JPEG at the largest 1/2, 1/4 or 1/8 scale (libjpeg's scaled IDCT)
+    that still covers the size the resize step produces, then run the same transform. Bit-identical to
+    the reference only where no reduction applies (an image under twice the resized size in either
+    side, or not a JPEG, or cropped); otherwise the pixels differ by a small tested amount, so it is
+    ``--decoder pillow-draft``, off by default, and its embeddings are stored in their own folder."""
+
+    def __init__(self, preprocess_cfg: dict, threads: int = 2, draft: bool = False):
         self.transform = make_transform(preprocess_cfg)
         self.size = image_size(preprocess_cfg)
+        self.draft = _draft_size(preprocess_cfg) if draft else None
         self.threads = max(1, threads)
         self.pool = ThreadPoolExecutor(self.threads)
         split = _split_transform(self.transform)
@@ -61,7 +69,7 @@ class PillowDecoder:
 
     def _one(self, ref: ImageRef):
         try:
-            return self.transform(decode_image(ref)), None
+            return self.transform(decode_image(ref, draft=self.draft)), None
         except Exception as exc:  # corrupt/truncated/missing: recorded, not fatal
             return None, failure_reason(exc)
 
@@ -70,7 +78,7 @@ class PillowDecoder:
         written there, ("tensor", t) for an image that left them in another mode or size (run the rest
         of the transform on it alone), ("error", why)."""
         try:
-            img = decode_image(ref)
+            img = decode_image(ref, draft=self.draft)
             for t in self._pil:
                 if isinstance(t, MaybeConvertMode) and img.mode == t.mode:
                     continue  # convert() to its own mode only copies
@@ -128,6 +136,20 @@ def _split_transform(transform):
     return pil, [float(m) for m in norm.mean], [float(s) for s in norm.std]
 
 
+def _draft_size(preprocess_cfg: dict):
+    """``(w, h) -> (w', h')``: the size the transform's resize step makes from a ``w x h`` image (every
+    later step reads at most that many pixels), for ``PillowDecoder``'s ``draft``."""
+    th, tw = image_size(preprocess_cfg)
+    mode = preprocess_cfg.get("resize_mode", "shortest")
+
+    def need(w: int, h: int):
+        if mode == "squash":
+            return tw, th
+        r = (max if mode == "shortest" else min)(tw / w, th / h)  # shortest: covers the crop; longest: fits
+        return max(1, math.ceil(w * r)), max(1, math.ceil(h * r))
+    return need
+
+
 def image_size(preprocess_cfg: dict) -> tuple[int, int]:
     """(H, W) of the model's input images."""
     size = preprocess_cfg.get("size", 224)
@@ -139,6 +161,8 @@ def make_decoder(preprocess_cfg: dict, decoder: str = "pillow", *, threads: int 
     DALI (GPU when present, else its CPU-only mode). Build it inside the worker that runs it."""
     if decoder not in DECODERS:
         raise UsageError(f"decoder must be one of {list(DECODERS)}, got {decoder!r}")
+    if decoder == "pillow-draft":
+        return PillowDecoder(preprocess_cfg, threads=threads, draft=True)
     if decoder == "dali":
         try:
             from .dali import DaliDecoder

@@ -40,7 +40,7 @@ class EmbedJob:
     specs: tuple                       # ModelSpec per checkpoint, precision resolved
     fingerprints: tuple                # expected model fingerprint per checkpoint
     preprocess_cfg: dict               # the checkpoints' shared eval transform
-    decoder: str = "pillow"            # "pillow" | "dali" (images only)
+    decoder: str = "pillow"            # "pillow" | "dali" | "pillow-draft" (images only)
     batch_size: int = 256              # rows per encoder batch
     decode_threads: int = 2            # decoder threads per decoder
     segments: tuple = ()               # ((n_rows, checkpoint indices), ...) consecutive runs of rows that
