@@ -1,6 +1,9 @@
 """Slow, obviously correct twins of the kernels (full score matrix, per-query loops): test oracles, bench baselines."""
 from __future__ import annotations
 
+from fractions import Fraction
+
+import numpy as np
 import torch
 
 from .ranking import TIE_RULES, GroupedRanks
@@ -8,9 +11,27 @@ from .ranking import TIE_RULES, GroupedRanks
 __all__ = ["grouped_ranks_reference", "topk_reference", "choice_scores_reference", "naive_rank"]
 
 
+def _nearest_fp32(q: Fraction) -> float:
+    """The fp32 value nearest the rational q, ties to the even significand."""
+    c = np.float32(float(q))  # within one fp32 step of the answer
+    cands = [c, np.nextafter(c, np.float32(-np.inf)), np.nextafter(c, np.float32(np.inf))]
+    cands = [x for x in cands if np.isfinite(x)]
+    return float(min(cands, key=lambda x: (abs(Fraction(float(x)) - q), int(np.array(x).view(np.int32)) & 1))) + 0.0
+
+
 def _scores(xq: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
-    """Full (nq, nb) float32 scores: the fp64 product rounded once, so equal rows score equal."""
-    return (xq.double().cpu() @ xb.double().cpu().T).float()
+    """Full (nq, nb) float32 scores: each the exact dot product of the two rows (taken as fp32) rounded
+    once to the nearest fp32 value. The fp64 matrix product is within d * 2^-52 * sum|x_k y_k| of the
+    exact value; where that interval holds an fp32 rounding boundary, the products are summed exactly."""
+    x, y = xq.float().double().cpu(), xb.float().double().cpu()
+    s = x @ y.T  # (nq, nb) float64
+    err = 2 * x.shape[1] * 2.0 ** -52 * (x.abs() @ y.abs().T) + 2.0 ** -1000
+    lo, hi = (s - err).float(), (s + err).float()
+    out = lo + 0.0  # -0.0 -> +0.0
+    for i, j in torch.nonzero(lo != hi).tolist():
+        exact = sum((Fraction(a) * Fraction(b) for a, b in zip(x[i].tolist(), y[j].tolist())), Fraction(0))
+        out[i, j] = _nearest_fp32(exact)
+    return out
 
 
 def grouped_ranks_reference(xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule="index") -> GroupedRanks:

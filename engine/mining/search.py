@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..config import MineOptions
-from ..kernels import topk
+from ..kernels import resolve_precision, topk
 from .problem import MineProblem, f32
 
 __all__ = ["build_searcher", "measure_recall"]
@@ -24,16 +24,19 @@ class _KernelSearch:
 
     exact = True
 
-    def __init__(self, xb, budget_bytes: int):
+    def __init__(self, xb, budget_bytes: int, precision: str = "auto"):
         self.xb = torch.from_numpy(f32(xb))
         self.budget = budget_bytes
-        self.info = {"method": "exact", "backend": "kernels.topk"}
+        self.precision = precision
+        self.info = {"method": "exact", "backend": "kernels.topk", "precision": None}
 
     def __call__(self, xq, kk, excl):
+        # the kernel's first GEMM (results do not depend on it), as of the last call
+        self.info["precision"] = resolve_precision(self.precision, "cpu", work=xq.shape[0] * self.xb.numel())
         kw = {}
         if excl is not None:
             kw = {"exclude_ptr": torch.from_numpy(excl[0]), "exclude_idx": torch.from_numpy(excl[1])}
-        D, I = topk(torch.from_numpy(xq), self.xb, kk, budget_bytes=self.budget, **kw)
+        D, I = topk(torch.from_numpy(xq), self.xb, kk, precision=self.precision, budget_bytes=self.budget, **kw)
         return D.float().numpy(), I.numpy().astype(np.int64)
 
 
@@ -95,7 +98,7 @@ def build_searcher(problem: MineProblem, opts: MineOptions):
     method, factory = _choose(problem, opts)
     budget = opts.budget_mb << 20
     if method == "exact":
-        return _KernelSearch(problem.xb, budget // 4)  # corpus (<= budget) + score tiles
+        return _KernelSearch(problem.xb, budget // 4, opts.rank_precision)  # corpus (<= budget) + score tiles
     return _FaissSearch(problem.xb, factory, opts, budget)
 
 
