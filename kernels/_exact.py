@@ -23,7 +23,6 @@ __all__ = ["gamma", "U64", "exact_dot", "round_certified", "exact_fp32"]
 
 U64 = 2.0 ** -53     # unit roundoff of fp64
 _INFLATE = 1 + 2.0 ** -30  # covers the fp64 rounding of the norms and of the bound's own arithmetic
-_PAIRS_PER_STEP = 4096  # pairs gathered at once: 4096 x d fp64 temporaries
 
 
 def gamma(n: int, u: float) -> float:
@@ -65,21 +64,17 @@ def exact_fp32(x: list[float], y: list[float]) -> float:
 def exact_dot(a: torch.Tensor, b: torch.Tensor, a_norm: torch.Tensor | None = None,
               b_norm: torch.Tensor | None = None) -> torch.Tensor:
     """Exact scores (n,) float32 of the row pairs a (n, d), b (n, d) (any float dtype, taken as fp32).
-    ``a_norm``/``b_norm`` (n,) fp64 L2 norms, when the caller has them."""
+    ``a_norm``/``b_norm``: (n,) upper bounds of the rows' L2 norms, when the caller has them."""
     n, d = a.shape
-    out = torch.empty(n, dtype=torch.float32, device=a.device)
     if n == 0:
-        return out
-    g = gamma(d, U64) * _INFLATE
-    for s0 in range(0, n, _PAIRS_PER_STEP):
-        s1 = min(s0 + _PAIRS_PER_STEP, n)
-        a64, b64 = a[s0:s1].float().double(), b[s0:s1].float().double()  # (p, d) float64
-        s = torch.linalg.vecdot(a64, b64)  # products exact, sum within gamma_d |a| |b|
-        na = a64.norm(dim=1) if a_norm is None else a_norm[s0:s1]
-        nb = b64.norm(dim=1) if b_norm is None else b_norm[s0:s1]
-        v, ok = round_certified(s, g * na * nb)
-        if not bool(ok.all()):
-            for i in torch.nonzero(~ok).squeeze(1).tolist():
-                v[i] = exact_fp32(a64[i].tolist(), b64[i].tolist())
-        out[s0:s1] = v
-    return out
+        return torch.empty(0, dtype=torch.float32, device=a.device)
+    a64 = a if a.dtype == torch.float64 and a_norm is not None else a.float().double()  # (n, d) float64
+    b64 = b.float().double()
+    s = torch.linalg.vecdot(a64, b64)  # products exact, sum within gamma_d |a| |b|
+    na = torch.linalg.vector_norm(a64, dim=1) if a_norm is None else a_norm
+    nb = torch.linalg.vector_norm(b64, dim=1) if b_norm is None else b_norm.double()
+    v, ok = round_certified(s, gamma(d, U64) * _INFLATE * na * nb)
+    if not bool(ok.all()):
+        for i in torch.nonzero(~ok).squeeze(1).tolist():
+            v[i] = exact_fp32(a64[i].tolist(), b64[i].tolist())
+    return v

@@ -64,8 +64,9 @@ _DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _FP16_MAX = 2.0 ** 14  # fp16 operands only while every entry and every score stays far inside its range
 _FP16_TINY = 2.0 ** -14  # fp16's smallest normal: smaller operands are flushed to 0 (kept exact in dx)
 _NORMAL = 2.0 ** -125  # thresholds are kept at least this far from 0 (fp32 subnormals end at 2^-126)
-_SLACK = 2.0 ** -50  # relative slack on fp64 threshold arithmetic (a few fp64 roundings are < 2^-51)
+_SLACK = 2.0 ** -20  # relative slack of the fp32 threshold arithmetic (its few roundings are < 2^-22)
 _INFLATE = 1 + 2.0 ** -30  # on E: the fp64 rounding of norms, maxima and products
+_NORM32 = 1 + 2.0 ** -12  # on a norm computed in fp32 (its relative error is below d 2^-24)
 _SPEEDUP = 1.5  # "auto" takes a low precision when its GEMM is at least this much faster than fp32's
 
 
@@ -152,6 +153,12 @@ class _Level:
     a_priori: float     # fp32 under a reduced matmul precision: bound coefficient of |x| max|y|
 
 
+def _flushes_denormals(device: torch.device) -> bool:
+    """True when comparisons on ``device`` treat fp32 subnormals as zero (``torch.set_flush_denormal``)."""
+    tiny = torch.tensor([2.0 ** -140], device=device)
+    return not bool((tiny > 0).item())
+
+
 def _maxnorm(x: torch.Tensor) -> float:
     return float(x.max()) if x.numel() else 0.0
 
@@ -160,12 +167,14 @@ class Levels:
     """The levels of one call and the gallery-wide quantities their bounds use.
 
     xb (nb, d) gallery (any float dtype; scores use its fp32 rounding), ``first`` the first level's
-    name (``resolve_precision``). One pass over the gallery in row chunks measures max|y| and, for a
-    low-precision first level, max|dy| and max|y^|."""
+    name (``resolve_precision``). One pass over the gallery in cache-sized row chunks measures max|y|
+    (and for fp16, which flushes small entries, max|dy|; bf16 rounds each entry within u of itself, so
+    max|dy| <= u max|y| costs no pass)."""
 
-    def __init__(self, xb: torch.Tensor, device: torch.device, first: str, chunk: int = 8192):
+    def __init__(self, xb: torch.Tensor, device: torch.device, first: str, chunk: int = 1024):
         self.xb, self.device = xb, device
         self.d = d = xb.shape[1]
+        self.flushes = _flushes_denormals(device)
         self.first = first
         cuda = device.type == "cuda"
         ieee = _fp32_matmul_is_ieee(device)
@@ -176,19 +185,20 @@ class Levels:
         self.levels = [fp32, exact]
         if first in _UNIT:
             dt, u = _DTYPE[first], _UNIT[first]
-            rho = 0.0 if cuda and _mm_out_fp32(device.type, dt) else u / (1 - u) * (1 + _SLACK)
+            rho = 0.0 if cuda and _mm_out_fp32(device.type, dt) else u / (1 - u)
             self.levels.insert(0, _Level(first, dt, u, 2.0 ** -22 if cuda else 2.0 ** -23, rho, 0.0))
         nb = xb.shape[0]
-        ymax, dmax, hmax = 0.0, 0.0, 0.0
-        lp = self.levels[0] if first in _UNIT else None
+        ymax, dmax = 0.0, 0.0
+        measure = first == "fp16"  # bf16: |dy| <= u |y| (its range is fp32's); fp16 flushes: measure
         for c0 in range(0, nb, chunk):
             y = self.rows32(c0, min(c0 + chunk, nb))
-            ymax = max(ymax, _maxnorm(torch.linalg.vector_norm(y.double(), dim=1)))
-            if lp is not None:
-                yh = _lowp(y, lp)
-                dmax = max(dmax, _maxnorm(torch.linalg.vector_norm((y - yh.float()).double(), dim=1)))
-                hmax = max(hmax, _maxnorm(torch.linalg.vector_norm(yh.double(), dim=1)))
-        self.ymax, self.dymax, self.yhmax = ymax, dmax, hmax
+            ymax = max(ymax, _maxnorm(torch.linalg.vector_norm(y, dim=1)))
+            if measure:
+                dmax = max(dmax, _maxnorm(torch.linalg.vector_norm(y - _lowp(y, self.levels[0]).float(), dim=1)))
+        ymax *= _NORM32  # norms summed in fp32
+        self.ymax = ymax
+        self.dymax = dmax * _NORM32 if measure else (_UNIT[first] * ymax if first in _UNIT else 0.0)
+        self.yhmax = ymax + self.dymax  # |y^| <= |y| + |dy|
 
     def rows32(self, c0: int, c1: int) -> torch.Tensor:
         """Gallery rows c0:c1 as fp32 on the device (a view when xb already is)."""
@@ -214,7 +224,8 @@ class BlockScorer:
         self.L, self.a = lv, a
         self.m = a.shape[0]
         d = lv.d
-        self.norm = torch.linalg.vector_norm(a.double(), dim=1)  # (m,) float64
+        self.a64 = a.double()  # (m, d) exact copy for exact scores
+        self.norm = torch.linalg.vector_norm(self.a64, dim=1)  # (m,) float64
         tau = 2.0 ** -125 * (d + 1 + math.sqrt(d) * (self.norm + lv.ymax))  # flushed subnormals
         self.ops: list[torch.Tensor | None] = []  # per level: GEMM operand rows (m, d)
         self.E: list[torch.Tensor] = []  # per level: (m,) float64 absolute bound
@@ -232,6 +243,11 @@ class BlockScorer:
                 dn = torch.linalg.vector_norm((a - h.float()).double(), dim=1)
                 self.ops.append(h)
                 self.E.append((hn * lv.dymax + dn * lv.ymax + gamma(d, lev.nu) * hn * lv.yhmax + tau) * _INFLATE)
+        self.E1, self.c = [], []  # per level: (m,) fp32 and scalar margins of the fp32 threshold arithmetic
+        for lev, E in zip(lv.levels, self.E):
+            c = lev.rho / (1 - lev.rho) + _SLACK
+            self.c.append(c)
+            self.E1.append((E * ((1 + c) * (1 + _SLACK) * (1 + 2.0 ** -22))).float())  # rounded up
         self._bufs: dict[tuple, torch.Tensor] = {}
 
     @property
@@ -272,8 +288,7 @@ class BlockScorer:
         return out
 
     def _exact_tile(self, rows, y: torch.Tensor) -> torch.Tensor:
-        a = self.a if rows is None else self.a[rows]
-        a64, y64 = a.double(), y.double()
+        a64, y64 = self.a64 if rows is None else self.a64[rows], y.double()
         s = a64 @ y64.T  # (k, w) float64
         na = self.norm if rows is None else self.norm[rows]
         ny = torch.linalg.vector_norm(y64, dim=1)
@@ -284,67 +299,48 @@ class BlockScorer:
         return e
 
     # -- thresholds: fp32 tile values that prove a relation of the exact score -----------------------
-    def _parts(self, i: int, rows):
-        E = self.E[i] if rows is None else self.E[i][rows]
-        return E, self.level(i).rho
+    # With W(t) = E1 + c |t| (E1 = E (1 + c) plus slack, c = rho / (1 - rho) plus slack; ``_margins``):
+    # a tile value r >= t + W(t) proves e >= t, r <= t - W(t) proves e <= t, and r - W(r) <= e <= r + W(r).
+    # The margins absorb the fp32 rounding of these few operations (slack 2^-20 >> 3 * 2^-24), so the
+    # fp32 results err on the safe side.
+    def _w(self, i: int, t: torch.Tensor, rows) -> torch.Tensor:
+        e1 = self.E1[i] if rows is None else self.E1[i][rows]
+        return e1 + t.abs() * self.c[i]
 
     def ge(self, i: int, t: torch.Tensor, rows=None) -> torch.Tensor:
         """(k,) fp32 g with: tile value r >= g proves e >= t (t (k,) fp32 exact-score thresholds)."""
-        E, rho = self._parts(i, rows)
-        v = t.double() + E
-        v = torch.where(v >= 0, v / (1 - rho), v / (1 + rho))
-        return _clamp_normal(_round_up(_nudge(v, up=True)), up=True)
+        return self._normal(t + self._w(i, t, rows), up=True)
 
     def le(self, i: int, t: torch.Tensor, rows=None) -> torch.Tensor:
         """(k,) fp32 g with: tile value r <= g proves e <= t."""
-        E, rho = self._parts(i, rows)
-        v = t.double() - E
-        v = torch.where(v >= 0, v / (1 + rho), v / (1 - rho))
-        return _clamp_normal(_round_down(_nudge(v, up=False)), up=False)
+        return self._normal(t - self._w(i, t, rows), up=False)
 
     def lo(self, i: int, r: torch.Tensor, rows) -> torch.Tensor:
         """fp32 lower bounds of the exact scores of tile values r (n,) in block rows ``rows`` (n,)."""
-        E, rho = self._parts(i, rows)
-        r64 = r.double()
-        # three roundings on terms up to |r| + E: slack relative to those, not to the (maybe tiny) result
-        return _round_down(r64 - E - rho * r64.abs() - (r64.abs() + E) * _SLACK)
+        return r - self._w(i, r, rows)
 
     def hi(self, i: int, r: torch.Tensor, rows) -> torch.Tensor:
         """fp32 upper bounds of the exact scores of tile values r (n,) in block rows ``rows`` (n,)."""
-        E, rho = self._parts(i, rows)
-        r64 = r.double()
-        return _round_up(r64 + E + rho * r64.abs() + (r64.abs() + E) * _SLACK)
+        return r + self._w(i, r, rows)
+
+    def _normal(self, g: torch.Tensor, up: bool) -> torch.Tensor:
+        """Where compares flush subnormals to zero, thresholds in (-2^-125, 2^-125) move to +2^-125 (``up``,
+        proofs of >=) or -2^-125 (proofs of <=): the safe direction, and never read as 0."""
+        if not self.L.flushes:
+            return g
+        return torch.where(g.abs() < _NORMAL, torch.full_like(g, _NORMAL if up else -_NORMAL), g)
 
     def exact(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """Exact scores (n,) fp32 of the pairs (block row, gallery index)."""
-        y = self.L.xb[cols.to(self.L.xb.device)].to(device=self.a.device, dtype=torch.float32)
-        return exact_dot(self.a[rows], y, a_norm=self.norm[rows])
-
-
-def _nudge(v: torch.Tensor, up: bool) -> torch.Tensor:
-    """v (float64, each from at most four roundings of one sum/quotient) moved outward by a relative
-    2^-50, past any error those roundings made; infinities stay."""
-    grow = (v > 0) == up
-    return torch.where(grow, v * (1 + _SLACK), v * (1 - _SLACK))
-
-
-def _round_up(v: torch.Tensor) -> torch.Tensor:
-    """Smallest fp32 >= v (v float64)."""
-    f = v.float()
-    return torch.where(f.double() < v, torch.nextafter(f, torch.full_like(f, math.inf)), f)
-
-
-def _round_down(v: torch.Tensor) -> torch.Tensor:
-    """Largest fp32 <= v (v float64)."""
-    f = v.float()
-    return torch.where(f.double() > v, torch.nextafter(f, torch.full_like(f, -math.inf)), f)
-
-
-def _clamp_normal(g: torch.Tensor, up: bool) -> torch.Tensor:
-    """Thresholds in (-2^-125, 2^-125) moved to +2^-125 (``up``, for proofs of >=) or -2^-125 (proofs of
-    <=): the conservative direction, and never a subnormal that a flushing compare would read as 0."""
-    small = g.abs() < _NORMAL
-    return torch.where(small, torch.full_like(g, _NORMAL if up else -_NORMAL), g)
+        """Exact scores (n,) fp32 of the pairs (block row, gallery index), in steps of ~1 MiB of fp64
+        (larger gathers fall out of cache: several times slower per pair)."""
+        out = torch.empty(rows.numel(), dtype=torch.float32, device=self.a.device)
+        step = max(64, (1 << 17) // max(1, self.L.d))
+        cols = cols.to(self.L.xb.device)
+        for s0 in range(0, rows.numel(), step):
+            r, c = rows[s0:s0 + step], cols[s0:s0 + step]
+            y = self.L.xb[c].to(device=self.a.device, dtype=torch.float32)
+            out[s0:s0 + step] = exact_dot(self.a64[r], y, self.norm[r], torch.linalg.vector_norm(y, dim=1) * _NORM32)
+        return out
 
 
 # --- which rows go to which level, tile by tile ------------------------------------------------------
@@ -354,9 +350,9 @@ _REPROBE = 8  # rows sent up from a low-precision first level start there again 
 class Escalation:
     """Runs one tile of a block level by level: rows start at their start level, and the rows a level
     leaves undecided (too many items to re-score one by one) are scored again one level up. A row
-    sent up from a low-precision first level starts the following tiles at fp32 (its threshold sits in
-    a dense part of the score distribution, which the next tile will share), until every row tries the
-    first level again at the next multiple of _REPROBE tiles."""
+    sent up from a low-precision first level because its threshold sits in a dense part of the score
+    distribution (which the next tiles will share) starts the following tiles at fp32, until every row
+    tries the first level again at the next multiple of _REPROBE tiles."""
 
     def __init__(self, sc: BlockScorer):
         self.sc = sc
@@ -367,7 +363,9 @@ class Escalation:
 
     def run(self, c0: int, c1: int, visit) -> None:
         """``visit(i, rows, r)`` handles tile values r (k, c1 - c0) of block rows ``rows`` (None: all
-        rows, k = m) at level i and returns the positions (into r's rows) it leaves undecided, or None."""
+        rows, k = m) at level i and returns (esc, dense): the positions (into r's rows) it leaves
+        undecided, and those of them whose threshold sits in a dense part of the score distribution
+        (they start the next tiles one level up); either may be None."""
         sc = self.sc
         if self.n_tiles % _REPROBE == 0:
             self.start.zero_()
@@ -387,13 +385,17 @@ class Escalation:
                 continue
             r = sc.tile(i, rows, c0, c1)
             self.row_tiles[i] += r.shape[0]
-            esc = visit(i, rows, r)
+            esc, dense = visit(i, rows, r)
             carry = None if esc is None or esc.numel() == 0 else (esc if rows is None else rows[esc])
-            if carry is not None and i == 0 and self.sticky:
-                self.start[carry] = True
+            if dense is not None and dense.numel() and i == 0 and self.sticky:
+                self.start[dense if rows is None else rows[dense]] = True
 
     def stats(self) -> dict[str, int]:
         return {lev.name: n for lev, n in zip(self.sc.L.levels, self.row_tiles)}
+
+
+CAND_LIMIT = 64  # candidates of one row in one tile (best negative, top-k) past which the row goes up a
+# level: candidates are only kept, and pruned as tiles go, so many are cheap; a flood of near-ties is not
 
 
 def crowd_limit(i: int, sc: BlockScorer, w: int) -> int:

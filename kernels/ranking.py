@@ -20,7 +20,7 @@ from ._common import (
     tile_group_segments,
     tile_segments,
 )
-from ._levels import PRECISIONS, BlockScorer, Escalation, Levels, crowd_limit, first_level
+from ._levels import CAND_LIMIT, PRECISIONS, BlockScorer, Escalation, Levels, crowd_limit, first_level
 
 __all__ = ["TIE_RULES", "GroupedRanks", "grouped_ranks"]
 
@@ -282,19 +282,20 @@ class _RankBlock:
 
     def visit(self, t: int, i: int, rows, r: torch.Tensor):
         """Level-i tile values r (k, w) of block rows ``rows`` (None: all): count and collect; return
-        the positions of rows left to the next level."""
+        the positions of rows left to the next level (too many undecided items to re-score each)."""
         self._mask_positives(t, rows, r)
         sc, rp = self.sc, self.rp
         c0, _, c1 = rp.tiles[t]
         if i == sc.n_levels - 1:
             self._visit_exact(t, rows, r)
-            return None
+            return None, None
         k = r.shape[0]
-        idx = (lambda x: x) if rows is None else (lambda x: x[rows])
+        sel = (lambda x: x) if rows is None else (lambda x: x[rows])
         brow = torch.arange(k, device=r.device) if rows is None else rows  # block row of each tile row
-        sure, up = idx(self.sure[i]), idx(self.up[i])
+        sure, up = sel(self.sure[i]), sel(self.up[i])
         limit = crowd_limit(i, sc, c1 - c0)
-        crowd = torch.zeros(k, dtype=torch.bool, device=r.device)
+        dense = torch.zeros(k, dtype=torch.bool, device=r.device)  # too many undecided counts
+        flood = torch.zeros(k, dtype=torch.bool, device=r.device)  # too many best-negative candidates
         found = []
         for lo, hi, g in rp.pieces[t]:
             whole = lo == c0 and hi == c1
@@ -302,46 +303,51 @@ class _RankBlock:
             buf = self.scratch[:k] if whole and self.scratch is not None else None
             n_sure, n_up, mx, cm = _piece_stats(v, sure, up, rp.fused and whole, buf)
             n_band = n_up - n_sure
-            crowd |= n_band > limit
+            dense |= n_band > limit
+            band = None
+            band_rows = torch.nonzero(n_band > 0).squeeze(1)
+            if band_rows.numel():  # the undecided items: above up, not above sure
+                pos, cols, vals = entries_above(v, up[band_rows], band_rows, cm)
+                und = vals <= sure[band_rows][pos]
+                band = (band_rows[pos[und]], cols[und] + lo)
             # rows whose piece may hold a new best negative, and the items that may be it
-            imp = torch.nonzero(mx > idx(self.cand_floor[i][:, g])).squeeze(1)
-            nb_rows = nb_thr = nb_tau = None
+            cand = None
+            imp = torch.nonzero(mx > sel(self.cand_floor[i][:, g])).squeeze(1)
             if imp.numel():
                 nb_rows = brow[imp]
                 nb_tau = torch.maximum(self.tau[nb_rows, g], sc.lo(i, mx[imp], nb_rows))
                 nb_thr = sc.le(i, torch.nextafter(nb_tau, -self.inf[:imp.numel()]), nb_rows)
-                n_c = count_gt(v, nb_thr, buf) if imp.numel() == k else count_gt(v[imp], nb_thr)
-                crowd[imp] |= n_c > limit
-            found.append((lo, g, v, cm, n_sure, n_band, imp, nb_rows, nb_thr, nb_tau))
+                pos, cols, vals = entries_above(v, nb_thr, imp, cm)
+                flood[imp] |= torch.bincount(pos, minlength=imp.numel()) > CAND_LIMIT
+                cand = (imp, nb_tau, imp[pos], cols + lo, vals)
+            found.append((g, n_sure, band, cand))
+        crowd = dense | flood
         esc = torch.nonzero(crowd).squeeze(1) if bool(crowd.any()) else None
-        keep = None if esc is None else ~crowd
-        for lo, g, v, cm, n_sure, n_band, imp, nb_rows, nb_thr, nb_tau in found:
-            if keep is None:
+        for g, n_sure, band, cand in found:
+            if esc is None:
                 if rows is None:
                     self.cnt[:, g] += n_sure
                 else:
                     self.cnt[rows, g] += n_sure
-                band_rows = torch.nonzero(n_band > 0).squeeze(1)
             else:
-                kr = torch.nonzero(keep).squeeze(1)
+                kr = torch.nonzero(~crowd).squeeze(1)
                 self.cnt[brow[kr], g] += n_sure[kr]
-                band_rows = torch.nonzero((n_band > 0) & keep).squeeze(1)
-            if band_rows.numel():
-                pos, cols, vals = entries_above(v, up[band_rows], band_rows, cm)
-                undecided = vals <= sure[band_rows][pos]  # above sure: proved, already counted
-                bro = brow[band_rows][pos[undecided]]
-                self.band.append((bro, g, cols[undecided] + lo))
-            if imp.numel():
-                if keep is not None:
-                    ok = keep[imp]
-                    imp, nb_rows, nb_thr, nb_tau = imp[ok], nb_rows[ok], nb_thr[ok], nb_tau[ok]
-                    if not imp.numel():
-                        continue
-                self._set_tau(nb_rows, g, nb_tau)
-                pos, cols, vals = entries_above(v, nb_thr, imp, cm)
-                crow = nb_rows[pos]
-                self.cand.append((crow, g, cols + lo, sc.hi(i, vals, crow), False))
-        return esc
+            if band is not None:
+                brows, bcols = band
+                if esc is not None:
+                    ok = ~crowd[brows]
+                    brows, bcols = brows[ok], bcols[ok]
+                self.band.append((brow[brows], g, bcols))
+            if cand is not None:
+                imp, nb_tau, cpos, ccols, cvals = cand
+                if esc is not None:
+                    ok, cok = ~crowd[imp], ~crowd[cpos]
+                    imp, nb_tau, cpos, ccols, cvals = imp[ok], nb_tau[ok], cpos[cok], ccols[cok], cvals[cok]
+                if imp.numel():
+                    self._set_tau(brow[imp], g, nb_tau)
+                    crow = brow[cpos]
+                    self.cand.append((crow, g, ccols, sc.hi(i, cvals, crow), False))
+        return esc, (None if esc is None else torch.nonzero(dense).squeeze(1))
 
     def _visit_exact(self, t: int, rows, e: torch.Tensor) -> None:
         """Exact scores e (k, w): count by the tie rule, take each piece's best and its first index."""

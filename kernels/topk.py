@@ -8,7 +8,6 @@ from ._common import (
     check_csr,
     check_embeddings,
     chunked,
-    count_gt,
     csr_block,
     entries_above,
     gallery_tiles,
@@ -16,7 +15,7 @@ from ._common import (
     plan_tiles,
     tile_segments,
 )
-from ._levels import BlockScorer, Escalation, Levels, crowd_limit, first_level
+from ._levels import CAND_LIMIT, BlockScorer, Escalation, Levels, first_level
 from .ranking import check_precision
 
 __all__ = ["topk"]
@@ -116,7 +115,7 @@ class _TopkBlock:
         mx = cm.amax(1) if cm is not None else v.amax(1)
         act = torch.nonzero(mx > floor).squeeze(1)
         if not act.numel():
-            return None
+            return None, None
         thr = floor[act]
         # rows with fewer than k known-good items: the tile's own k-th value bounds its candidates
         open_ = torch.nonzero(self.tau[brow[act]] == float("-inf")).squeeze(1)
@@ -126,18 +125,16 @@ class _TopkBlock:
             lo_k = sc.lo(i, vk, orows)
             own = sc.le(i, torch.nextafter(lo_k, self.neg_inf[:lo_k.numel()]), orows)
             thr[open_] = torch.maximum(thr[open_], torch.where(vk > float("-inf"), own, thr[open_]))
-        n_c = count_gt(v, thr) if act.numel() == kk else count_gt(v[act], thr)
-        crowd = n_c > k + crowd_limit(i, sc, v.shape[1])
-        esc = None
-        if bool(crowd.any()):
-            esc = act[crowd]
-            act, thr = act[~crowd], thr[~crowd]
-            if not act.numel():
-                return esc
         pos, cols, vals = entries_above(v, thr, act, cm)
+        crowd = torch.bincount(pos, minlength=act.numel()) > k + CAND_LIMIT
+        esc = None
+        if bool(crowd.any()):  # a flood of near-ties: one level up scores them apart (or exactly)
+            esc = act[crowd]
+            ok = ~crowd[pos]
+            pos, cols, vals = pos[ok], cols[ok], vals[ok]
         crow = brow[act][pos]
         self._merge(crow, cols + n0, sc.lo(i, vals, crow), sc.hi(i, vals, crow))
-        return esc
+        return esc, None
 
     def _visit_exact(self, brow, e: torch.Tensor, n0: int):
         """Exact scores e (k, w): each row's exact top-k of the tile joins its set as known items."""
@@ -150,7 +147,7 @@ class _TopkBlock:
         r_, c_ = torch.nonzero(ok, as_tuple=True)
         if r_.numel():
             self._merge(brow[r_], idx[r_, c_], vals[r_, c_], vals[r_, c_])
-        return None
+        return None, None
 
     def _merge(self, rows: torch.Tensor, cols: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> None:
         """Add candidates (row-major by block row) to their rows' sets and prune them."""
@@ -179,24 +176,21 @@ class _TopkBlock:
         big = torch.nonzero(live.sum(1) > k + _EXACTIFY).squeeze(1)
         if big.numel():  # crowded by near-ties: settle those rows exactly
             L, H, X, live, tau = self._exactify(urows[big], big, L, H, X, live, tau)
-        n = live.sum(1)
-        width = max(int(n.max()) if n.numel() else 0, 0)
-        order = torch.sort(live.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :width]
-        L, H, X = L.gather(1, order), H.gather(1, order), X.gather(1, order)
+        # compact: live entries to the front of each row, in order (a cumulative count gives each its slot)
+        slot = torch.cumsum(live, 1) - 1
+        r_, j_ = torch.nonzero(live, as_tuple=True)
+        s_ = slot[r_, j_]
+        width = int(s_.max()) + 1 if s_.numel() else 0
         if width > self.lo.shape[1]:  # widen every row's set
             pad = width - self.lo.shape[1]
             self.lo = torch.nn.functional.pad(self.lo, (0, pad), value=float("-inf"))
             self.hi = torch.nn.functional.pad(self.hi, (0, pad), value=float("-inf"))
             self.idx = torch.nn.functional.pad(self.idx, (0, pad), value=self.nb)
         c = self.lo.shape[1]
-        if width < c:
-            fill = c - width
-            L = torch.nn.functional.pad(L, (0, fill), value=float("-inf"))
-            H = torch.nn.functional.pad(H, (0, fill), value=float("-inf"))
-            X = torch.nn.functional.pad(X, (0, fill), value=self.nb)
-        gone = torch.arange(c, device=L.device)[None, :] >= n[:, None]
-        L, H, X = L.masked_fill(gone, float("-inf")), H.masked_fill(gone, float("-inf")), X.masked_fill(gone, self.nb)
-        self.lo[urows], self.hi[urows], self.idx[urows] = L, H, X
+        nL = torch.full((urows.numel(), c), float("-inf"), device=L.device)
+        nH, nX = nL.clone(), torch.full((urows.numel(), c), self.nb, dtype=torch.long, device=L.device)
+        nL[r_, s_], nH[r_, s_], nX[r_, s_] = L[r_, j_], H[r_, j_], X[r_, j_]
+        self.lo[urows], self.hi[urows], self.idx[urows] = nL, nH, nX
         self.tau[urows] = tau
         below = tau  # r <= le(tau) proves e <= tau: such an item comes after the k holding tau
         for i, f in enumerate(self.floor):

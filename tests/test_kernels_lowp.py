@@ -163,9 +163,10 @@ def crowding(request, monkeypatch):
     """Rows go one level up per the planned cost model, never (every undecided item re-scored on its
     own), or always (every row with one undecided item scored again, up to the exact level)."""
     if request.param != "planned":
-        limit = (lambda *a: 1 << 30) if request.param == "never" else (lambda *a: -1)
-        monkeypatch.setattr(ranking, "crowd_limit", limit)
-        monkeypatch.setattr(topk_mod, "crowd_limit", limit)
+        n = 1 << 30 if request.param == "never" else -1
+        monkeypatch.setattr(ranking, "crowd_limit", lambda *a: n)
+        monkeypatch.setattr(ranking, "CAND_LIMIT", n)
+        monkeypatch.setattr(topk_mod, "CAND_LIMIT", n)
     return request.param
 
 
