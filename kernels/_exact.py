@@ -19,7 +19,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["gamma", "U64", "exact_dot", "round_certified", "exact_fp32"]
+__all__ = ["gamma", "U64", "exact_dot", "round_certified", "exact_fp32", "grid_exponent", "sums_exact"]
 
 U64 = 2.0 ** -53     # unit roundoff of fp64
 _INFLATE = 1 + 2.0 ** -30  # covers the fp64 rounding of the norms and of the bound's own arithmetic
@@ -38,6 +38,35 @@ def round_certified(s64: torch.Tensor, err: torch.Tensor) -> tuple[torch.Tensor,
     lo = torch.nextafter(s64 - err, -inf).float()
     hi = torch.nextafter(s64 + err, inf).float()
     return lo + 0.0, lo == hi
+
+
+_NO_GRID = 1 << 20  # grid exponent of an all-zero row: no constraint
+
+
+def grid_exponent(x: torch.Tensor) -> torch.Tensor:
+    """(n,) int64: per row of x (n, d) fp32, the largest g with every entry a multiple of 2^g.
+
+    When two rows' products and partial sums all lie on the grid 2^(gx + gy) below 2^p of it, a
+    p-bit floating-point sum of their products is exact in any order (``sums_exact``): quantised or
+    low-entropy embeddings (and most tie-heavy test data) are scored exactly by an fp32 GEMM."""
+    bits = x.float().contiguous().view(torch.int32)
+    field = (bits >> 23) & 0xFF
+    man = bits & 0x7FFFFF
+    sig = torch.where(field > 0, man | 0x800000, man)  # x = sig * 2^(field - 150) (subnormals: 2^-149)
+    e0 = torch.where(field > 0, field - 150, -149)
+    low = sig & (-sig)  # lowest set bit of the significand: a power of two (0 for x == 0)
+    tz = torch.frexp(low.float()).exponent - 1
+    return torch.where(sig == 0, _NO_GRID, e0 + tz).amin(1).long()
+
+
+def sums_exact(norm_x: torch.Tensor, grid_x: torch.Tensor, norm_y: torch.Tensor, grid_y: torch.Tensor,
+               bits: int) -> torch.Tensor:
+    """Whether a ``bits``-bit floating-point dot product of rows with these L2 norms (upper bounds) and
+    grid exponents is exact whatever the order: sum |x_k y_k| <= |x| |y| < 2^(bits + gx + gy), and the
+    grid 2^(gx + gy) >= 2^-126 (no product or sum is subnormal, so none can be flushed)."""
+    g = grid_x + grid_y
+    room = torch.ldexp(torch.ones_like(norm_x, dtype=torch.float64), (bits + g).clamp(max=1000))
+    return (g >= -126) & (norm_x.double() * norm_y.double() < room)
 
 
 def exact_fp32(x: list[float], y: list[float]) -> float:
@@ -75,6 +104,10 @@ def exact_dot(a: torch.Tensor, b: torch.Tensor, a_norm: torch.Tensor | None = No
     nb = torch.linalg.vector_norm(b64, dim=1) if b_norm is None else b_norm.double()
     v, ok = round_certified(s, gamma(d, U64) * _INFLATE * na * nb)
     if not bool(ok.all()):
-        for i in torch.nonzero(~ok).squeeze(1).tolist():
+        bad = torch.nonzero(~ok).squeeze(1)
+        ea, eb = a64[bad].float(), b64[bad].float()
+        grid = sums_exact(na.expand(n)[bad], grid_exponent(ea), nb.expand(n)[bad], grid_exponent(eb), 53)
+        v[bad[grid]] = s[bad[grid]].float() + 0.0  # the fp64 sum is the exact sum: round it once
+        for i in bad[~grid].tolist():
             v[i] = exact_fp32(a64[i].tolist(), b64[i].tolist())
     return v

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._exact import U64, exact_dot, exact_fp32, gamma, round_certified
+from ._exact import U64, exact_dot, exact_fp32, gamma, grid_exponent, round_certified, sums_exact
 
 __all__ = ["PRECISIONS", "resolve_precision", "Levels", "BlockScorer"]
 
@@ -226,6 +226,7 @@ class BlockScorer:
         d = lv.d
         self.a64 = a.double()  # (m, d) exact copy for exact scores
         self.norm = torch.linalg.vector_norm(self.a64, dim=1)  # (m,) float64
+        self.grid = grid_exponent(a)  # (m,) int64, see _exact.sums_exact
         tau = 2.0 ** -125 * (d + 1 + math.sqrt(d) * (self.norm + lv.ymax))  # flushed subnormals
         self.ops: list[torch.Tensor | None] = []  # per level: GEMM operand rows (m, d)
         self.E: list[torch.Tensor] = []  # per level: (m,) float64 absolute bound
@@ -294,9 +295,27 @@ class BlockScorer:
         ny = torch.linalg.vector_norm(y64, dim=1)
         e, ok = round_certified(s, gamma(self.L.d, U64) * _INFLATE * na[:, None] * ny[None, :])
         if not bool(ok.all()):
-            for r, c in torch.nonzero(~ok).tolist():
+            r_, c_ = torch.nonzero(~ok, as_tuple=True)
+            gx = self.grid if rows is None else self.grid[rows]
+            grid = sums_exact(na[r_], gx[r_], ny[c_], grid_exponent(y)[c_], 53)
+            e[r_[grid], c_[grid]] = s[r_[grid], c_[grid]].float() + 0.0  # exact sums: round once
+            for r, c in zip(r_[~grid].tolist(), c_[~grid].tolist()):
                 e[r, c] = exact_fp32(a64[r].tolist(), y64[c].tolist())
         return e
+
+    def exact_rows(self, i: int, rows: torch.Tensor, c0: int, c1: int) -> torch.Tensor:
+        """(k,) bool: which block rows ``rows`` level i scores exactly against gallery rows c0:c1 (fp32
+        level, products and sums on a coarse enough grid: ``sums_exact``); their tile values are then
+        the exact scores themselves."""
+        if self.level(i).name != "fp32" or self.level(i).a_priori:
+            return torch.zeros(rows.numel(), dtype=torch.bool, device=rows.device)
+        y = self.L.rows32(c0, c1)
+        gy = grid_exponent(y)
+        # the most room any gallery row needs (|y| 2^-gy) and the finest grid; then per query row
+        need = float(torch.ldexp(torch.linalg.vector_norm(y.double(), dim=1), (-gy).clamp(min=-1000)).max())
+        gx = self.grid[rows]
+        room = torch.ldexp(torch.ones_like(self.norm[rows]), (24 + gx).clamp(-1000, 1000))
+        return (gx + int(gy.min()) >= -126) & (self.norm[rows] * need * (1 + 2.0 ** -40) < room)
 
     # -- thresholds: fp32 tile values that prove a relation of the exact score -----------------------
     # With W(t) = E1 + c |t| (E1 = E (1 + c) plus slack, c = rho / (1 - rho) plus slack; ``_margins``):
@@ -332,14 +351,15 @@ class BlockScorer:
 
     def exact(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """Exact scores (n,) fp32 of the pairs (block row, gallery index), in steps of ~1 MiB of fp64
-        (larger gathers fall out of cache: several times slower per pair)."""
+        (much larger gathers fall out of cache: several times slower per pair)."""
         out = torch.empty(rows.numel(), dtype=torch.float32, device=self.a.device)
-        step = max(64, (1 << 17) // max(1, self.L.d))
+        step = max(64, (1 << 19) // max(1, self.L.d))
         cols = cols.to(self.L.xb.device)
+        ymax = torch.tensor(self.L.ymax, dtype=torch.float64, device=self.a.device)  # bounds every |y|
         for s0 in range(0, rows.numel(), step):
             r, c = rows[s0:s0 + step], cols[s0:s0 + step]
             y = self.L.xb[c].to(device=self.a.device, dtype=torch.float32)
-            out[s0:s0 + step] = exact_dot(self.a64[r], y, self.norm[r], torch.linalg.vector_norm(y, dim=1) * _NORM32)
+            out[s0:s0 + step] = exact_dot(self.a64[r], y, self.norm[r], ymax)
         return out
 
 

@@ -347,6 +347,11 @@ class _RankBlock:
                     self._set_tau(brow[imp], g, nb_tau)
                     crow = brow[cpos]
                     self.cand.append((crow, g, ccols, sc.hi(i, cvals, crow), False))
+        if esc is not None:  # rows whose fp32 scores here are exact (coarse-grid data) need no next level
+            ex = sc.exact_rows(i, brow[esc], c0, c1)
+            if bool(ex.any()):
+                self._visit_exact(t, brow[esc[ex]], r[esc[ex]])
+                esc = esc[~ex]
         return esc, (None if esc is None else torch.nonzero(dense).squeeze(1))
 
     def _visit_exact(self, t: int, rows, e: torch.Tensor) -> None:

@@ -134,6 +134,11 @@ class _TopkBlock:
             pos, cols, vals = pos[ok], cols[ok], vals[ok]
         crow = brow[act][pos]
         self._merge(crow, cols + n0, sc.lo(i, vals, crow), sc.hi(i, vals, crow))
+        if esc is not None:  # rows whose fp32 scores here are exact (coarse-grid data) need no next level
+            ex = sc.exact_rows(i, brow[esc], c0, c1)
+            if bool(ex.any()):
+                self._visit_exact(brow[esc[ex]], v[esc[ex]], n0)
+                esc = esc[~ex]
         return esc, None
 
     def _visit_exact(self, brow, e: torch.Tensor, n0: int):

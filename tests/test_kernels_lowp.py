@@ -264,3 +264,21 @@ def test_flushed_denormals_with_low_precision():
         every_precision_matches(xq, xb, torch.tensor([0, 2, 6]), [[2], [0], [4]], q_block=1, g_block=1)
     finally:
         torch.set_flush_denormal(False)
+
+
+def test_bench_kernels_times_both_paths(tmp_path, capsys):
+    import argparse
+    import json
+
+    from hardrank.jobs.bench.kernels import add_kernels_parser
+
+    parser = argparse.ArgumentParser()
+    add_kernels_parser(parser.add_subparsers())
+    out = tmp_path / "bench.json"
+    args = parser.parse_args(["kernels", "--nq", "40", "--nb", "600", "--variants", "1", "--d", "32", "--repeat", "1",
+                              "--gemm-tiling", "64x256", "--skip", "faiss", "argsort", "onehot", "--out", str(out)])
+    assert args.func(args) == 0
+    res = json.loads(out.read_text())
+    assert {r["key"] for r in res["rows"]} == {"gemm", "gemm_lp", "grouped", "grouped_lp", "topk", "topk_lp"}
+    assert res["bit_identical"] == {"grouped": True, "topk": True}
+    assert "x the fp32 GEMM throughput" in capsys.readouterr().out

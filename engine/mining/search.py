@@ -24,15 +24,15 @@ class _KernelSearch:
 
     exact = True
 
-    def __init__(self, xb, budget_bytes: int, precision: str = "auto"):
+    def __init__(self, xb, budget_bytes: int, precision: str = "auto", block: int = 8192):
         self.xb = torch.from_numpy(f32(xb))
         self.budget = budget_bytes
         self.precision = precision
-        self.info = {"method": "exact", "backend": "kernels.topk", "precision": None}
+        # the kernel's first GEMM on a block of queries (results do not depend on it)
+        self.info = {"method": "exact", "backend": "kernels.topk",
+                     "precision": resolve_precision(precision, "cpu", work=block * self.xb.numel())}
 
     def __call__(self, xq, kk, excl):
-        # the kernel's first GEMM (results do not depend on it), as of the last call
-        self.info["precision"] = resolve_precision(self.precision, "cpu", work=xq.shape[0] * self.xb.numel())
         kw = {}
         if excl is not None:
             kw = {"exclude_ptr": torch.from_numpy(excl[0]), "exclude_idx": torch.from_numpy(excl[1])}
@@ -98,7 +98,8 @@ def build_searcher(problem: MineProblem, opts: MineOptions):
     method, factory = _choose(problem, opts)
     budget = opts.budget_mb << 20
     if method == "exact":
-        return _KernelSearch(problem.xb, budget // 4, opts.rank_precision)  # corpus (<= budget) + score tiles
+        block = min(opts.block_size, len(problem.xq))
+        return _KernelSearch(problem.xb, budget // 4, opts.rank_precision, block)  # corpus (<= budget) + score tiles
     return _FaissSearch(problem.xb, factory, opts, budget)
 
 
