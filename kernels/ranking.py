@@ -20,9 +20,10 @@ from ._common import (
     tile_group_segments,
     tile_segments,
 )
+from ._exact import exact_dot
 from ._levels import CAND_LIMIT, PRECISIONS, BlockScorer, Escalation, Levels, crowd_limit, first_level
 
-__all__ = ["TIE_RULES", "GroupedRanks", "grouped_ranks"]
+__all__ = ["TIE_RULES", "GroupedRanks", "grouped_ranks", "best_positives"]
 
 # How an item with exactly the best positive's score is counted (BENCHMARKS.md, "Tie rules"):
 TIE_RULES = (
@@ -140,7 +141,7 @@ def check_precision(precision) -> str:
 
 def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos_idx, *,
                   tie_rule: str = "index", precision: str = "auto", budget_bytes: int = 64 << 20,
-                  q_block: int | None = None, g_block: int | None = None) -> GroupedRanks:
+                  q_block: int | None = None, g_block: int | None = None, threshold=None) -> GroupedRanks:
     """Exact ranks of every query's best positive, counted per gallery group, in one streamed pass.
 
     xq (nq, d) queries and xb (nb, d) gallery (L2-normalised by the caller). The score of query i and
@@ -158,6 +159,15 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
     Each tile score comes with a rigorous error bound (``_levels``); items the bound cannot place
     against the threshold are re-scored exactly, and rows with too many of them are scored again in
     fp32 (then fp64). ``info`` says what ran. Runs on xq's device.
+
+    ``threshold=(s_star, p_star)`` (one gallery shard of a larger one, ``best_positives``): each
+    query's best positive is given instead of found: s_star (nq,) float32 its exact score, p_star
+    (nq,) int64 its index in this gallery's frame, which may lie outside [0, nb) when it is held by
+    another shard (under ``index`` an item scoring exactly s_star then beats it iff its index <
+    p_star: every such item when p_star >= nb, none when p_star < 0). The positives are not scored,
+    queries may have none here, the positives present are still excluded from the counts and best
+    negatives, and pos_score / pos_index echo the threshold. Per-shard counts then add up to the
+    whole gallery's.
     Memory: never (nq, nb); queries go in blocks of ``q_block`` rows against gallery tiles of at most
     ``g_block`` columns (all the same width; a tile straddling groups is counted per piece), sized
     from ``budget_bytes`` unless given.
@@ -170,7 +180,8 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
     nq, nb = xq.shape[0], xb.shape[0]
     bounds = _check_bounds(group_bounds, nb)
     ptr, pidx = check_csr("pos_ptr", "pos_idx", pos_ptr, pos_idx, nq, nb, "a gallery")
-    for i in range(nq):
+    given = None if threshold is None else _check_threshold(threshold, nq, xq.device)
+    for i in range(nq if given is None else 0):
         if ptr[i + 1] == ptr[i]:
             raise ValueError(f"query {i} has no positive (pos_ptr[{i}] == pos_ptr[{i + 1}] == {ptr[i]}); "
                              "every query needs at least one positive in the gallery")
@@ -186,20 +197,77 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
     )
     first = first_level(precision, device, xq, xb)
     out.info.update(precision=first, q_block=plan.q_block, g_block=plan.g_block)
-    if nq == 0:
+    if given is not None:
+        out.pos_score.copy_(given[0])
+        out.pos_index.copy_(given[1])
+    if nq == 0 or nb == 0:
         return out
-    rp = _RankPass(xq, Levels(xb, device, first), bounds, ptr, pidx.to(device), plan.g_block, tie_rule, out)
+    rp = _RankPass(xq, Levels(xb, device, first), bounds, ptr, pidx.to(device), plan.g_block, tie_rule, out, given)
     for r0 in range(0, nq, plan.q_block):
         rp.block(r0, min(r0 + plan.q_block, nq))
     out.info.update(rp.stats)
     return out
 
 
+def _check_threshold(threshold, nq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``threshold=(s_star, p_star)``: (nq,) float32 scores (not NaN) and (nq,) integer indices."""
+    try:
+        s_star, p_star = threshold
+    except (TypeError, ValueError) as e:
+        raise ValueError("threshold must be a pair (s_star, p_star) of (nq,) tensors: the best positive's "
+                         "exact score (float32) and gallery index (int64) per query") from e
+    if not isinstance(s_star, torch.Tensor) or s_star.dtype != torch.float32 or tuple(s_star.shape) != (nq,):
+        what = f"{s_star.dtype} {tuple(s_star.shape)}" if isinstance(s_star, torch.Tensor) else type(s_star).__name__
+        raise ValueError(f"threshold s_star must be a float32 tensor of shape ({nq},) (exact scores, as "
+                         f"best_positives returns them), got {what}")
+    if bool(torch.isnan(s_star).any()):
+        i = int(torch.nonzero(torch.isnan(s_star))[0])
+        raise ValueError(f"threshold s_star[{i}] is NaN; every query needs its best positive's score")
+    p_star = check_int_tensor("threshold p_star", p_star, 1)
+    if p_star.numel() != nq:
+        raise ValueError(f"threshold p_star must have shape ({nq},), got {tuple(p_star.shape)}")
+    return s_star.to(device), p_star.to(device)
+
+
+def best_positives(xq: torch.Tensor, xb: torch.Tensor, pos_ptr, pos_idx) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's best positive in this gallery: (score (nq,) float32, index (nq,) int64).
+
+    The score is the exact one ``grouped_ranks`` uses (the dot product of the fp32 rows rounded once
+    to fp32), the highest over the query's positives ``pos_idx[pos_ptr[i]:pos_ptr[i + 1]]``, ties to
+    the lowest index: ``grouped_ranks``'s pos_score / pos_index. A query without a positive here gets
+    (-inf, -1). For a gallery split into shards, the best over shards (highest score, then lowest
+    global index) is the whole gallery's, and goes back to each shard as ``grouped_ranks``'s
+    ``threshold``. Runs on xq's device; only the positive pairs are scored."""
+    check_embeddings("xq", xq)
+    check_embeddings("xb", xb, d=xq.shape[1])
+    nq, nb = xq.shape[0], xb.shape[0]
+    ptr, pidx = check_csr("pos_ptr", "pos_idx", pos_ptr, pos_idx, nq, nb, "a gallery")
+    device = xq.device
+    rows, cols = csr_block(ptr, pidx, 0, nq, device)
+    score = torch.full((nq,), float("-inf"), dtype=torch.float32, device=device)
+    index = torch.full((nq,), -1, dtype=torch.long, device=device)
+    if rows.numel() == 0:
+        return score, index
+    a = xq.to(dtype=torch.float32)
+    vals = torch.empty(rows.numel(), dtype=torch.float32, device=device)
+    step = max(64, (1 << 19) // max(1, xq.shape[1]))  # ~4 MiB of fp64 per step: gathers stay in cache
+    for s0 in range(0, rows.numel(), step):
+        r, c = rows[s0:s0 + step], cols[s0:s0 + step]
+        vals[s0:s0 + step] = exact_dot(a[r], xb[c.to(xb.device)].to(device=device, dtype=torch.float32))
+    score.scatter_reduce_(0, rows, vals, "amax")
+    best = torch.where(vals == score[rows], cols, nb)
+    first = torch.full((nq,), nb, dtype=torch.long, device=device).scatter_reduce_(0, rows, best, "amin")
+    has = first < nb
+    index[has] = first[has]
+    return score, index
+
+
 class _RankPass:
     """State shared by the query blocks of one grouped_ranks call; ``block`` fills rows r0:r1."""
 
-    def __init__(self, xq, levels: Levels, bounds, ptr, pidx, g_block, tie_rule, out: GroupedRanks):
+    def __init__(self, xq, levels: Levels, bounds, ptr, pidx, g_block, tie_rule, out: GroupedRanks, given=None):
         self.xq, self.levels, self.ptr, self.pidx, self.tie_rule, self.out = xq, levels, ptr, pidx, tie_rule, out
+        self.given = given  # (s_star, p_star) of every query, or None: found from the positives
         self.device = device = xq.device
         self.nb = levels.xb.shape[0]
         self.G = len(bounds) - 1
@@ -231,15 +299,20 @@ class _RankBlock:
         m = self.m = r1 - r0
         self.prow, self.pcol = csr_block(rp.ptr, rp.pidx, r0, r1, device)  # (p,) positives, sorted by column
         self.psegs = tile_segments(self.pcol, rp.tile_starts)  # tile id -> slice of the positives it owns
-        pval = sc.exact(self.prow, self.pcol)  # (p,) float32 exact scores
-        self.s_star = s_star = torch.full((m,), float("-inf"), device=device).scatter_reduce_(
-            0, self.prow, pval, "amax")
-        best = torch.where(pval == s_star[self.prow], self.pcol, nb)
-        self.p_star = torch.full((m,), nb, dtype=torch.long, device=device).scatter_reduce_(
-            0, self.prow, best, "amin")
-        out.pos_score[r0:r1] = s_star
-        out.pos_index[r0:r1] = self.p_star
-        self.rescored = int(self.prow.numel())
+        if rp.given is not None:  # the threshold of a gallery shard (it may hold none of the positives)
+            self.s_star, self.p_star = rp.given[0][r0:r1], rp.given[1][r0:r1]
+            s_star = self.s_star
+            self.rescored = 0
+        else:
+            pval = sc.exact(self.prow, self.pcol)  # (p,) float32 exact scores
+            self.s_star = s_star = torch.full((m,), float("-inf"), device=device).scatter_reduce_(
+                0, self.prow, pval, "amax")
+            best = torch.where(pval == s_star[self.prow], self.pcol, nb)
+            self.p_star = torch.full((m,), nb, dtype=torch.long, device=device).scatter_reduce_(
+                0, self.prow, best, "amin")
+            out.pos_score[r0:r1] = s_star
+            out.pos_index[r0:r1] = self.p_star
+            self.rescored = int(self.prow.numel())
         inf = torch.full_like(s_star, float("inf"))
         above, below = torch.nextafter(s_star, inf), torch.nextafter(s_star, -inf)
         self.sure, self.up = [], []  # per non-exact level: r > sure proves e > s*; r <= up proves e < s*

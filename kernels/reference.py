@@ -8,7 +8,8 @@ import torch
 
 from .ranking import TIE_RULES, GroupedRanks
 
-__all__ = ["grouped_ranks_reference", "topk_reference", "choice_scores_reference", "naive_rank"]
+__all__ = ["grouped_ranks_reference", "best_positives_reference", "topk_reference", "choice_scores_reference",
+           "naive_rank"]
 
 
 def _nearest_fp32(q: Fraction) -> float:
@@ -34,8 +35,25 @@ def _scores(xq: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def grouped_ranks_reference(xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule="index") -> GroupedRanks:
-    """``grouped_ranks`` by its definition, one query and one group at a time."""
+def best_positives_reference(xq, xb, pos_ptr, pos_idx) -> tuple[torch.Tensor, torch.Tensor]:
+    """``best_positives`` by its definition: the full score matrix, one query at a time."""
+    S = _scores(xq, xb)  # (nq, nb) float32
+    ptr = [int(p) for p in torch.as_tensor(pos_ptr)]
+    pidx = [int(j) for j in torch.as_tensor(pos_idx)]
+    score = torch.full((len(xq),), float("-inf"), dtype=torch.float32)
+    index = torch.full((len(xq),), -1, dtype=torch.long)
+    for i in range(len(xq)):
+        pos = sorted(set(pidx[ptr[i]:ptr[i + 1]]))
+        if pos:
+            s = max(float(S[i, j]) for j in pos)
+            score[i], index[i] = s, min(j for j in pos if float(S[i, j]) == s)
+    return score.to(xq.device), index.to(xq.device)
+
+
+def grouped_ranks_reference(xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule="index",
+                            threshold=None) -> GroupedRanks:
+    """``grouped_ranks`` by its definition, one query and one group at a time (``threshold``: the
+    given (s_star, p_star) replace each query's best positive, as in ``grouped_ranks``)."""
     if tie_rule not in TIE_RULES:
         raise ValueError(f"tie_rule must be one of {TIE_RULES}, got {tie_rule!r}")
     S = _scores(xq, xb)  # (nq, nb) float32
@@ -51,11 +69,14 @@ def grouped_ranks_reference(xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule=
     neg_index = torch.full((nq, G), -1, dtype=torch.long)
     for i in range(nq):
         pos = sorted(set(pidx[ptr[i]:ptr[i + 1]]))
-        if not pos:
-            raise ValueError(f"query {i} has no positive")
         row = S[i].tolist()
-        s_star = max(row[j] for j in pos)
-        p_star = min(j for j in pos if row[j] == s_star)
+        if threshold is not None:
+            s_star, p_star = float(threshold[0][i]), int(threshold[1][i])
+        elif not pos:
+            raise ValueError(f"query {i} has no positive")
+        else:
+            s_star = max(row[j] for j in pos)
+            p_star = min(j for j in pos if row[j] == s_star)
         pos_score[i], pos_index[i] = s_star, p_star
         pos_set = set(pos)
         for g in range(G):
