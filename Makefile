@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: help install demo test lint test-fast toy-checkpoints bench clean
+.PHONY: help install demo test lint test-fast toy-checkpoints bench gpu-wheels gpu-check clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -37,6 +37,15 @@ toy-checkpoints: $(STAMP)  ## retrain the bundled toy checkpoints (deterministic
 
 bench: $(STAMP)  ## the ranking kernels against a bare GEMM, FAISS flat and full-matrix baselines
 	$(VENV)/bin/hardrank bench kernels
+
+# The GPU check runs on a borrowed machine without network or .venv: no $(STAMP) prerequisite (see benchmarks/README.md).
+GPU_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
+gpu-wheels:  ## download the wheels a borrowed GPU machine lacks (open_clip_torch, ftfy, wcwidth) into .gpu_wheels/
+	$(GPU_PY) benchmarks/gpu_check.py --download-wheels
+
+gpu-check:  ## CUDA tests + kernels/encoders/end to end vs hardware limits -> $OUT or benchmarks/results/gpu_check
+	bash benchmarks/gpu_check.sh
 
 clean:  ## remove results and caches (not .venv)
 	rm -rf results .pytest_cache

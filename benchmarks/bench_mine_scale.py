@@ -2,6 +2,7 @@
 
 Usage: python benchmarks/bench_mine_scale.py [--corpus 1000000] [--queries 100000] [--d 512]
            [--workdir /tmp/hardrank-bench-mine] [--budget-mb 1024] [--search auto] [--threads N]
+           [--ray-shards N]   (mine the same data again with the corpus sharded over N Ray actors)
 Generates the data once under --workdir (never commit it; ~1.1 GB at the default size) in a child
 process, so the peak RSS reported is the mining run's alone. Prints one table and writes
 benchmarks/results/mine_scale.json. The hardware-relative number: speed-up over exact brute force
@@ -13,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import threading
@@ -98,6 +98,8 @@ def main(argv=None):
     ap.add_argument("--block-size", type=int, default=8192)
     ap.add_argument("--recall-sample", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=None, help="FAISS OpenMP threads (default: all cores)")
+    ap.add_argument("--ray-shards", type=int, default=None,
+                    help="also mine with the corpus sharded over this many Ray actors (hardrank mine --executor ray)")
     ap.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mine_scale.json"))
     args = ap.parse_args(argv)
@@ -114,7 +116,7 @@ def main(argv=None):
 
     from hardrank import faiss_search
     from hardrank.config import MineOptions
-    from hardrank.mining import MineProblem, mine_arrays
+    from hardrank.mining import MineProblem
 
     if args.threads:
         faiss_search.faiss.omp_set_num_threads(args.threads)
@@ -133,43 +135,73 @@ def main(argv=None):
         pos_ids=None, meta={"benchmark": "synthetic clustered"})
     t_load = time.perf_counter() - t0
     out = work / "mined"
-    for f in sorted(out.glob("negatives/*.parquet")) + [out / "mine_run.json", out / "summary.json"]:
-        if f.exists():
-            f.unlink()  # time a full run, not a resume
     opts = MineOptions(k=args.k, search=args.search, budget_mb=args.budget_mb, block_size=args.block_size,
                        nprobe=args.nprobe, recall_sample=args.recall_sample)
+    rows = [_run(problem, opts, out, rss, args, t_gen, t_load, shards=None)]
+    if args.ray_shards:
+        rows.append(_run(problem, opts, work / "mined_ray", rss, args, t_gen, t_load, shards=args.ray_shards))
+    print(f"{'path':>10} {'corpus x d':>14} {'queries':>8} {'index':>12} {'nprobe':>6} {'R@10':>6} {'build s':>8} "
+          f"{'search s':>8} {'total s':>8} {'q/s':>7} {'RSS GB':>14} {'exact est s':>11}")
+    for row in rows:
+        rss_s = f"{row['peak_rss_gb']:.2f}" + (f" + {max(row['shard_peak_rss_gb']):.2f}/shard"
+                                               if row.get("shard_peak_rss_gb") else "")
+        print(f"{row['path']:>10} {row['corpus']:>8} x {args.d:<3} {row['queries']:>8} {row['search']:>12} "
+              f"{str(row['nprobe']):>6} {row['recall@10'] or 1.0:>6.3f} {row['seconds'].get('index', 0):>8.1f} "
+              f"{row['seconds'].get('search', 0):>8.1f} {row['seconds']['mine_total']:>8.1f} "
+              f"{row['queries_per_s']:>7.0f} {rss_s:>14} {str(row['exact_bruteforce_estimate_s']):>11}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    runs = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else []
+    runs.extend(rows)
+    Path(args.out).write_text(json.dumps(runs, indent=1))
+    return 0
+
+
+def _run(problem, opts, out: Path, rss: _RssSampler, args, t_gen: float, t_load: float, shards: int | None) -> dict:
+    """One full mining run (output removed first: a full run, not a resume), measured."""
+    from hardrank import faiss_search
+    from hardrank.mining import mine_arrays
+
+    for f in sorted(out.glob("negatives/*.parquet")) + [out / "mine_run.json", out / "summary.json"]:
+        if f.exists():
+            f.unlink()
+    factory, shard_rss = None, None
+    if shards:
+        import ray
+
+        from hardrank.jobs.ray_search import ShardedSearchFactory
+
+        ray.init(include_dashboard=False, logging_level="WARNING")
+        factory = ShardedSearchFactory(shards=shards)
+    rss.peak = 0
     t0 = time.perf_counter()
-    s = mine_arrays(problem, opts, out, echo=lambda m: print(m, file=sys.stderr, flush=True))
-    t_mine = time.perf_counter() - t0
-    rss.stop = True
-    peak = max(rss.peak, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    try:
+        s = mine_arrays(problem, opts, out, echo=lambda m: print(m, file=sys.stderr, flush=True), searcher=factory)
+        t_mine = time.perf_counter() - t0
+        if factory is not None:
+            shard_rss = [round(b / 2**30, 2) for b in factory._search.peak_rss()]
+    finally:
+        if factory is not None:
+            factory.close()
+            ray.shutdown()
+    peak = rss.peak
+    nq, nb = len(problem.xq), len(problem.xb)
     srch = s["search"]
     exact_s = srch.get("exact_seconds")
     exact_est = exact_s / srch["recall_sample"] * nq if exact_s else None
-    row = {
-        "corpus": len(xb), "queries": nq, "d": args.d, "k": args.k, "search": srch.get("factory", srch.get("method")),
+    return {
+        "path": f"ray x{shards}" if shards else "local",
+        "corpus": nb, "queries": nq, "d": args.d, "k": args.k, "search": srch.get("factory", srch.get("method")),
         "nprobe": srch.get("nprobe"), "recall@10": srch.get("recall@10"), "tuning": srch.get("tuning"),
         "seconds": {"generate": round(t_gen, 1), "load": round(t_load, 1), **s["timings"],
                     "mine_total": round(t_mine, 1)},
         "queries_per_s": round(nq / t_mine, 1), "search_queries_per_s": s["throughput"]["queries_per_s"],
-        "peak_rss_gb": round(peak / 2**30, 2),
+        "peak_rss_gb": round(peak / 2**30, 2), "shard_peak_rss_gb": shard_rss,
         "exact_bruteforce_estimate_s": round(exact_est, 1) if exact_est else None,
         "speedup_vs_exact": round(exact_est / t_mine, 1) if exact_est else None,
         "negatives": s["counts"]["negatives"], "queries_short": s["counts"]["queries_short"],
         "dropped": s["counts"]["dropped"], "faiss_threads": faiss_search.faiss.omp_get_max_threads(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_after": os.getloadavg()},
     }
-    print(f"{'corpus x d':>14} {'queries':>8} {'index':>12} {'nprobe':>6} {'R@10':>6} {'build s':>8} "
-          f"{'search s':>8} {'total s':>8} {'q/s':>7} {'RSS GB':>6} {'exact est s':>11}")
-    print(f"{len(xb):>8} x {args.d:<3} {nq:>8} {row['search']:>12} {str(row['nprobe']):>6} "
-          f"{row['recall@10'] or 1.0:>6.3f} {s['timings'].get('index', 0):>8.1f} {s['timings'].get('search', 0):>8.1f} "
-          f"{t_mine:>8.1f} {row['queries_per_s']:>7.0f} {row['peak_rss_gb']:>6.2f} "
-          f"{str(row['exact_bruteforce_estimate_s']):>11}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    runs = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else []
-    runs.append(row)
-    Path(args.out).write_text(json.dumps(runs, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ The public API (``help(hardrank)``). Options are the names of the command line's
 - ``mine(**options)`` / ``mine(MineConfig(...))``: hard negatives per query from a corpus.
 - ``load_model(ModelSpec(...))``: an open_clip model loaded offline and fingerprinted;
   ``EmbedPipeline``: K checkpoints -> embeddings of item ``Tables`` through the store.
-- ``EmbeddingStore`` / ``open_store(folder)``: the Arrow embedding store.
+- ``EmbeddingStore`` / ``open_store(folder)``: the Arrow embedding store; ``export_embeddings(...)``
+  writes a store's embeddings under the suites' ids (the ``--embeddings`` format).
 - ``read_results(folder)``: the written results (``ResultFile.data``, ``.outcomes()``).
 - Errors: ``HardrankError`` and its kinds ``UsageError``, ``DataError``, ``TooManyFailures``,
   ``MissingExtra``.
@@ -30,12 +31,13 @@ from .mining import mine
 from .models import LoadedModel, ModelSpec, load_model
 from .results import ResultFile, read_results
 from .store import EmbeddingStore, open_store
+from .store_export import export_embeddings
 from .toyworld import demo_inputs as toy_inputs
 
 __all__ = [
     "evaluate", "plan", "EvalConfig", "EvalReport", "SuiteOptions", "EmbedOptions", "SearchSpec",
     "mine", "MineConfig", "MineOptions",
     "load_model", "ModelSpec", "LoadedModel", "EmbedPipeline", "Tables", "ImageRef",
-    "EmbeddingStore", "open_store", "read_results", "ResultFile", "toy_inputs",
+    "EmbeddingStore", "open_store", "export_embeddings", "read_results", "ResultFile", "toy_inputs",
     "HardrankError", "UsageError", "DataError", "TooManyFailures", "MissingExtra",
 ]

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import os
 import re
+import threading
 import types
 import typing
 from collections.abc import Mapping
@@ -24,9 +25,9 @@ from .errors import UsageError
 from .kernels import PRECISIONS as RANK_PRECISIONS
 from .kernels import TIE_RULES
 
-__all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "TIE_RULES", "DIRECTIONS", "BASELINES",
-           "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir", "default_store",
-           "default_decode_threads", "resolve_device",
+__all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "TIE_RULES", "DIRECTIONS",
+           "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir", "default_store",
+           "default_decode_threads", "resolve_device", "check_writable_dir",
            "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"  # bundled model configs, toy checkpoints, vocabularies
@@ -62,10 +63,41 @@ def default_decode_threads() -> int:
 
 
 def resolve_device(device: str = "auto") -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; other names pass through."""
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; other names pass through once the
+    device is known to exist (UsageError naming ``--device`` otherwise, before any work)."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"option device (--device) is {device!r}, but torch sees no CUDA GPU "
+                             f"(torch.cuda.is_available() is False: no GPU, no driver, or a CPU-only torch build); "
+                             f"use --device cpu, or --device auto to take a GPU when there is one")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise UsageError(f"option device (--device) is {device!r}, but torch sees "
+                             f"{torch.cuda.device_count()} CUDA device(s) (cuda:0..cuda:"
+                             f"{torch.cuda.device_count() - 1}); pick one of those")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UsageError("option device (--device) is 'mps', but torch sees no Apple GPU; use --device cpu")
     return device
+
+
+def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
+    """``path`` as a folder this process can write, created if missing; otherwise a UsageError naming
+    ``option`` (e.g. ``out (--out)``), raised before any work is done."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"option {option} is {str(p)!r}, which is a file, not a folder; pass a folder "
+                         f"(it is created if missing)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".hardrank-write-test-{os.getpid()}-{threading.get_ident()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"option {option} is {str(p)!r}, which cannot be written ({exc.strerror or exc}); "
+                         f"pass a writable folder") from None
+    return p
 
 
 # -- validation shared by every options dataclass --------------------------------------------------
@@ -304,10 +336,19 @@ class EvalConfig:
     suites: tuple[str, ...] = opt((), "suites: toy, rococo, karpathy, hard_positives, inpaintcoco, sugarcrepe, "
                                   "aro, coco_order, flickr_order, amodal", flag="--suite")
     out: str = opt("", "results folder (one sub-folder per checkpoint)", path=True)
-    model: str | None = opt(None, "open_clip model name, config .json, or local-dir:<folder> "
-                            "(not needed with --embeddings, or mask suites scoring --predictions)")
+    model: str | None = opt(None, "open_clip model name (ViT-B-32), config .json, hf-hub:ORG/NAME or "
+                            "local-dir:<folder> (not needed with --embeddings, --run, or mask suites scoring "
+                            "--predictions)")
     checkpoints: tuple[str | None, ...] = opt((None,), "checkpoint files (globs ok); one result per file",
                                               flag="--checkpoint", path=True)
+    pretrained: str | None = opt(None, "open_clip pretrained tag (openai, laion2b_s34b_b79k, webli, ...): the "
+                                 "preprocessing and activation its authors used, and without --checkpoint its "
+                                 "weights from the local Hugging Face / open_clip cache (never downloaded)")
+    random_init: bool = opt(False, "evaluate random weights on purpose (a model without --checkpoint or "
+                            "--pretrained is refused otherwise)")
+    run: str | None = opt(None, "an open_clip training run folder (params.txt, checkpoints/epoch_*.pt): the model, "
+                          "its preprocessing and every complete epoch's checkpoint come from it (--checkpoint picks "
+                          "some; --model names a custom architecture's config .json)", path=True)
     embeddings: str | None = opt(None, "score precomputed embeddings instead of a model: Parquet with columns "
                                  "kind (image|text), id (image path / caption as in the annotation file), "
                                  "embedding", path=True)
@@ -325,8 +366,10 @@ class EvalConfig:
         SearchSpec.parse(self.search)
         if not self.suites:
             raise UsageError("option suites is empty; name at least one suite (--suite toy)")
-        if self.model is not None and self.embeddings is not None:
-            raise UsageError("give a model (with checkpoints) or embeddings, not both")
+        if self.model is not None and self.embeddings is not None or self.run and self.embeddings:
+            raise UsageError("give --model (with --checkpoint/--pretrained), --run or --embeddings, not several")
+        if self.run and self.pretrained:
+            raise UsageError("--run reads the pretrained tag from the run's params.txt; drop --pretrained")
 
     @property
     def search_spec(self) -> SearchSpec:
@@ -352,6 +395,8 @@ class MineOptions:
     recall_sample: int = opt(1000, "queries used to measure approximate recall against exact search", minimum=0)
     seed: int = opt(0, "sampling seed (recall sample, IVF training)")
     rank_precision: str = opt("auto", _RANK_PRECISION_HELP, choices=RANK_PRECISIONS)
+    shards: int | None = opt(None, "with --executor ray: corpus shards, each held by a Ray actor within "
+                             "--budget-mb (default: one per CPU of the cluster)", minimum=1)
 
     def __post_init__(self):
         check_options(self)
@@ -373,17 +418,23 @@ class MineConfig:
     """One mining run: queries against a corpus, negatives written to ``out``."""
 
     corpus: str = opt("", "where negatives come from: a Karpathy-format .json (with --images), an image folder, "
-                      "a .parquet listing (id + path, or id + text), or an embedding store fingerprint folder",
+                      "a .parquet listing (id + path, or id + text), an embeddings .parquet (kind, id, embedding: "
+                      "hardrank store export), or an embedding store fingerprint folder (ids: content keys)",
                       path=True)
     queries: str = opt("", "the queries, same kinds (may equal --corpus)", path=True)
     out: str = opt("", "output folder: negatives/part-*.parquet, summary.json", path=True)
     direction: str = opt("t2i", "query modality 2 corpus modality", choices=tuple(DIRECTIONS))
-    model: str | None = opt(None, "open_clip model name, config .json, or local-dir:<folder> (not needed when "
-                            "both inputs are store folders)")
+    model: str | None = opt(None, "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder> (not "
+                            "needed when both inputs are store folders)")
     checkpoint: str | None = opt(None, "weights file for --model", path=True)
+    pretrained: str | None = opt(None, "open_clip pretrained tag: its preprocessing, and without --checkpoint its "
+                                 "weights from the local cache")
+    random_init: bool = opt(False, "mine with random weights on purpose")
     images: str | None = opt(None, "root of the relative image paths in .json/.parquet inputs", path=True)
-    export_training: str | None = opt(None, 'also write one line per query: {"query", "positives", "negatives"}',
-                                      path=True, metavar="FILE.jsonl")
+    export_training: str | None = opt(None, "also write training data: FILE.tsv / .csv, a NegCLIP-style table "
+                                      "(filepath, title, neg_caption, neg_image) for open_clip hard-negative "
+                                      'training; FILE.jsonl, one line per query {"query", "positives", '
+                                      '"negatives", "scores"}', path=True, metavar="FILE")
     options: MineOptions = MineOptions()
     embed: EmbedOptions = EmbedOptions()
 

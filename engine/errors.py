@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 __all__ = ["HardrankError", "UsageError", "DataError", "TooManyFailures", "MissingExtra", "exit_code",
-           "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_DATA", "EXIT_FAILURES", "EXIT_CODES_HELP"]
+           "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_DATA", "EXIT_FAILURES", "EXIT_INTERRUPTED", "EXIT_CODES_HELP"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DATA, EXIT_FAILURES = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it
 EXIT_CODES_HELP = ("exit codes: 0 ok, 2 usage (bad flags, options or job file), 3 bad data (missing or malformed "
-                   "files), 4 too many unreadable images (--max-failures), 1 anything else (a bug, a missing extra)")
+                   "files), 4 too many unreadable images (--max-failures), 1 anything else (a bug, a missing extra), "
+                   "130 interrupted (Ctrl-C; finished work is kept)")
 
 
 class HardrankError(Exception):

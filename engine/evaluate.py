@@ -16,16 +16,19 @@ import torch
 
 from .byo import embeddings_for_tables
 from .choice_macro import suite_aggregates
-from .config import EvalConfig, build, resolve_device
+from .config import EvalConfig, build, check_writable_dir, resolve_device
+from .counts import embed_line, item_counts
 from .embed import EmbedPipeline
-from .errors import UsageError
+from .errors import DataError, UsageError
 from .items import Tables
 from .mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
 from .metrics import add_drops, average_views, choice_metrics, ranking_metrics
 from .models import file_hash
 from .results import outcome_schema, summary_row, write_result
+from .runs import model_specs
 from .search import score_choice, score_ranking
-from .suites import load_suites
+from .suites import expand_suites, load_suites
+from .suites.toy import TOY_SUITES, pending_world
 from .tasks import MaskTask, Suite
 
 __all__ = ["evaluate", "plan", "EvalReport"]
@@ -54,6 +57,7 @@ class _Source:
     ident: dict                                 # checkpoint_path, model_fingerprint, provenance
     device: str                                 # where scoring runs
     embeddings: Callable[[], dict[str, np.ndarray]]  # whole-table (rows, d) arrays per modality
+    embed: dict = field(default_factory=dict)   # provenance.embed: this checkpoint's store hits and encodes
 
 
 def _versions() -> dict:
@@ -168,7 +172,8 @@ def _score_mask(task: MaskTask, device: str, emb: dict[str, np.ndarray] | None, 
             "extra": {"metrics_unit": "percent", "protocol": PROTOCOL, **extra}}
 
 
-def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dict, ident: dict | None) -> dict:
+def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dict, ident: dict | None,
+            embed: dict | None = None) -> dict:
     model = cfg.model if ident is not None else None  # predictions scored as they are: no model made them
     ident = dict(ident or {})
     result = {"suite": suite.name, "checkpoint": label, **ident, "model": model,
@@ -177,7 +182,8 @@ def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dic
               "suite_meta": suite.meta, "failures": common["failures"][:1000],
               "failed_items": len(common["failures"])}
     result["provenance"] = {
-        **result.pop("provenance", {}), "versions": common["versions"], "embed": common["embed"],
+        **result.pop("provenance", {}), "versions": common["versions"],
+        "embed": embed if embed is not None else common["embed"],
         "timings": {**scored["timings"], "suite_load": common["t_load"]},
         "config": {**{k: v for k, v in asdict(cfg).items() if k not in ("suite_options", "embed")},
                    **asdict(cfg.embed)},
@@ -204,13 +210,21 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     echo = echo or (lambda s: None)
     if not cfg.out:
         raise UsageError("option out (the results folder) is required")
+    _check_usage(cfg)
     t_start = time.perf_counter()
+    pipe = None  # the models first: a bad checkpoint or tag fails before any data is read
+    if cfg.embeddings is None and (cfg.model is not None or cfg.run is not None) and _needs_model(cfg):
+        pipe = EmbedPipeline(model_specs(cfg), cfg.embed, runner=runner)
     tables = Tables.empty()
     t0 = time.perf_counter()
+    world = _pending_world(cfg)
+    if world is not None:
+        echo(f"building the toy world in {world} (once, about 30 s; --data DIR names another folder)")
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+    _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
     t_load = time.perf_counter() - t0
-    echo(f"loaded {len(suites)} suite(s): {len(tables.images)} unique images, {len(tables.texts)} unique texts "
-         f"({t_load:.1f}s)")
+    echo(f"loaded {len(suites)} suite(s): {len(tables.images)} images (distinct paths), {len(tables.texts)} texts "
+         f"(distinct normalised captions) ({t_load:.1f}s)")
     report = EvalReport()
     common = {"failures": [], "versions": _versions(), "embed": {}, "t_load": t_load}
     for suite in suites:  # answers that need no model: scored once, under the predictions' folder name
@@ -220,15 +234,52 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
             _write(report, cfg, label, suite.name, _result(suite, label, scored, cfg, common, None),
                    scored["outcomes"])
     if any(s.needs_embeddings for s in suites):
-        sources = _sources(cfg, tables, suites, report, common, progress, echo, runner)
+        sources = _sources(cfg, pipe, tables, suites, report, common, progress, echo)
         for src in sources:
             emb = src.embeddings()
             for suite in [s for s in suites if s.needs_embeddings]:
                 for scored in _score_suite(suite, src.device, emb, cfg, len(tables.images.failed)):
                     _write(report, cfg, src.label, suite.name,
-                           _result(suite, src.label, scored, cfg, common, src.ident), scored["outcomes"])
+                           _result(suite, src.label, scored, cfg, common, src.ident, src.embed), scored["outcomes"])
     echo(f"done in {time.perf_counter() - t_start:.1f}s; results in {cfg.out}")
     return report
+
+
+def _pending_world(cfg: EvalConfig) -> Path | None:
+    """The toy world folder loading these suites would build first, if any."""
+    if not any(n in TOY_SUITES for n in expand_suites(list(cfg.suites))):
+        return None
+    return pending_world(cfg.suite_options)
+
+
+def _needs_model(cfg: EvalConfig) -> bool:
+    """Whether some suite scores embeddings (only mask suites scoring --predictions need none)."""
+    return any(n != "amodal" for n in expand_suites(list(cfg.suites))) or cfg.suite_options.baseline is not None
+
+
+def _check_usage(cfg: EvalConfig) -> None:
+    """Everything about the options that can fail, checked before any loading or encoding: a source
+    of embeddings where suites need them, the results folder and the store can be written, the
+    device exists."""
+    resolve_device(cfg.embed.device)
+    if _needs_model(cfg) and cfg.model is None and cfg.embeddings is None and cfg.run is None:
+        raise UsageError("give --model (with --checkpoint or --pretrained), --run RUN_DIR or --embeddings "
+                         f"FILE.parquet: suites {expand_suites(list(cfg.suites))} score embeddings")
+    check_writable_dir(cfg.out, "out (--out)")
+    if (cfg.model is not None or cfg.run is not None) and cfg.embeddings is None:
+        check_writable_dir(cfg.embed.store_root(), "store (--store)")
+
+
+def _check_not_empty(suites: list[Suite], why: str) -> None:
+    """A task with nothing to score would give empty (null) metrics: an error naming the suite."""
+    for s in suites:
+        empty = [f"{t.name} ({t.num_queries} queries)" for t in s.ranking if t.num_queries == 0]
+        empty += [f"{t.name} (0 rows)" for t in s.choice if len(t.ids) == 0]
+        empty += [f"{t.name} (0 questions)" for t in s.mask if len(t.data.questions) == 0]
+        if empty:
+            source = s.meta.get("annotations") or s.meta.get("files_found") or ""
+            raise DataError(f"suite {s.name}{f' ({source})' if source else ''}: task(s) {', '.join(empty)} "
+                            f"{why}")
 
 
 def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_images: int) -> list[dict]:
@@ -239,32 +290,38 @@ def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_i
     return [_score_mask(t, device, emb, failed_images) for t in suite.mask if t.needs_embeddings]
 
 
-def _sources(cfg: EvalConfig, tables: Tables, suites: list[Suite], report: EvalReport, common: dict,
-             progress, echo, runner) -> list[_Source]:
+def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites: list[Suite], report: EvalReport,
+             common: dict, progress, echo) -> list[_Source]:
     if cfg.embeddings:
         if any(t.needs_embeddings for s in suites for t in s.mask):
             raise UsageError("the clip-regions baseline embeds region crops with --model; precomputed "
                              "--embeddings hold no crop embeddings")
         return [_byo_source(cfg, tables, report)]
-    if cfg.model is None:
-        raise UsageError("give --model (with --checkpoint files) or --embeddings FILE.parquet: suites "
-                         f"{[s.name for s in suites if s.needs_embeddings]} score embeddings")
-    pipe = EmbedPipeline.from_checkpoints(cfg.model, cfg.checkpoints, cfg.embed, runner=runner)
     stats = pipe.run(tables, progress=progress)
     report.embed_stats = common["embed"] = {k: v.as_dict() for k, v in stats.items()}
     for mod, st in stats.items():
-        echo(f"{mod}s: {st.total} unique, {st.from_store} from the store, {st.encoded} encoded "
-             f"x {len(pipe.models)} checkpoint(s), {st.failed} failed ({st.seconds:.1f}s)")
+        echo(embed_line(mod, st, tables.of(mod), len(pipe.models), labels=pipe.labels))
     suites[:] = [_drop_failed(s, tables) for s in suites]
+    _check_not_empty(suites, "lost every query to unreadable items (listed above); fix the files or the "
+                             "annotations")
     common["failures"] = [{"modality": mod, "row": r, "source": u, "reason": w}
                           for mod, st in stats.items() for r, u, w in st.failures]
     sources = []
     for i, (model, label) in enumerate(zip(pipe.models, pipe.labels)):
         ident = {"checkpoint_path": model.spec.checkpoint, "model_fingerprint": pipe.fingerprint(i),
                  "provenance": {"architecture": model.arch_name, "precision": model.precision, "device": model.device,
-                                "checkpoint_hash": model.checkpoint_hash}}
-        sources.append(_Source(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables)))
+                                "checkpoint_hash": model.checkpoint_hash, "model_source": _model_source(model)}}
+        embed = {mod: st.for_checkpoint(i) for mod, st in stats.items()}
+        sources.append(_Source(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables), embed))
     return sources
+
+
+def _model_source(model) -> dict:
+    """What a result records of where its model came from and how it preprocessed images."""
+    i = model.info
+    return {"pretrained": i.get("pretrained"), "weights": i.get("weights"), "weights_format": i.get("weights_format"),
+            "quick_gelu": i.get("quick_gelu"), "random_init": i.get("random_init"),
+            "preprocess": model.preprocess_cfg, "warnings": i.get("warnings", [])}
 
 
 def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _Source:
@@ -284,22 +341,27 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
     (for their fingerprints) and reads every image once (for its content key)."""
     cfg = _config(cfg, options)
     tables = Tables.empty()
-    suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+    names, world = expand_suites(list(cfg.suites)), _pending_world(cfg)
+    if world is not None:  # a plan builds nothing: the toy suites are counted once their world exists
+        names = [n for n in names if n not in TOY_SUITES]
+    suites = load_suites(names, tables, cfg.suite_options)
+    _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
     out = {"suites": {}, "images": len(tables.images), "texts": len(tables.texts), "checkpoints": [],
            "store": cfg.embed.store_root()}
+    if world is not None:
+        out["would_build"] = {"toy world": str(world), "suites": list(TOY_SUITES)}
     for s in suites:
         tasks = [f"{t.name}: {t.num_queries} queries x {len(t.gallery_items)} gallery items, "
                  f"{len(t.views)} views ({', '.join(t.views)})" for t in s.ranking]
         tasks += [f"{t.name}: {len(t.ids)} rows of {t.left.shape[1]}x{t.right.shape[1]} ({t.rule})" for t in s.choice]
         tasks += [f"{t.name}: {len(t.data.questions)} questions" for t in s.mask]
         out["suites"][s.name] = tasks
-    tables.images.keys(), tables.texts.keys()
-    out["unreadable"] = len(tables.images.failed)
+    counts = item_counts(tables.images)
+    tables.texts.keys()
+    out["unreadable"], out["image_duplicates"] = counts["unreadable"], counts["duplicates"]
     if cfg.embeddings or not any(s.needs_embeddings for s in suites):
-        return out
-    if cfg.model is None:
-        raise UsageError("give --model (with --checkpoint files) or --embeddings FILE.parquet")
-    rows = EmbedPipeline.from_checkpoints(cfg.model, cfg.checkpoints, cfg.embed).plan(tables)
+        return out  # (also when the toy suites, waiting for their world, were all there was)
+    rows = EmbedPipeline(model_specs(cfg), cfg.embed).plan(tables)
     out["checkpoints"] = rows
     out["to_encode"] = {m: sum(r[f"{m}_to_encode"] for r in rows) for m in ("image", "text")}
     return out

@@ -4,15 +4,16 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
-__all__ = ["ImageRef", "ItemTable", "Tables", "read_image_bytes", "text_key"]
+__all__ = ["ImageRef", "ItemTable", "Tables", "read_image_bytes", "text_key", "failure_reason"]
 
 _PARQUET_SCHEME = "parquet://"
 
@@ -63,13 +64,25 @@ def read_image_bytes(uri: str) -> bytes:
     return value
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why an item failed, as recorded in results: the same text on every run (object addresses
+    such as ``<_io.BytesIO object at 0x7f...>`` removed)."""
+    return _ADDRESS.sub("", f"{type(exc).__name__}: {exc}")
+
+
 def text_key(text: str) -> str:
     """Content key of a text: hash of the exact string fed to the tokenizer."""
     return "t" + hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
 def _image_key(ref: ImageRef) -> str:
-    digest = hashlib.blake2b(read_image_bytes(ref.uri), digest_size=16).hexdigest()
+    data = read_image_bytes(ref.uri)
+    if not data:
+        raise ValueError(f"{ref.uri}: empty file (0 bytes; an interrupted download?)")
+    digest = hashlib.blake2b(data, digest_size=16).hexdigest()
     return "i" + digest + (("@" + ref.recipe) if ref.recipe else "")
 
 
@@ -108,7 +121,8 @@ class ItemTable:
 
     def keys(self, threads: int = 8) -> list[str]:
         """Content keys, computed once (images: bytes hash + recipe, read in threads). An image
-        that cannot be read gets key ``""`` and its reason in ``self.failed``."""
+        that cannot be read (missing, empty) gets key ``""``, which no store ever holds, and its
+        reason in ``self.failed`` under its row: failures are keyed by row, never by content."""
         if self._keys is not None and len(self._keys) == len(self.entries):
             return self._keys
         if self.modality == "text":
@@ -120,7 +134,7 @@ class ItemTable:
             try:
                 return _image_key(ref), None
             except (OSError, ValueError) as exc:
-                return "", f"{type(exc).__name__}: {exc}"
+                return "", failure_reason(exc)
 
         with ThreadPoolExecutor(threads) as pool:
             out = list(pool.map(one, enumerate(self.entries), chunksize=64))
@@ -148,7 +162,13 @@ def decode_image(ref: ImageRef, data: bytes | None = None):
     """Decode to an RGB PIL image and apply the ref's crop. The Pillow reference decoder."""
 
     data = read_image_bytes(ref.uri) if data is None else data
-    img = Image.open(io.BytesIO(data))
+    if not data:
+        raise ValueError(f"{ref.uri}: empty file (0 bytes; an interrupted download?)")
+    try:
+        img = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:  # Pillow's message names a BytesIO object, not the file
+        raise ValueError(f"{ref.uri}: not an image Pillow can read ({len(data)} bytes starting "
+                         f"{data[:8]!r})") from None
     img = img.convert("RGB")
     if ref.crop is not None:
         x, y, w, h = ref.crop

@@ -1,4 +1,20 @@
-"""open_clip models from names, config JSON files or local folders, loaded offline, fingerprinted."""
+"""open_clip models as their authors preprocess them, loaded offline and fingerprinted.
+
+A model is an architecture plus weights:
+
+- an open_clip name (``ViT-B-32``) or a model config JSON, with an optional pretrained tag
+  (``--pretrained laion2b_s34b_b79k``). The tag sets what ``open_clip.create_model_and_transforms(name,
+  pretrained=TAG)`` would (mean, std, interpolation, resize mode) and the activation its weights were
+  trained with (QuickGELU for OpenAI's: open_clip 3 only warns about the mismatch, we apply it). The
+  weights are ``--checkpoint FILE`` when given, else the tag's file from the local Hugging Face or
+  open_clip cache: hardrank never downloads.
+- ``hf-hub:ORG/NAME`` (a snapshot in the local Hugging Face cache) or ``local-dir:FOLDER``, each with
+  its ``open_clip_config.json`` (model and preprocess config) and its weights file.
+
+Checkpoint files load with ``weights_only``: safetensors, state dicts and open_clip training
+checkpoints; OpenAI's original TorchScript archives through open_clip's OpenAI path (with QuickGELU).
+Every failure says which kind of file it met and what to do.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -6,34 +22,57 @@ import hashlib
 import json
 import logging
 import os
+import pickle
+import re
+import warnings
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import open_clip
 import torch
+from huggingface_hub import hf_hub_download, snapshot_download
+from open_clip.transform import PreprocessCfg
+from safetensors import SafetensorError
 
 from .config import DATA_DIR, PRECISIONS, resolve_device
+from .errors import DataError, UsageError
 
-__all__ = ["ModelSpec", "LoadedModel", "load_model", "resolve_arch", "file_hash", "PRECISIONS"]
+__all__ = ["ModelSpec", "LoadedModel", "load_model", "resolve_arch", "file_hash", "tag_preprocess", "PRECISIONS"]
 
+log = logging.getLogger("hardrank.models")
 _BUNDLED = DATA_DIR / "models"
 _registered: set[str] = set()
 EMBED_VERSION = 1  # bump when encoding semantics change: it is part of every fingerprint
+_PREPROCESS_KEYS = ("mean", "std", "interpolation", "resize_mode")  # what a pretrained tag may set
+# weights file names in a hub snapshot or local-dir folder, in open_clip's order of preference
+_WEIGHT_NAMES = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors", "open_clip_pytorch_model.bin",
+                 "open_clip_pytorch_model.pth", "model.safetensors", "pytorch_model.bin", "pytorch_model.pth",
+                 "model.pth")
+_DEFAULT_PREPROCESS = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(PreprocessCfg()).items()
+                       if k in _PREPROCESS_KEYS}
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    arch: str                 # open_clip model name, a config .json path, or "local-dir:<folder>"
-    checkpoint: str | None    # weights file (.pt/.pth/.bin/.safetensors, training checkpoints ok); None = random init
-    precision: str = "auto"   # auto = fp16 on CUDA, fp32 on CPU
-    device: str = "auto"      # auto = cuda if available
+    arch: str                        # open_clip name, a config .json path, "hf-hub:ORG/NAME" or "local-dir:<folder>"
+    checkpoint: str | None = None    # weights file (.pt/.pth/.bin/.safetensors, training or TorchScript checkpoints)
+    precision: str = "auto"          # auto = fp16 on CUDA, fp32 on CPU
+    device: str = "auto"             # auto = cuda if available
+    pretrained: str | None = None    # open_clip tag: its preprocessing, activation, and (no checkpoint) weights
+    random_init: bool = False        # evaluate random weights on purpose (otherwise weights are required)
+    quick_gelu: bool | None = None   # force the activation (a training run's force_quick_gelu); None: tag / arch
+    preprocess: tuple = ()           # (key, value) overrides of mean/std/interpolation/resize_mode (a run's params)
+    image_size: int | None = None    # force_image_size of a training run
+    context_length: int | None = None  # force_context_length of a training run
+    logit_bias: bool = False         # the model has a SigLIP logit bias (a run trained with --siglip)
 
     def resolved_device(self) -> str:
         return resolve_device(self.device)
 
     def resolved_precision(self) -> str:
         if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+            raise UsageError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.precision == "auto":
             return "fp16" if self.resolved_device().startswith("cuda") else "fp32"
         return self.precision
@@ -51,7 +90,7 @@ class LoadedModel:
     device: str
     precision: str
     checkpoint_hash: str | None
-    info: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # source: pretrained tag, weights file and format, quick_gelu, warnings
 
     @property
     def dtype(self) -> torch.dtype:
@@ -63,7 +102,17 @@ class LoadedModel:
 
     @property
     def label(self) -> str:
-        return Path(self.spec.checkpoint).stem if self.spec.checkpoint else f"{self.arch_name}-init"
+        """The results folder name: the checkpoint's stem, else the model (+ tag)."""
+        if self.spec.checkpoint:
+            return Path(self.spec.checkpoint).stem
+        base = _safe(self.spec.arch.split(":", 1)[-1].rstrip("/").split("/")[-1])
+        if self.spec.pretrained:
+            return f"{base}-{_safe(self.spec.pretrained)}"
+        return base if self.info.get("weights") else f"{base}-init"
+
+
+def _safe(s: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
 
 
 def _register_bundled() -> None:
@@ -82,16 +131,16 @@ def resolve_arch(arch: str) -> str:
     path = Path(arch)
     if path.suffix == ".json":
         if not path.is_file():
-            raise FileNotFoundError(f"model config {arch} does not exist; pass an open_clip model name "
-                                    f"(python -c 'import open_clip; print(open_clip.list_models())' lists them) "
-                                    f"or the path of a config JSON")
+            raise DataError(f"model config {arch} does not exist; pass an open_clip model name "
+                            f"(python -c 'import open_clip; print(open_clip.list_models())' lists them) "
+                            f"or the path of a config JSON")
         cfg = json.loads(path.read_text())
         if "vision_cfg" not in cfg or "text_cfg" not in cfg:
-            raise ValueError(f"{arch}: not an open_clip model config (needs 'vision_cfg' and 'text_cfg')")
+            raise DataError(f"{arch}: not an open_clip model config (needs 'vision_cfg' and 'text_cfg')")
         open_clip.add_model_config(path)
         return path.stem
     if arch not in open_clip.list_models():
-        raise ValueError(f"unknown model {arch!r}: not an open_clip model name, a config .json, or "
+        raise UsageError(f"unknown model {arch!r}: not an open_clip model name, a config .json, 'hf-hub:ORG/NAME' or "
                          f"'local-dir:<folder>'. Known names include {open_clip.list_models()[:5]}...")
     return arch
 
@@ -104,71 +153,242 @@ def file_hash(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _arch_config(name: str) -> dict:
-    if name.startswith("local-dir:"):
-        cfg_path = Path(name[len("local-dir:"):]) / "open_clip_config.json"
-        return json.loads(cfg_path.read_text()) if cfg_path.exists() else {"name": name}
-    cfg = open_clip.get_model_config(name)
-    return cfg if cfg is not None else {"name": name}
-
-
 class _DropNoWeights(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return "No pretrained weights loaded" not in record.getMessage()
+        msg = record.getMessage()
+        return "No pretrained weights loaded" not in msg and "initialized randomly" not in msg
 
 
 @contextlib.contextmanager
 def _quiet_open_clip():
+    """open_clip warns "no pretrained weights" although we load the weights right after."""
     root, flt = logging.getLogger(), _DropNoWeights()
     handlers = [root, *root.handlers]
     for h in handlers:
         h.addFilter(flt)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="QuickGELU mismatch")
+            yield
     finally:
         for h in handlers:
             h.removeFilter(flt)
 
 
+# -- where the weights and settings come from ---------------------------------------------------------
+@dataclass
+class _Source:
+    name: str                    # what open_clip.create_model gets
+    model_cfg: dict              # the architecture config (fingerprinted)
+    preprocess: dict             # overrides of the default preprocessing
+    quick_gelu: bool             # force QuickGELU
+    weights: str | None          # the weights file
+    weights_format: str | None   # safetensors | torch | torchscript | numpy
+    notes: list[str] = field(default_factory=list)  # warnings recorded in every result
+
+
+def _hub_file(repo: str, filenames, what: str) -> str:
+    for fn in filenames:
+        with contextlib.suppress(Exception):
+            return hf_hub_download(repo, fn, local_files_only=True)
+    raise DataError(f"{what}: {repo}/{filenames[0]} is not in the local Hugging Face cache "
+                    f"({os.environ.get('HF_HUB_CACHE') or os.environ.get('HF_HOME') or '~/.cache/huggingface'}); "
+                    f"hardrank never downloads. Fetch it once with `hf download {repo} {filenames[0]}` "
+                    f"(huggingface_hub's CLI), or pass --checkpoint FILE")
+
+
+def _tag_weights(name: str, tag: str, cfg: dict) -> str:
+    """The tag's weights file from the local caches, or a DataError saying what to fetch."""
+    hub = cfg.get("hf_hub", "")
+    if hub:
+        repo, filename = os.path.split(hub.rstrip("/")) if not hub.endswith("/") else (hub.rstrip("/"), "")
+        names = [filename] if filename else ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"]
+        if filename.endswith((".bin", ".pth")):
+            names.insert(0, filename[:-4] + ".safetensors")
+        return _hub_file(repo, names, f"weights of {name} --pretrained {tag}")
+    url = cfg.get("url", "")
+    cached = Path("~/.cache/clip").expanduser() / os.path.basename(url)
+    if url and cached.is_file():
+        return str(cached)
+    raise DataError(f"weights of {name} --pretrained {tag} are not in the local cache: expected {cached} "
+                    f"(hardrank never downloads). Download {url} there, or pass --checkpoint FILE")
+
+
+def _weights_format(path: Path) -> str:
+    if path.suffix in (".npz", ".npy"):
+        return "numpy"
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if path.suffix == ".safetensors":
+        return "safetensors"
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:  # TorchScript archives carry their code and constants
+            names = z.namelist()
+        if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+            return "torchscript"
+        return "torch"
+    if len(head) == 9 and int.from_bytes(head[:8], "little") < (1 << 28) and head[8:9] == b"{":
+        return "safetensors"  # a safetensors file under another suffix: u64 header length, then JSON
+    return "torch"
+
+
+def tag_preprocess(name: str, tag: str) -> tuple[dict, bool]:
+    """(preprocessing overrides, quick_gelu) a pretrained tag sets for ``name``."""
+    cfg = open_clip.get_pretrained_cfg(name, tag)
+    if not cfg:
+        tags = open_clip.list_pretrained_tags_by_model(name)
+        raise UsageError(f"unknown pretrained tag {tag!r} for {name}; its tags: {tags or 'none'} "
+                         f"(open_clip.list_pretrained() lists all)")
+    return {k: cfg[k] for k in _PREPROCESS_KEYS if k in cfg}, bool(cfg.get("quick_gelu", False))
+
+
+def _default_mismatch(name: str) -> str | None:
+    """A note when every published tag of ``name`` preprocesses (or activates) unlike the defaults."""
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    if not tags:
+        return None
+    settings = [tag_preprocess(name, t) for t in tags]
+    differs = [{**{k: v for k, v in pp.items() if _norm(v) != _norm(_DEFAULT_PREPROCESS.get(k))},
+                **({"quick_gelu": True} if qg and not open_clip.get_model_config(name).get("quick_gelu") else {})}
+               for pp, qg in settings]
+    if all(differs):
+        return (f"{name} was evaluated with open_clip's default preprocessing ({_DEFAULT_PREPROCESS}), but every "
+                f"published {name} weight set ({', '.join(tags)}) uses other settings, e.g. {tags[0]}: {differs[0]}; "
+                f"if the checkpoint was trained from one of them, pass --pretrained TAG")
+    return None
+
+
+def _norm(v):
+    return [round(float(x), 8) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def _source(spec: ModelSpec, name: str) -> _Source:
+    notes: list[str] = []
+    ckpt = Path(spec.checkpoint) if spec.checkpoint else None
+    if ckpt is not None and not ckpt.is_file():
+        raise DataError(f"checkpoint {ckpt} does not exist")
+    fmt = _weights_format(ckpt) if ckpt is not None else None
+    if name.startswith(("hf-hub:", "local-dir:")):
+        if spec.pretrained:
+            raise UsageError(f"--pretrained applies to open_clip model names; {spec.arch} brings its own config")
+        if name.startswith("hf-hub:"):
+            repo = name[len("hf-hub:"):]
+            try:
+                folder = Path(snapshot_download(repo, local_files_only=True))
+            except Exception as exc:
+                raise DataError(f"{spec.arch}: {repo} is not in the local Hugging Face cache (hardrank never "
+                                f"downloads; {type(exc).__name__}). Fetch it once with `hf download {repo}`, "
+                                f"or point --model at the folder: local-dir:<folder>") from exc
+        else:
+            folder = Path(name[len("local-dir:"):])
+            if not folder.is_dir():
+                raise DataError(f"{spec.arch}: no such folder")
+        cfg_file = folder / "open_clip_config.json"
+        if not cfg_file.is_file():
+            raise DataError(f"{spec.arch}: {cfg_file} is missing; a hub snapshot or local-dir folder needs the "
+                            f"open_clip_config.json (model_cfg + preprocess_cfg) that open_clip writes")
+        full = json.loads(cfg_file.read_text())
+        if "model_cfg" not in full:
+            raise DataError(f"{cfg_file}: no 'model_cfg' key (open_clip's format: model_cfg + preprocess_cfg)")
+        weights = str(ckpt) if ckpt else next((str(folder / n) for n in _WEIGHT_NAMES if (folder / n).is_file()), None)
+        if weights and not ckpt:
+            fmt = _weights_format(Path(weights))
+        return _Source(f"local-dir:{folder}", full, {}, bool(spec.quick_gelu), weights, fmt, notes)
+    model_cfg = dict(open_clip.get_model_config(name) or {"name": name})
+    preprocess, quick_gelu = {}, False
+    if spec.pretrained:
+        preprocess, quick_gelu = tag_preprocess(name, spec.pretrained)
+        weights = str(ckpt) if ckpt else _tag_weights(name, spec.pretrained,
+                                                      open_clip.get_pretrained_cfg(name, spec.pretrained))
+        fmt = fmt or _weights_format(Path(weights))
+    else:
+        weights = str(ckpt) if ckpt else None
+        if fmt == "torchscript":
+            quick_gelu = True  # OpenAI's archives hold QuickGELU models
+        elif weights:
+            mismatch = _default_mismatch(name)
+            if mismatch:
+                notes.append(mismatch)
+    if spec.quick_gelu is not None:  # a training run says what it trained with
+        quick_gelu = spec.quick_gelu
+    if quick_gelu and not model_cfg.get("quick_gelu"):
+        model_cfg["quick_gelu"] = True
+    return _Source(name, model_cfg, preprocess, quick_gelu, weights, fmt, notes)
+
+
+def _load_weights(model: torch.nn.Module, path: str, fmt: str, name: str) -> None:
+    """Load ``path`` into ``model`` (strict), or raise a DataError saying what the file is and what to do."""
+    try:
+        # TorchScript archives go through torch.jit.load (no Python pickle is executed); all else weights_only
+        open_clip.load_checkpoint(model, path, strict=True, weights_only=fmt != "torchscript")
+    except SafetensorError as exc:
+        raise DataError(f"checkpoint {path} is not a readable .safetensors file ({exc}): it is truncated or "
+                        f"corrupt; copy or save it again") from exc
+    except pickle.UnpicklingError as exc:
+        msg = str(exc)
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", msg)
+        if found:
+            raise DataError(f"checkpoint {path} holds pickled Python objects ({found.group(1)}) that safe "
+                            f"(weights_only) loading refuses. Re-save only its tensors from a trusted copy, e.g. "
+                            f"torch.save(torch.load(path, weights_only=False)['state_dict'], 'clean.pt'), or as "
+                            f".safetensors") from exc
+        raise DataError(f"checkpoint {path} is not a PyTorch checkpoint ({msg[:200]}): the file is corrupt or of "
+                        f"another format; pass a .pt/.pth/.bin state dict, a .safetensors file or an OpenAI "
+                        f"TorchScript archive") from exc
+    except (EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"checkpoint {path} ends early ({type(exc).__name__}): it is truncated; copy it again") from exc
+    except (RuntimeError, AssertionError) as exc:  # open_clip asserts when embedding widths differ
+        msg = str(exc) or type(exc).__name__
+        if "PytorchStreamReader" in msg or "zip archive" in msg or "central directory" in msg:
+            raise DataError(f"checkpoint {path} is a truncated or corrupt PyTorch archive ({msg[:200]}); copy it "
+                            f"again") from exc
+        raise DataError(f"checkpoint {path} does not fit model {name!r}: {msg[:600]}\n"
+                        f"Fix: pass the --model (and --pretrained) this checkpoint was trained with.") from exc
+    except (StopIteration, AttributeError, TypeError, KeyError) as exc:
+        raise DataError(f"checkpoint {path} holds no model weights open_clip can read "
+                        f"({type(exc).__name__}: {str(exc)[:200]})") from exc
+
+
 def load_model(spec: ModelSpec) -> LoadedModel:
-    """Create the model offline and load its checkpoint with ``weights_only`` loading."""
+    """Create the model offline as its source says (tag, hub snapshot, folder, config) and load its
+    weights; refuse a model without weights unless ``spec.random_init``."""
     name = resolve_arch(spec.arch)
     device, precision = spec.resolved_device(), spec.resolved_precision()
-    if name.startswith("hf-hub:"):
-        raise ValueError(f"{spec.arch}: hardrank works offline; download the weights yourself and pass "
-                         f"'local-dir:<folder>' or --checkpoint FILE")
-    with _quiet_open_clip():  # it warns "no pretrained weights" although we load the checkpoint next
-        model = open_clip.create_model(name, pretrained=None, device="cpu", load_weights=name.startswith("local-dir:"))
+    src = _source(spec, name)
+    if src.weights is None and not spec.random_init:
+        raise UsageError(f"model {spec.arch} has no weights: pass --checkpoint FILE, --pretrained TAG (tags of "
+                         f"{name}: {open_clip.list_pretrained_tags_by_model(name)[:6] or 'none'}), or "
+                         f"--random-init to evaluate random weights on purpose")
+    force_pp = {**src.preprocess, **dict(spec.preprocess)}
+    kwargs = {"init_logit_bias": -10.0} if spec.logit_bias else {}
+    with _quiet_open_clip():
+        model = open_clip.create_model(src.name, pretrained=None, device="cpu", load_weights=False,
+                                       force_quick_gelu=src.quick_gelu, force_preprocess_cfg=force_pp or None,
+                                       force_image_size=spec.image_size, force_context_length=spec.context_length,
+                                       **kwargs)
     ckpt_hash = None
-    if spec.checkpoint is not None:
-        path = Path(spec.checkpoint)
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {path} does not exist")
-        ckpt_hash = file_hash(path)
-        try:
-            open_clip.load_checkpoint(model, str(path), strict=True, weights_only=True)
-        except RuntimeError as exc:
-            raise ValueError(f"checkpoint {path} does not fit model {name!r}: {str(exc)[:600]}\n"
-                             f"Fix: pass the --model this checkpoint was trained with.") from exc
-        except Exception as exc:  # pickle refusals etc.
-            if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-                raise ValueError(f"checkpoint {path} holds pickled objects that weights_only loading refuses; "
-                                 f"re-save it as a plain state_dict or .safetensors") from exc
-            raise
+    if src.weights is not None:
+        ckpt_hash = file_hash(src.weights)
+        _load_weights(model, src.weights, src.weights_format, name)
+    for note in src.notes:
+        log.warning("%s", note)
     model.eval().requires_grad_(False)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     model.to(device=device, dtype=dtype)
     preprocess_cfg = dict(getattr(model.visual, "preprocess_cfg", {}))
     preprocess_cfg = {k: (list(v) if isinstance(v, tuple) else v) for k, v in preprocess_cfg.items()}
-    tokenizer = open_clip.get_tokenizer(name)
-    arch_cfg = _arch_config(name)
-    embed_dim = int(arch_cfg.get("embed_dim") or model.text_projection.shape[-1])
-    ident = {"arch": arch_cfg, "checkpoint": ckpt_hash, "precision": precision,
+    tokenizer = open_clip.get_tokenizer(name, context_length=spec.context_length)
+    embed_dim = int(src.model_cfg.get("embed_dim") or src.model_cfg.get("model_cfg", {}).get("embed_dim")
+                    or model.text_projection.shape[-1])
+    ident = {"arch": src.model_cfg, "checkpoint": ckpt_hash, "precision": precision,
              "preprocess": preprocess_cfg, "context_length": getattr(tokenizer, "context_length", None),
              "embed_version": EMBED_VERSION}
+    if spec.logit_bias or spec.image_size:
+        ident["overrides"] = {"logit_bias": spec.logit_bias, "image_size": spec.image_size}
     digest = hashlib.blake2b(json.dumps(ident, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(name).name)
+    info = {"pretrained": spec.pretrained, "weights": src.weights, "weights_format": src.weights_format,
+            "quick_gelu": bool(src.model_cfg.get("quick_gelu") or src.model_cfg.get("model_cfg", {}).get("quick_gelu")),
+            "random_init": src.weights is None, "warnings": list(src.notes), "spec": asdict(spec)}
     return LoadedModel(spec=spec, arch_name=name, model=model, tokenizer=tokenizer,
-                       preprocess_cfg=preprocess_cfg, fingerprint=f"{safe}-{precision}-{digest}",
-                       embed_dim=embed_dim, device=device, precision=precision, checkpoint_hash=ckpt_hash,
-                       info={"spec": asdict(spec)})
+                       preprocess_cfg=preprocess_cfg, fingerprint=f"{_safe(Path(name).name)}-{precision}-{digest}",
+                       embed_dim=embed_dim, device=device, precision=precision, checkpoint_hash=ckpt_hash, info=info)

@@ -4,32 +4,27 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import replace
-from pathlib import Path
 
-from hardrank.config import DATA_DIR, EvalConfig, SuiteOptions
-from hardrank.errors import EXIT_CODES_HELP, EXIT_OK, HardrankError, TooManyFailures, exit_code
+from hardrank.config import DATA_DIR, EvalConfig
+from hardrank.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, HardrankError, TooManyFailures, exit_code
 from hardrank.evaluate import evaluate, plan
 from hardrank.results import format_table
 from hardrank.suites.toy import default_world_dir
-from hardrank.toy_amodal import build_amodal_world
-from hardrank.toyworld import build_world, demo_inputs
+from hardrank.toyworld import build_world
 from hardrank.toyworld.train import train_toy
 
 from .bench import add_bench_parser
+from .demo import add_demo_parser
 from .flags import Formatter, add_options, expand_globs, options_from_args
 from .grid import add_run_parser, print_plan
 from .mine import add_mine_parser
 from .perturb import add_perturb_parser
 from .progress import make_progress
 from .report import add_report_parser
+from .store import add_store_parser
+from .watch import add_watch_parser
 
 __all__ = ["main", "build_parser"]
-
-# options of a suite's inputs: the demo brings its own
-_SUITE_INPUTS = ("suites", "model", "checkpoints", "embeddings", "data", "images", "annotations", "image_variants",
-                 "seeds", "text_variants", "predictions", "baseline", "search")
-
 
 def _echo(args):
     return (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
@@ -58,20 +53,6 @@ def _cmd_eval(args) -> int:
     return EXIT_OK
 
 
-def _cmd_demo(args) -> int:
-    model, ckpts, world = demo_inputs(args.world or str(Path(args.out) / "toy_world"))
-    cfg = options_from_args(EvalConfig, args, model=model, checkpoints=ckpts, suites=("toy",), data=world,
-                            store=args.store or str(Path(args.out) / "store"))
-    _run_eval(cfg, args)
-    amodal = build_amodal_world(Path(world).parent / "toy_amodal")
-    cfg = replace(cfg, suites=("amodal",), suite_options=SuiteOptions(
-        data=str(amodal), predictions=str(amodal / "predictions" / "noisy"), baseline="clip-regions",
-        tie_rule=cfg.suite_options.tie_rule))
-    _run_eval(cfg, args, "\ntoy amodal (gIoU / cIoU, %): clip-regions baseline per checkpoint, and a noisy mask "
-                         "predictor")
-    return EXIT_OK
-
-
 def _cmd_toy(args) -> int:
     if args.toy_command == "world":
         print(build_world(args.out))
@@ -85,23 +66,39 @@ def _cmd_toy(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hardrank", description="Stress-test image-text matching models: "
                                  "exact benchmark metrics, fast, for many checkpoints.", formatter_class=Formatter,
-                                 epilog="examples:\n  hardrank demo --out results/demo\n"
+                                 epilog="the first five examples reuse what `hardrank demo --out "
+                                        "results/demo` made (its store and toy world)\nexamples:\n"
+                                        "  hardrank demo --out results/demo\n"
+                                        "  hardrank report results/demo\n"
+                                        "  hardrank store list results/demo/store\n"
+                                        "  hardrank eval --model toy-clip --checkpoint "
+                                        "engine/data/toy_checkpoints/toy-clip_step0700.safetensors --suite toy "
+                                        "--data results/demo/toy_world --store results/demo/store --out results/mine\n"
+                                        "  hardrank mine --model toy-clip --checkpoint "
+                                        "engine/data/toy_checkpoints/toy-clip_step0700.safetensors --queries "
+                                        "results/demo/toy_world/karpathy_test.json "
+                                        "--images results/demo/toy_world/images "
+                                        "--corpus results/demo/toy_world/images/test --store results/demo/store "
+                                        "-k 5 --out results/demo_mined --export-training "
+                                        "results/demo_mined/negclip.tsv\n"
                                         "  hardrank eval --model ViT-B-32 --checkpoint ckpt/epoch_*.pt "
                                         "--suite rococo --annotations data/rococo --images coco --out results/run1\n"
-                                        "  hardrank mine --model ViT-B-32 --checkpoint a.pt --corpus images/ "
-                                        "--queries captions.json --out mined\n"
+                                        "  hardrank eval --run logs/exp1 --suite rococo --annotations data/rococo "
+                                        "--images coco --out results/exp1\n"
+                                        "  hardrank watch logs/exp1 --suite toy --out results/exp1\n"
                                         "  hardrank run grid.toml --dry-run\n"
-                                        "  hardrank report results/run1\n"
                                         "  hardrank bench pipeline\n\n" + EXIT_CODES_HELP)
     ap.add_argument("-v", "--verbose", action="store_true")
     sub = ap.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="evaluate checkpoints on benchmark suites", formatter_class=Formatter,
-                        epilog="examples:\n"
-                               "  hardrank eval --model toy-clip "
-                               "--checkpoint engine/data/toy_checkpoints/*.safetensors "
-                               "--suite toy --out results/toy\n"
-                               "  hardrank eval --model ViT-B-32 --checkpoint openai.pt --suite rococo "
+                        epilog="the first two examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
+                               "  hardrank eval --model toy-clip --checkpoint "
+                               "engine/data/toy_checkpoints/*.safetensors --suite toy --data results/demo/toy_world "
+                               "--store results/demo/store --out results/toy\n"
+                               "  hardrank eval --embeddings results/demo_emb.parquet --suite toy "
+                               "--data results/demo/toy_world --out results/byo   # after hardrank store export\n"
+                               "  hardrank eval --model ViT-B-32 --pretrained openai --suite rococo "
                                "--annotations data/rococo --images /data/coco --image-variants mix_0.9 "
                                "--seeds 1 10 100 --out results/b32\n"
                                "  hardrank eval --model ViT-B-32 --checkpoint a.pt --suite karpathy "
@@ -111,15 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(ev)
     ev.set_defaults(func=_cmd_eval)
 
-    dm = sub.add_parser("demo", help="build the toy world and evaluate all toy checkpoints on it",
-                        formatter_class=Formatter,
-                        epilog="examples:\n  hardrank demo --out results/demo\n"
-                               "  hardrank demo --out results/demo --dry-run\n  hardrank report results/demo")
-    dm.add_argument("--world", default=None, help="toy world folder (default: <out>/toy_world)")
-    add_options(dm, EvalConfig, skip=_SUITE_INPUTS, required=("out",))
-    _common(dm)
-    dm.set_defaults(func=_cmd_demo)
-
+    add_demo_parser(sub)
     add_mine_parser(sub)
 
     toy = sub.add_parser("toy", help="toy world and toy checkpoints", formatter_class=Formatter,
@@ -139,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_perturb_parser(sub)
     add_run_parser(sub)
     add_report_parser(sub)
+    add_store_parser(sub)
     add_bench_parser(sub)
+    add_watch_parser(sub)
     return ap
 
 
@@ -149,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        print("hardrank: interrupted; finished work is kept (committed store shards, written results and "
+              "mining shards): run the same command again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except TooManyFailures as exc:
         print(f"hardrank: stopped: {exc}", file=sys.stderr)
         return exit_code(exc)

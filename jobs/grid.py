@@ -7,6 +7,7 @@ import difflib
 import glob
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package
     import tomli as tomllib
 
 from hardrank.config import EvalConfig, build, flat_fields, opt
-from hardrank.errors import EXIT_OK, TooManyFailures, UsageError, exit_code
+from hardrank.errors import EXIT_OK, HardrankError, TooManyFailures, UsageError, exit_code
 from hardrank.evaluate import evaluate, plan
 from hardrank.results import format_table
 
@@ -41,8 +42,12 @@ decoder = "pillow"                     # or "dali"
 search = "exhaustive"                  # or "faiss:IVF1024,Flat"
 
 [[model]]
-model = "ViT-B-32"                     # open_clip name, config .json, or local-dir:<folder>
-checkpoints = ["runs/exp1/checkpoints/epoch_*.pt"]
+model = "ViT-B-32"                     # open_clip name, config .json, hf-hub:ORG/NAME or local-dir:<folder>
+pretrained = "laion2b_s34b_b79k"       # its weights from the local cache (no checkpoints given)
+
+[[model]]
+name = "exp1"
+run = "logs/exp1"                      # an open_clip training run: params.txt + checkpoints/epoch_*.pt
 
 [[model]]
 name = "mine"                          # results folder name (default: from model / embeddings)
@@ -50,7 +55,8 @@ embeddings = "my_model.parquet"        # precomputed embeddings instead of a mod
 suites = ["rococo"]                    # overrides the top-level suites
 """
 
-_ENTRY_FIELDS = ("suites", "out", "model", "checkpoints", "embeddings")  # set per [[model]], not in [options]
+# set per [[model]] entry, not in [options]
+_ENTRY_FIELDS = ("suites", "out", "model", "checkpoints", "pretrained", "random_init", "run", "embeddings")
 OPTION_KEYS = tuple(name for name, _, _ in flat_fields(EvalConfig) if name not in _ENTRY_FIELDS)
 _TOP_KEYS = ("out", "suites", "options", "model")
 
@@ -64,7 +70,10 @@ class _Entry:
     """The keys of one [[model]] table."""
 
     name: str | None = opt(None, "results sub-folder: <out>/<name>/<checkpoint>/")
-    model: str | None = opt(None, "open_clip name, config .json or local-dir:")
+    model: str | None = opt(None, "open_clip name, config .json, hf-hub:ORG/NAME or local-dir:")
+    pretrained: str | None = opt(None, "open_clip pretrained tag")
+    random_init: bool = opt(False, "random weights on purpose")
+    run: str | None = opt(None, "an open_clip training run folder", path=True)
     embeddings: str | None = opt(None, "precomputed embeddings Parquet instead of a model", path=True)
     checkpoints: tuple[str, ...] = opt((), "checkpoint files or globs")
     suites: tuple[str, ...] | None = opt(None, "suites of this entry (default: the top-level suites)")
@@ -130,9 +139,14 @@ def _safe_name(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s).strip("._") or "model"
 
 
-def _default_name(model: str | None, embeddings: str | None) -> str:
+def _default_name(model: str | None, embeddings: str | None, run: str | None = None,
+                  pretrained: str | None = None) -> str:
     if embeddings:
         return _safe_name(Path(embeddings).stem)
+    if run:
+        return _safe_name(Path(run).name)
+    if pretrained:
+        return _safe_name(f"{model}-{pretrained}")
     if model.startswith("local-dir:"):
         return _safe_name(Path(model[len("local-dir:"):]).name)
     return _safe_name(Path(model).stem if model.endswith(".json") else model)
@@ -191,22 +205,23 @@ def load_job(path: str | os.PathLike) -> JobFile:
             e = build(_Entry, raw_entry, base=base)
         except UsageError as exc:
             raise JobFileError(f"{path}: {where}: {exc}") from exc
-        if (e.model is None) == (e.embeddings is None):
-            raise JobFileError(f"{path}: {where} needs exactly one of model = ... or embeddings = ...")
+        if sum(v is not None for v in (e.model, e.embeddings, e.run)) != 1:
+            raise JobFileError(f"{path}: {where} needs exactly one of model = ..., run = ... or embeddings = ...")
         if e.embeddings and e.checkpoints:
             raise JobFileError(f"{path}: {where} gives embeddings and checkpoints; checkpoints need a model")
         suites = e.suites or default_suites
         if not suites:
             raise JobFileError(f"{path}: {where} has no suites; set suites = [...] at the top level or in the entry")
         model = _model_path(base, e.model)
-        name = e.name or _default_name(model, e.embeddings)
+        name = e.name or _default_name(model, e.embeddings, e.run, e.pretrained)
         if name in names:
             raise JobFileError(f"{path}: two [[model]] entries write to {name!r}; give one a distinct name = ...")
         names.add(name)
         ckpts = _expand(base, e.checkpoints, path, name) if e.checkpoints else (None,)
         try:
             cfg = build(EvalConfig, {**opts, "suites": suites, "out": os.path.join(out, name), "model": model,
-                                     "checkpoints": ckpts, "embeddings": e.embeddings}, base=base)
+                                     "checkpoints": ckpts, "pretrained": e.pretrained, "random_init": e.random_init,
+                                     "run": e.run, "embeddings": e.embeddings}, base=base)
         except UsageError as exc:
             raise JobFileError(f"{path}: {where}: {exc}") from exc
         models.append(JobModel(name=name, config=cfg))
@@ -216,14 +231,23 @@ def load_job(path: str | os.PathLike) -> JobFile:
 # -- plans (dry runs) ------------------------------------------------------------------------
 def print_plan(p: dict, echo=print) -> None:
     """The dry-run plan of ``hardrank.evaluate.plan`` as text."""
-    echo(f"plan: {len(p['suites'])} suite(s), nothing will be encoded (dry run)")
+    echo(f"plan: {len(p['suites'])} suite(s), nothing will be encoded or written (dry run)")
+    if p.get("would_build"):
+        w = p["would_build"]
+        echo(f"  the toy world is not built yet: a real run first builds it in {w['toy world']} (about 30 s); "
+             f"{', '.join(w['suites'])} are counted once it exists")
+    if not p["suites"]:
+        return
     for name, tasks in p["suites"].items():
         echo(f"  {name}")
         for line in tasks:
             echo(f"    {line}")
-    echo(f"unique items: {p['images']} images ({p['unreadable']} unreadable), {p['texts']} texts")
+    dup = p.get("image_duplicates", 0)
+    echo(f"items: {p['images']} images ({p['unreadable']} unreadable"
+         + (f", {dup} duplicates of another image's content, embedded once" if dup else "")
+         + f"), {p['texts']} texts (distinct normalised captions)")
     if not p["checkpoints"]:
-        echo("nothing to encode (precomputed embeddings, or suites that score predictions)")
+        echo("nothing to encode (precomputed embeddings, suites that score predictions, or none loaded)")
         return
     echo(f"store: {p['store']}")
     for row in p["checkpoints"]:
@@ -262,12 +286,20 @@ def _cmd_run(args) -> int:
         except TooManyFailures as exc:
             print(f"hardrank run: {m.name}: stopped: {exc}", file=sys.stderr)
             codes.append(exit_code(exc))
-        except (UsageError, FileNotFoundError, ValueError, KeyError) as exc:  # a failing entry: the others still run
-            print(f"hardrank run: {m.name}: error: {exc}", file=sys.stderr)
+        except (HardrankError, FileNotFoundError, NotADirectoryError, ValueError, KeyError) as exc:
+            print(f"hardrank run: {m.name}: error: {exc}", file=sys.stderr)  # a failing entry: the others still run
+            codes.append(exit_code(exc))
+        except Exception as exc:  # anything else (a library's error on a garbage file, a bug): reported, go on
+            print(f"hardrank run: {m.name}: error: {type(exc).__name__}: {exc}"
+                  f"{'' if getattr(args, 'verbose', False) else ' (hardrank -v run ... shows the traceback)'}",
+                  file=sys.stderr)
+            if getattr(args, "verbose", False):
+                traceback.print_exc()
             codes.append(exit_code(exc))
     failed = [m.name for m, c in zip(job.models, codes) if c]
     if failed:
-        print(f"hardrank run: {len(failed)} of {len(codes)} entries failed: {', '.join(failed)}", file=sys.stderr)
+        print(f"hardrank run: {len(failed)} of {len(codes)} entries failed: {', '.join(failed)}; the others' "
+              f"results are written", file=sys.stderr)
     return next((c for c in codes if c), EXIT_OK)
 
 
@@ -276,8 +308,9 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "run", help="run a grid of models x checkpoints x suites from a TOML job file",
         description="Run every [[model]] of a TOML job file on its suites (each model's checkpoints share one "
-                    "decode). Entries that fail are reported and the others still run; the exit code is that of the "
-                    "first failure (2 bad job file, 3 bad data, 4 too many unreadable images). [options] takes "
+                    "decode). Entries that fail (for any reason) are reported and the others still run; the exit "
+                    "code is that of the first failure (2 bad job file or options, 3 bad data, 4 too many "
+                    "unreadable images, 1 anything else). [options] takes "
                     f"the names of the `hardrank eval` flags: {', '.join(OPTION_KEYS)}.",
         formatter_class=Formatter,
         epilog="examples:\n  hardrank run grid.toml --dry-run\n  hardrank run grid.toml --quiet > grid.log\n\n"

@@ -35,13 +35,21 @@ def add_mine_parser(subparsers) -> argparse.ArgumentParser:
         "mine", help="mine hard negatives: per query, the top-k corpus items that are not its positives",
         formatter_class=Formatter,
         epilog="inputs (--corpus / --queries): a Karpathy-format .json (with --images), an image folder, a .parquet "
-               "listing (id + path, or id + text), or an embedding store fingerprint folder.\n"
-               "examples:\n"
-               "  hardrank mine --model ViT-B-32 --checkpoint openai.pt --corpus /data/laion_subset.parquet "
+               "listing (id + path, or id + text), an embeddings .parquet (kind, id, embedding: hardrank store "
+               "export), or an embedding store fingerprint folder (ids: content keys).\n"
+               "ids in the outputs: image paths relative to one root (--images when it holds every image, else "
+               "their common folder), captions as written; query_key / negative_key columns hold content keys.\n"
+               "the first two examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
+               "  hardrank mine --model toy-clip --checkpoint "
+               "engine/data/toy_checkpoints/toy-clip_step0700.safetensors "
+               "--queries results/demo/toy_world/karpathy_test.json --images results/demo/toy_world/images "
+               "--corpus results/demo/toy_world/images/test --store results/demo/store -k 5 --out results/demo_mined "
+               "--export-training results/demo_mined/negclip.tsv\n"
+               "  hardrank mine --corpus results/demo_emb.parquet --queries results/demo_emb.parquet --direction t2t "
+               "-k 3 --out results/demo_t2t --export-training results/demo_t2t/negatives.jsonl   # after hardrank "
+               "store export\n"
+               "  hardrank mine --model ViT-B-32 --pretrained openai --corpus /data/laion_subset.parquet "
                "--queries coco_karpathy_train.json --images /data/coco --direction t2i -k 20 --out mined/t2i\n"
-               "  hardrank mine --corpus ~/.cache/hardrank/store/ViT-B-32-fp16-ab12 --queries "
-               "~/.cache/hardrank/store/ViT-B-32-fp16-ab12 --direction t2t --out mined/t2t "
-               "--export-training mined/t2t.jsonl\n"
                "  hardrank mine --model ViT-B-32 --checkpoint a.pt --corpus images/ --queries captions.json "
                "--executor ray --decoder dali --out mined/ray")
     add_options(p, MineConfig, required=("corpus", "queries", "out"))

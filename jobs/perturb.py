@@ -24,7 +24,7 @@ def add_perturb_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("perturb", help="make RoCOCO-style perturbed captions or altered images",
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="examples:\n"
-                                     "  hardrank perturb texts --model ViT-B-32 --checkpoint openai.pt "
+                                     "  hardrank perturb texts --model ViT-B-32 --pretrained openai "
                                      "--annotations flickr_test.json --out data/roflickr\n"
                                      "  hardrank perturb images --method mix --lam 0.9 --seed 1 --images /data/coco "
                                      "--annotations coco_karpathy_test.json --out /data/coco")
@@ -32,9 +32,12 @@ def add_perturb_parser(subparsers) -> argparse.ArgumentParser:
 
     t = sub.add_parser("texts", help="replace the lowest-embedding-influence noun of every caption "
                        "(one <kind>.json per kind, RoCOCO format)")
-    t.add_argument("--model", required=True, help="open_clip model name, config .json, or local-dir:<folder>; "
-                   "its text encoder ranks the words")
-    t.add_argument("--checkpoint", default=None, help="weights file (default: random init, only for tests)")
+    t.add_argument("--model", required=True, help="open_clip model name, config .json, hf-hub:ORG/NAME or "
+                   "local-dir:<folder>; its text encoder ranks the words")
+    t.add_argument("--checkpoint", default=None, help="weights file")
+    t.add_argument("--pretrained", default=None, help="open_clip pretrained tag (its weights from the local cache "
+                   "when no --checkpoint is given)")
+    t.add_argument("--random-init", action="store_true", help="rank words with a random text encoder (tests only)")
     t.add_argument("--annotations", required=True, help="Karpathy-format JSON (image + caption list per item)")
     t.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     t.add_argument("--seed", type=int, default=1)
@@ -93,9 +96,9 @@ def _texts(args) -> int:
             shutil.copyfile(ann, tmp)
     if todo:
         lm = load_model(ModelSpec(arch=args.model, checkpoint=args.checkpoint, precision=args.precision,
-                                  device=args.device))
-        if args.checkpoint is None:
-            _say("warning: no --checkpoint: a randomly initialised text encoder ranks the words")
+                                  device=args.device, pretrained=args.pretrained, random_init=args.random_init))
+        if lm.info["random_init"]:
+            _say("warning: --random-init: a randomly initialised text encoder ranks the words")
         sources = list(dict.fromkeys(c for _, caps in clean for c in caps[:N_PERTURBED]))
         t0 = time.perf_counter()
         influence = dict(zip(sources, embedding_influence(lm.model, lm.tokenizer, sources,

@@ -1,4 +1,10 @@
-"""Progress for long stages: tqdm bars on a terminal, periodic log lines elsewhere, nothing with --quiet."""
+"""Progress for long stages: tqdm bars on a terminal, periodic log lines elsewhere, nothing with --quiet.
+
+Throughput and ETA come from a ``_Meter`` that starts measuring when the first batch has arrived:
+the first batch carries the start-up (model load, decode threads, a cold page cache), and a bar
+created before its stage starts (the texts wait for the images) would otherwise count the wait.
+Until a second batch has arrived there is no rate and the ETA says so.
+"""
 from __future__ import annotations
 
 import sys
@@ -9,34 +15,101 @@ from tqdm import tqdm
 __all__ = ["make_progress"]
 
 
+class _Meter:
+    """Items done, and the rate measured between the first and the latest update."""
+
+    def __init__(self, total: int | None, clock=time.monotonic):
+        self.total, self.clock = total, clock
+        self.n = 0
+        self._t_first: float | None = None  # when the first batch arrived
+        self._n_first = 0                   # items in that batch (not timed: they carry the start-up)
+        self._t_last: float | None = None
+
+    def update(self, n: int) -> None:
+        now = self.clock()
+        self.n += n
+        if self._t_first is None:
+            self._t_first, self._n_first = now, self.n
+        self._t_last = now
+
+    @property
+    def rate(self) -> float | None:
+        """Items per second after the first batch, or None before a second batch has arrived."""
+        if self._t_first is None or self._t_last is None or self._t_last <= self._t_first or self.n <= self._n_first:
+            return None
+        return (self.n - self._n_first) / (self._t_last - self._t_first)
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds from the first batch to the latest one."""
+        return 0.0 if self._t_first is None else self._t_last - self._t_first
+
+    def text(self, final: bool = False) -> str:
+        """``"259 item/s, ETA 0:12"`` (``"done"`` when ``final``)."""
+        rate = self.rate
+        speed = f"{rate:,.0f} item/s" if rate is not None else "measuring item/s"
+        if final:
+            return f"{speed}, {_hms(self.elapsed)}, done"
+        if not self.total:
+            return speed
+        if rate is None:
+            return f"{speed}, ETA after the second batch"
+        return f"{speed}, ETA {_hms(max(self.total - self.n, 0) / rate)}"
+
+
 class _LogLines:
     """A bar for logs (CI, nohup, files): one line every ``interval`` seconds and one at the end,
-    each with the count, the throughput and the ETA."""
+    each with the count, the measured throughput and the ETA."""
 
-    def __init__(self, total: int | None, desc: str, stream, interval: float):
-        self.total, self.desc, self.stream, self.interval = total, desc, stream, interval
-        self.n = 0
-        self.t0 = self._last = time.monotonic()
+    def __init__(self, total: int | None, desc: str, stream, interval: float, clock=time.monotonic):
+        self.meter = _Meter(total, clock)
+        self.desc, self.stream, self.interval, self.clock = desc, stream, interval, clock
+        self._last = clock()
+        self._closed = False
 
     def _line(self, final: bool) -> str:
-        dt = max(time.monotonic() - self.t0, 1e-9)
-        rate = self.n / dt
-        if self.total:
-            left = (self.total - self.n) / rate if rate > 0 else float("inf")
-            eta = "done" if final else (f"ETA {_hms(left)}" if left != float("inf") else "ETA ?")
-            return (f"{self.desc}: {self.n}/{self.total} ({100 * self.n / self.total:.0f}%) "
-                    f"{rate:,.0f} item/s, {_hms(dt)} elapsed, {eta}")
-        return f"{self.desc}: {self.n} {rate:,.0f} item/s, {_hms(dt)} elapsed"
+        m = self.meter
+        count = f"{m.n}/{m.total} ({100 * m.n / m.total:.0f}%)" if m.total else f"{m.n}"
+        return f"{self.desc}: {count} {m.text(final)}"
 
     def update(self, n: int = 1) -> None:
-        self.n += n
-        now = time.monotonic()
+        self.meter.update(n)
+        now = self.clock()
         if now - self._last >= self.interval:
             self._last = now
             print(self._line(False), file=self.stream, flush=True)
 
     def close(self) -> None:
-        print(self._line(True), file=self.stream, flush=True)
+        if not self._closed:
+            self._closed = True
+            print(self._line(True), file=self.stream, flush=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Bar:
+    """A tqdm bar on a terminal whose rate and ETA come from the ``_Meter`` (tqdm's own would be
+    timed from the bar's creation and from the first, slowest batch)."""
+
+    _FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {postfix}"
+
+    def __init__(self, total: int | None, desc: str, stream):
+        self.meter = _Meter(total)
+        self.bar = tqdm(total=total, desc=desc, unit="item", leave=False, dynamic_ncols=True, file=stream,
+                        bar_format=self._FORMAT if total else None)
+        self.bar.set_postfix_str(self.meter.text(), refresh=False)
+
+    def update(self, n: int = 1) -> None:
+        self.meter.update(n)
+        self.bar.set_postfix_str(self.meter.text(), refresh=False)
+        self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()
 
     def __enter__(self):
         return self
@@ -52,12 +125,12 @@ def _hms(seconds: float) -> str:
 
 def make_progress(quiet: bool = False, *, stream=None, interval: float = 10.0):
     """A ``progress(total=..., desc=...)`` factory for ``hardrank.evaluate`` (the object it returns has
-    ``update(n)`` and ``close()``), or None when ``quiet``. A terminal gets tqdm bars with
-    throughput and ETA; anything else (a log file, CI) gets a line every ``interval`` seconds."""
+    ``update(n)`` and ``close()``), or None when ``quiet``. A terminal gets a bar, anything else (a log
+    file, CI) a line every ``interval`` seconds; both show the throughput measured after the first
+    batch and the ETA it gives."""
     if quiet:
         return None
     stream = stream if stream is not None else sys.stderr
     if getattr(stream, "isatty", lambda: False)():
-        return lambda total=None, desc="": tqdm(total=total, desc=desc, unit="item", unit_scale=True,
-                                                leave=False, dynamic_ncols=True, file=stream, smoothing=0.1)
+        return lambda total=None, desc="": _Bar(total, desc, stream)
     return lambda total=None, desc="": _LogLines(total, desc, stream, interval)

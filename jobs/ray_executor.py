@@ -21,7 +21,7 @@ import hardrank.kernels
 from hardrank.embed import DecodeStage, EmbedJob, EmbedSink, EncodeStage, image_size
 from hardrank.items import ImageRef
 
-__all__ = ["RayRunner"]
+__all__ = ["RayRunner", "connect"]
 
 log = logging.getLogger("hardrank.ray")
 
@@ -41,6 +41,25 @@ def _shipped_package() -> str:
     shutil.copytree(kernels_dir, root / "kernels", ignore=ignore)
     shutil.copytree(jobs_dir, root / "jobs", ignore=ignore)
     return str(root)
+
+
+def connect(address: str | None = None) -> bool:
+    """Join the Ray cluster at ``address`` (else ``$RAY_ADDRESS``, else start a local one), shipping this
+    hardrank to remote workers. Returns whether this call initialised Ray (the caller then shuts it
+    down); an already initialised Ray session is used as it is."""
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:  # ship this checkout's code so workers run exactly what the driver runs
+        env = {"py_modules": [_shipped_package()], "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
+        try:
+            ray.init(address=address, runtime_env=env, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ValueError(f"could not join the Ray cluster at {address!r} ({exc}); check "
+                             f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
+    else:  # a local cluster's workers run this interpreter, which imports hardrank already
+        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    return True
 
 
 class RayRunner:
@@ -71,18 +90,7 @@ class RayRunner:
 
     # -- cluster -------------------------------------------------------------------------
     def _connect(self) -> None:
-        if ray.is_initialized():
-            return
-        if self.address:  # ship this checkout's code so workers run exactly what the driver runs
-            env = {"py_modules": [_shipped_package()], "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
-            try:
-                ray.init(address=self.address, runtime_env=env, logging_level=logging.WARNING)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise ValueError(f"could not join the Ray cluster at {self.address!r} ({exc}); check "
-                                 f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
-        else:  # a local cluster's workers run this interpreter, which imports hardrank already
-            ray.init(include_dashboard=False, logging_level=logging.WARNING)
-        self._owned = True
+        self._owned = connect(self.address) or self._owned
 
     def close(self) -> None:
         """Shut Ray down if this runner started or joined it."""
@@ -145,7 +153,7 @@ def _source(work: list[tuple[EmbedJob, EmbedSink]]) -> list[dict]:
             if job.modality == "image":
                 items = [[r.uri, list(r.crop) if r.crop is not None else None] for r in items]
             out.append({"batch": len(out), "modality": job.modality, "rows": _pack(b["rows"]),
-                        "items": json.dumps(items)})
+                        "items": json.dumps(items), "models": json.dumps(list(b["models"]))})
     return out
 
 
@@ -186,9 +194,10 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=N
         for out in ds.iter_batches(batch_size=None, batch_format="numpy"):  # streams as batches finish
             for j in range(len(out["batch"])):
                 sink = sinks[str(out["modality"][j])]
+                models = set(json.loads(out["models"][j]))  # the checkpoints that encoded this batch
                 sink.deliver({"rows": _unpack(out["rows"][j]), "ok": _unpack(out["ok"][j]),
                               "error": json.loads(out["error"][j]),
-                              "emb": [_unpack(out[f"emb{i}"][j]) for i in range(k)]})
+                              "emb": [_unpack(out[f"emb{i}"][j]) if i in models else None for i in range(k)]})
                 sink.time("decode_actor", float(out["decode_s"][j]))
                 sink.time("encode_actor", float(out["encode_s"][j]))
     elapsed = time.perf_counter() - t0
@@ -203,7 +212,8 @@ def _batch(rows: dict, j: int) -> dict:
     items = json.loads(rows["items"][j])
     if modality == "image":
         items = [ImageRef(u, None if c is None else tuple(c)) for u, c in items]
-    b = {"modality": modality, "rows": _unpack(rows["rows"][j]), "items": items}
+    b = {"modality": modality, "rows": _unpack(rows["rows"][j]), "items": items,
+         "models": tuple(json.loads(rows["models"][j]))}
     if "ok" in rows:
         b["ok"] = _unpack(rows["ok"][j])
         b["error"] = json.loads(rows["error"][j])
@@ -220,7 +230,7 @@ class _DecodeActor:
         self.hw = image_size(job.preprocess_cfg)
 
     def __call__(self, rows: dict) -> dict:
-        out = {c: [] for c in ("batch", "modality", "rows", "items", "pixels", "ok", "error", "decode_s")}
+        out = {c: [] for c in ("batch", "modality", "rows", "items", "models", "pixels", "ok", "error", "decode_s")}
         for j in range(len(rows["batch"])):
             b = _batch(rows, j)
             t = time.perf_counter()
@@ -229,7 +239,8 @@ class _DecodeActor:
             n = len(b["rows"])
             pixels = d["pixels"].numpy() if "pixels" in d else np.zeros((0, 3, *self.hw), np.float32)
             for c, v in (("batch", rows["batch"][j]), ("modality", rows["modality"][j]), ("rows", b["rows"]),
-                         ("items", rows["items"][j]), ("pixels", pixels),  # (n, 3, H, W) float32
+                         ("items", rows["items"][j]), ("models", rows["models"][j]),
+                         ("pixels", pixels),  # (n, 3, H, W) float32
                          ("ok", d.get("ok", np.ones(n, dtype=bool))),
                          ("error", json.dumps(d.get("error") or [None] * n))):
                 out[c].append(v)
@@ -245,7 +256,7 @@ class _EncodeActor:
 
     def __call__(self, rows: dict) -> dict:
         k = self.stage.k
-        out = {c: [] for c in ("batch", "modality", "rows", "ok", "error", "decode_s", "encode_s")}
+        out = {c: [] for c in ("batch", "modality", "rows", "models", "ok", "error", "decode_s", "encode_s")}
         out.update({f"emb{i}": [] for i in range(k)})
         for j in range(len(rows["batch"])):
             b = _batch(rows, j)
@@ -255,11 +266,12 @@ class _EncodeActor:
             e = self.stage(b)
             out["encode_s"].append(time.perf_counter() - t)
             for c, v in (("batch", rows["batch"][j]), ("modality", rows["modality"][j]), ("rows", e["rows"]),
-                         ("ok", e["ok"]), ("error", json.dumps(e["error"])),
+                         ("models", rows["models"][j]), ("ok", e["ok"]), ("error", json.dumps(e["error"])),
                          ("decode_s", float(rows["decode_s"][j]) if "decode_s" in rows else 0.0)):
                 out[c].append(v)
-            for i in range(k):
-                out[f"emb{i}"].append(e["emb"][i] if e["emb"] else np.zeros((0, 1), np.float32))
+            for i in range(k):  # checkpoints that did not encode the batch send an empty array
+                emb = e["emb"][i] if e["emb"] else None
+                out[f"emb{i}"].append(emb if emb is not None else np.zeros((0, 1), np.float32))
         return _stack(out)
 
 

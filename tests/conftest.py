@@ -22,3 +22,13 @@ def rococo_dir() -> Path:
 def _isolated_cache(tmp_path_factory, monkeypatch):
     # never touch the user's ~/.cache from tests
     monkeypatch.setenv("HARDRANK_CACHE", str(tmp_path_factory.getbasetemp() / "hardrank-cache"))
+
+
+def pytest_collection_modifyitems(config, items):
+    # the long chaos loops run only when asked for (-m chaos); the default suite runs their short version
+    if "chaos" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="long chaos loop: run with -m chaos")
+    for item in items:
+        if "chaos" in item.keywords:
+            item.add_marker(skip)

@@ -392,6 +392,7 @@ def test_cli_clip_regions_baseline_with_a_tiny_model(world, tmp_path):
                                             "layers": 1}}))
     out = tmp_path / "res"
     rc = main(["eval", "--suite", "amodal", "--data", str(world), "--baseline", "clip-regions", "--model", str(cfg),
+               "--random-init",
                "--out", str(out), "--store", str(tmp_path / "store"), "--device", "cpu", "--quiet"])
     assert rc == 0
     files = list(out.glob("*/amodal.json"))

@@ -175,10 +175,10 @@ def test_eval_dry_run_prints_plan_and_store_hits(world, tmp_path, capsys):
             "mix_0.9", "--store", str(store), "--out", str(tmp_path / "out"), "--dry-run"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "nothing will be encoded (dry run)" in out
+    assert "nothing will be encoded or written (dry run)" in out
     assert "i2t: 6 queries x 61 gallery items, 2 views (original, same_concept)" in out
     assert "t2i: 31 queries x 12 gallery items, 2 views (original, mix_0.9_s1)" in out
-    assert "unique items: 12 images (0 unreadable), 58 texts" in out
+    assert "items: 12 images (0 unreadable), 58 texts (distinct normalised captions)" in out
     lines = [l for l in out.splitlines() if "store hits" in l]
     assert "tiny_step000" in lines[0] and "images 12/12, texts 58/58" in lines[0]
     assert "tiny_step100" in lines[1] and "images 0/12, texts 0/58" in lines[1]

@@ -299,7 +299,9 @@ def test_mine_arrays_matches_brute_force(kernels, tmp_path, search):
     assert c["dropped"]["above_max_sim"] >= 1 and sum(s["score_histogram"]["counts"]) == 700
     assert s["blocks"] == {"total": 4, "computed": 4, "skipped": 0, "size": 32}
     lines = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]
-    assert len(lines) == 100 and lines[5] == {"query": "q5", "positives": [f"c{pos_row[5]}"], "negatives": want["q5"]}
+    assert len(lines) == 100 and {k: lines[5][k] for k in ("query", "positives", "negatives")} == {
+        "query": "q5", "positives": [f"c{pos_row[5]}"], "negatives": want["q5"]}
+    assert lines[5]["scores"] == sorted(lines[5]["scores"], reverse=True) and len(lines[5]["scores"]) == 7
 
 
 def test_mine_approximate_path_reports_recall(kernels, tmp_path):
@@ -396,10 +398,14 @@ def test_mine_cli_t2i_from_karpathy_queries_and_image_folder(kernels, world, tmp
             "--out", str(out), "--export-training", str(tmp_path / "t.jsonl"), "--block-size", "16", "--quiet"]
     assert _run_cli(args) == 0
     negs = _read_negatives(out)
-    owner = {c: it["image"] for it in world["clean"] for c in it["caption"]}
+    # one root for every image id: --images does not hold the corpus folder, so their common folder
+    root = world["images"].parent
+    owner = {c: "images/" + it["image"] for it in world["clean"] for c in it["caption"]}
     assert set(negs["query_id"]) == set(owner)  # duplicate captions merged into one query
+    assert all(n.startswith("corpus/") for n in negs["negative_id"])
     for q, n in zip(negs["query_id"], negs["negative_id"]):
-        assert n != owner[q] and not (n == "copy_of_0.jpg" and owner[q] == world["clean"][0]["image"])
+        assert n != owner[q].replace("images/", "corpus/")
+        assert not (n == "corpus/copy_of_0.jpg" and owner[q] == "images/" + world["clean"][0]["image"])
     assert set(negs["modality"]) == {"image"}
     # no negative is a near duplicate (> threshold) of the query's positive image
     store_dir = next((tmp_path / "store").iterdir())
@@ -411,12 +417,14 @@ def test_mine_cli_t2i_from_karpathy_queries_and_image_folder(kernels, world, tmp
         t.add(ImageRef(str(path)))
         return t.keys()[0]
 
-    emb = {p: st.read("image", [key(world["corpus"] / p)])[0] for p in set(negs["negative_id"]) | set(owner.values())}
-    for q, n in zip(negs["query_id"], negs["negative_id"]):
+    emb = {p: st.read("image", [key(root / p)])[0] for p in set(negs["negative_id"]) | set(owner.values())}
+    for q, n, qk, nk in zip(negs["query_id"], negs["negative_id"], negs["query_key"], negs["negative_key"]):
         assert float(emb[n] @ emb[owner[q]]) <= 0.995 + 1e-6
+        assert nk == key(root / n) and qk.startswith("t")  # content keys beside the human ids
     lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert len(lines) == len(owner) and all(l["positives"] == [owner[l["query"]]] for l in lines)
     s = json.loads((out / "summary.json").read_text())
+    assert s["inputs"]["ids"]["image_root"] == str(root)
     assert s["inputs"]["embed"]["image"]["encoded"] > 0 and s["counts"]["negatives"] == 4 * len(owner)
     assert s["counts"]["dropped"]["near_duplicate"] >= 1  # a random tiny model: image sims 0.96-0.998
     # rerun: nothing re-encoded, nothing recomputed
@@ -436,8 +444,9 @@ def test_mine_cli_i2t_excludes_the_images_own_captions(kernels, world, tmp_path)
     negs = _read_negatives(out)
     caps = {it["image"].split("/")[-1]: set(it["caption"]) for it in world["clean"]}
     assert len(negs["query_id"]) == 6 * 10
+    assert all(q.startswith("corpus/val2014/") for q in negs["query_id"])  # one root: the common folder
     for q, n in zip(negs["query_id"], negs["negative_id"]):
-        assert n not in caps[q], "an image's own caption (same content key group) is never its negative"
+        assert n not in caps[q.split("/")[-1]], "an image's own caption (same content key group) is never its negative"
 
 
 def test_mine_cli_store_folder_same_modal_and_errors(kernels, world, tmp_path, capsys):

@@ -40,7 +40,7 @@ def tiny(tmp_path_factory):
     cfg = tmp_path_factory.mktemp("cfg") / "hardrank-tiny-ptexts.json"
     cfg.write_text(json.dumps(TINY))
     torch.manual_seed(0)
-    lm = load_model(ModelSpec(arch=str(cfg), checkpoint=None, device="cpu"))
+    lm = load_model(ModelSpec(arch=str(cfg), checkpoint=None, device="cpu", random_init=True))
     return lm, cfg
 
 
@@ -214,7 +214,7 @@ def test_cli_texts_and_images(tiny, tmp_path, capsys):
     _, cfg = tiny
     ann = _karpathy(tmp_path / "coco_karpathy_test.json", [("a.jpg", CAPTIONS[:5]), ("b.jpg", CAPTIONS[2:4])])
     out = tmp_path / "variants"
-    argv = ["perturb", "texts", "--model", str(cfg), "--device", "cpu", "--annotations", str(ann),
+    argv = ["perturb", "texts", "--model", str(cfg), "--random-init", "--device", "cpu", "--annotations", str(ann),
             "--kinds", "danger", "rand_voca", "--seed", "1", "--out", str(out)]
     assert run_perturb(_parse(argv)) == 0
     reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

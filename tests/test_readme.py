@@ -23,3 +23,76 @@ def test_python_api_example_runs(tmp_path):
     assert lines[0].startswith("{'image':")                      # the plan
     assert any(l.startswith("toy-clip_step0700 85.7") for l in lines), out.stdout  # the demo's figure
     assert sum("per-query outcomes" in l for l in lines) == 6    # 2 checkpoints x 3 toy suites read back
+
+
+# -- every command the README and --help show, that needs no data of your own, runs as written after the demo --
+EXTERNAL = (" /data", "logs/", "a.pt", "ckpt/", ".toml", "data/rococo", "amodal/", "preds/", "~", "coco_karpathy",
+            "my_model", "b32.parquet", "finetuned/", "captions.json", "images/ ", "STORE/", "<", "$")
+
+
+def _command_lines(text: str) -> list[str]:
+    """`hardrank ...` commands of a shell snippet, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line.strip() for line in joined.splitlines() if line.strip().startswith("hardrank ")]
+
+
+def _runnable(cmd: str) -> bool:
+    """Needs nothing but what `hardrank demo --out results/demo` made (and the repository's files)."""
+    return "results/demo" in cmd and not any(m in cmd for m in EXTERNAL)
+
+
+def _help_examples() -> list[str]:
+    from hardrank.jobs.cli import build_parser
+
+    out, todo = [], [build_parser()]
+    while todo:
+        p = todo.pop(0)
+        out.extend(_command_lines(p.epilog or ""))
+        for a in p._actions:
+            if a.__class__.__name__ == "_SubParsersAction":
+                todo.extend(a.choices.values())
+    return list(dict.fromkeys(out))
+
+
+def _run(cmd: str, capsys) -> str:
+    import glob
+    import shlex
+
+    from hardrank.jobs.cli import main
+
+    argv = []
+    for a in shlex.split(cmd, comments=True)[1:]:  # as a shell would: comments dropped, globs expanded
+        argv.extend(sorted(glob.glob(a)) or [a] if "*" in a else [a])
+    code = main(argv)
+    out = capsys.readouterr()
+    assert code == 0, f"`{cmd}` exited {code}:\n{out.err[-2000:]}"
+    return out.out
+
+
+@pytest.mark.slow
+def test_readme_and_help_commands_run_as_written_after_the_demo(tmp_path, monkeypatch, capsys):
+    from hardrank.toyworld import WorldConfig, build_world
+
+    (tmp_path / "engine").symlink_to(README.parent / "engine")  # the repository's files, as in a clone
+    monkeypatch.chdir(tmp_path)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HARDRANK_CACHE", str(cache))
+    build_world("results/demo/toy_world", WorldConfig(n_train=10, n_test=24, n_inpaint=8))  # a small demo world
+    demo = _run("hardrank demo --out results/demo --quiet", capsys)
+    assert "where things are:" in demo and "store      results/demo/store" in demo
+    suggested = [l.strip() for l in demo.splitlines() if l.startswith("  hardrank ")]
+    assert len(suggested) == 3 and all(_runnable(c) for c in suggested)
+    text = README.read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    readme = [c for b in blocks for c in _command_lines(b) if _runnable(c)]
+    helps = [c for c in _help_examples() if _runnable(c) and not c.startswith("hardrank demo --out results/demo")]
+    assert len(readme) >= 8 and len(helps) >= 8
+    ran = set()
+    for cmd in suggested + readme + helps:
+        if cmd not in ran:
+            ran.add(cmd)
+            _run(cmd, capsys)
+    # they reused the demo's store and world: nothing was built or embedded in the default cache
+    assert not (cache / "toy_world").exists() and not (cache / "store").exists()
+    assert (tmp_path / "results" / "demo" / "report" / "report.html").is_file()
+    assert (tmp_path / "results" / "demo_mined" / "negclip.tsv").is_file()

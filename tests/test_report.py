@@ -173,7 +173,7 @@ def test_html_is_self_contained_with_plots_and_failures(report, world):
 def test_markdown(report):
     _, paths = report
     md = paths["md"].read_text()
-    assert "| checkpoint | rococo | hard_positives |" in md
+    assert "| checkpoint | step | rococo | hard_positives |" in md
     assert "![Per-variant drop](plots/drops.png)" in md
     assert "| task | view | query | top-1 (perturbed) |" in md
 
@@ -184,7 +184,7 @@ def test_name_order_and_duplicate_runs(world, tmp_path):
     paths = build_report(tmp_path / "res")
     assert paths["html"].parent == tmp_path / "res" / "report"
     rows = list(csv.DictReader(paths["csv"].open()))
-    assert "order" in rows[0] and "step" not in rows[0]
+    assert rows[0]["order"] == "0" and rows[0]["step"] == "" and rows[0]["step_unit"] == ""  # no step in any name
     assert sorted({r["checkpoint"] for r in rows}) == ["runA/base", "runA/final", "runB/final"]
     # a second report skips its own output folder and the results are unchanged
     again = build_report(tmp_path / "res")
@@ -274,6 +274,6 @@ def test_progress_modes():
     assert lines[-1].endswith("done")
     t = _Stream(tty=True)
     bar = make_progress(stream=t)(total=3, desc="embed texts")
-    assert type(bar).__name__ == "tqdm"
+    assert type(bar).__name__ == "_Bar" and type(bar.bar).__name__ == "tqdm"
     bar.update(3)
     bar.close()

@@ -9,7 +9,7 @@ from open_clip.transform import PreprocessCfg, image_transform_v2
 
 from ..config import DECODERS
 from ..errors import MissingExtra, UsageError
-from ..items import ImageRef, decode_image
+from ..items import ImageRef, decode_image, failure_reason
 
 __all__ = ["make_transform", "PillowDecoder", "make_decoder", "image_size"]
 
@@ -38,7 +38,7 @@ class PillowDecoder:
         try:
             return self.transform(decode_image(ref)), None
         except Exception as exc:  # corrupt/truncated/missing: recorded, not fatal
-            return None, f"{type(exc).__name__}: {exc}"
+            return None, failure_reason(exc)
 
     def __call__(self, batch: dict) -> dict:
         out = list(self.pool.map(self._one, batch["ref"]))

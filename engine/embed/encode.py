@@ -11,7 +11,8 @@ __all__ = ["ImageEncoder", "TextEncoder", "encode_text"]
 
 
 class ImageEncoder:
-    """Stage: pixels -> one L2-normalised embedding array per model (``emb0``, ``emb1``...)."""
+    """Stage: pixels -> one L2-normalised embedding array per model (``emb0``, ``emb1``...); an
+    optional ``models`` entry of the batch (indices) limits it to those checkpoints."""
 
     def __init__(self, models: list[LoadedModel]):
         self.models = models
@@ -19,7 +20,8 @@ class ImageEncoder:
     @torch.inference_mode()
     def __call__(self, batch: dict) -> dict:
         out = dict(batch)
-        for i, m in enumerate(self.models):
+        for i in batch.get("models") or range(len(self.models)):  # "models": the checkpoints to run
+            m = self.models[i]
             x = batch["pixels"].to(m.device, non_blocking=True).to(m.dtype)
             emb = m.model.encode_image(x).float()
             out[f"emb{i}"] = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
@@ -38,7 +40,8 @@ class TextEncoder:
     def __call__(self, batch: dict) -> dict:
         out = dict(batch)
         tokens_by_tok: dict[tuple, torch.Tensor] = {}
-        for i, m in enumerate(self.models):
+        for i in batch.get("models") or range(len(self.models)):  # "models": the checkpoints to run
+            m = self.models[i]
             tid = _tokenizer_key(m.tokenizer)
             if tid not in tokens_by_tok:
                 tokens_by_tok[tid] = m.tokenizer(batch["text"])

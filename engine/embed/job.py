@@ -43,13 +43,22 @@ class EmbedJob:
     decoder: str = "pillow"            # "pillow" | "dali" (images only)
     batch_size: int = 256              # rows per encoder batch
     decode_threads: int = 2            # decoder threads per decoder
+    segments: tuple = ()               # ((n_rows, checkpoint indices), ...) consecutive runs of rows that
+                                       # the same checkpoints lack; () = every row, every checkpoint
 
     def batches(self):
-        """Source batches, one per encoder batch. Every executor encodes exactly these batches, so
-        the floating point (batch-size dependent GEMM paths) is identical across executors."""
-        for s in range(0, len(self.rows), self.batch_size):
-            yield {"modality": self.modality, "rows": self.rows[s:s + self.batch_size],
-                   "items": list(self.items[s:s + self.batch_size])}
+        """Source batches, one per encoder batch; ``models`` names the checkpoints that encode it (a
+        batch never mixes rows that different checkpoints lack). Every executor encodes exactly
+        these batches, so the floating point (batch-size dependent GEMM paths) is identical across
+        executors."""
+        segments = self.segments or ((len(self.rows), tuple(range(len(self.specs)))),)
+        start = 0
+        for n, models in segments:
+            for s in range(start, start + n, self.batch_size):
+                e = min(s + self.batch_size, start + n)
+                yield {"modality": self.modality, "rows": self.rows[s:e], "items": list(self.items[s:e]),
+                       "models": tuple(models)}
+            start += n
 
 
 class DecodeStage:
@@ -64,7 +73,7 @@ class DecodeStage:
         if batch["modality"] != "image":
             return batch
         d = self.decoder({"ref": batch["items"]})
-        return {"modality": "image", "rows": batch["rows"], "pixels": d["pixels"],
+        return {"modality": "image", "rows": batch["rows"], "models": batch.get("models"), "pixels": d["pixels"],
                 "ok": np.asarray(d["ok"], dtype=bool), "error": list(d["error"])}
 
 
@@ -93,15 +102,17 @@ class EncodeStage:
         ok = batch.get("ok")
         ok = np.ones(n, dtype=bool) if ok is None else ok
         error = batch.get("error") or [None] * n
+        models = tuple(batch.get("models") or range(self.k))
         sel = np.nonzero(ok)[0]
         emb: list = []
         if len(sel) and batch["modality"] == "image":
             pixels = batch["pixels"]
-            enc = self.image({"pixels": pixels if len(sel) == n else pixels[torch.from_numpy(sel)]})
-            emb = [enc[f"emb{i}"] for i in range(self.k)]
+            enc = self.image({"pixels": pixels if len(sel) == n else pixels[torch.from_numpy(sel)], "models": models})
+            emb = [enc.get(f"emb{i}") for i in range(self.k)]
         elif len(sel):
-            enc = self.text({"text": batch["items"] if len(sel) == n else [batch["items"][i] for i in sel]})
-            emb = [enc[f"emb{i}"] for i in range(self.k)]
+            enc = self.text({"text": batch["items"] if len(sel) == n else [batch["items"][i] for i in sel],
+                             "models": models})
+            emb = [enc.get(f"emb{i}") for i in range(self.k)]
         return {"modality": batch["modality"], "rows": batch["rows"], "ok": ok, "error": error, "emb": emb}
 
 
@@ -114,16 +125,32 @@ class EmbedStats:
     seconds: float = 0.0
     stage_seconds: dict = field(default_factory=dict)
     failures: list = field(default_factory=list)  # (row, key/uri, reason)
+    per_checkpoint: list = field(default_factory=list)  # per model of the pass: {"from_store", "encoded"}
 
     @property
     def per_second(self) -> float:
         return self.encoded / self.seconds if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict:
+        """The pass: ``from_store`` rows no checkpoint lacked, ``encoded`` distinct items encoded for at
+        least one checkpoint; ``per_checkpoint`` the same two counts for each checkpoint alone."""
         return {"total": self.total, "from_store": self.from_store, "encoded": self.encoded,
                 "failed": self.failed, "seconds": round(self.seconds, 3),
                 "items_per_s": round(self.per_second, 2),
-                "stage_seconds": {k: round(v, 3) for k, v in self.stage_seconds.items()}}
+                "stage_seconds": {k: round(v, 3) for k, v in self.stage_seconds.items()},
+                "per_checkpoint": [dict(c) for c in self.per_checkpoint]}
+
+    def for_checkpoint(self, i: int) -> dict:
+        """What checkpoint ``i`` of the pass got: its own store hits and encodes; the seconds are
+        the pass's, shared by its checkpoints (one decode feeds them all)."""
+        c = self.per_checkpoint[i] if i < len(self.per_checkpoint) else {"from_store": self.from_store,
+                                                                          "encoded": self.encoded}
+        return {"total": self.total, "from_store": c["from_store"], "encoded": c["encoded"], "failed": self.failed,
+                "seconds": round(self.seconds, 3),
+                "items_per_s": round(c["encoded"] / self.seconds, 2) if self.seconds > 0 else 0.0,
+                "stage_seconds": {k: round(v, 3) for k, v in self.stage_seconds.items()},
+                "pass": {"checkpoints": max(1, len(self.per_checkpoint)), "from_store": self.from_store,
+                         "encoded": self.encoded}}
 
 
 def check_failures(st: EmbedStats, max_failures: int | None) -> None:
@@ -173,12 +200,17 @@ class EmbedSink:
             check_failures(self.stats, self.max_failures)
 
     def add(self, rows, embeddings) -> None:
-        """``embeddings[i]``: (len(rows), D) L2-normalised embeddings of model i for ``rows``."""
+        """``embeddings[i]``: (len(rows), D) L2-normalised embeddings of model i for ``rows``, or None
+        where model i did not encode them (it had them)."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(embeddings) != len(self.stores):
             raise ValueError(f"got embeddings of {len(embeddings)} models for {len(self.stores)} stores")
         bkeys = [self.keys[r] for r in rows]
         for i, emb in enumerate(embeddings):
+            if emb is None:  # this checkpoint has these rows already: not encoded for it
+                continue
+            if i < len(self.stats.per_checkpoint):
+                self.stats.per_checkpoint[i]["encoded"] += len(rows)
             need = ~self.have[i][rows]
             if need.any():
                 self._pending[i].append(([k for k, n in zip(bkeys, need) if n], np.asarray(emb)[need]))

@@ -7,9 +7,11 @@ back. Evaluation, mask baselines, mining, the benchmarks and dry-run plans all g
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -21,7 +23,7 @@ from ..config import DECODERS, EmbedOptions
 from ..errors import MissingExtra, UsageError
 from ..items import ItemTable, Tables
 from ..models import LoadedModel, ModelSpec, load_model
-from ..store import EmbeddingStore
+from ..store import EmbeddingStore, is_store_folder
 from .job import EmbedJob, EmbedSink, EmbedStats, check_failures
 from .local import LocalRunner
 
@@ -47,8 +49,14 @@ def make_runner(options: EmbedOptions, models: list[LoadedModel]):
 def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[EmbeddingStore], *,
                  batch_size: int = 256, flush_rows: int = 8192, decode_threads: int = 2, decoder: str = "pillow",
                  max_failures: int | None = 100, progress=None, runner=None) -> dict[str, EmbedStats]:
-    """Embed every table row missing from any model's store; K models share each decoded batch.
-    Returns stats per modality. Failed images are recorded in ``tables.images.failed``.
+    """Embed every table row some model's store lacks, each only for the models that lack it; the
+    models that lack a row share its decode. Returns stats per modality (``per_checkpoint`` holds
+    each model's store hits and encodes). Failed images are recorded in ``tables.images.failed``,
+    every row of a failed image's content included.
+
+    The stores' writer locks are held from deciding what is missing until the last shard is
+    committed, so a concurrent run on the same store waits and then finds the items stored; the
+    shards read are verified first (a shard failing its checksum is quarantined and re-encoded).
 
     runner: a callable ``runner(work)`` that executes ``work``, a list of ``(EmbedJob, EmbedSink)``
     (one per modality with missing rows), delivers every encoded batch to its sink and adds its
@@ -58,58 +66,116 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
     if len({json.dumps(m.preprocess_cfg, sort_keys=True) for m in models}) > 1:
         raise UsageError("models in one embed pass must share preprocessing; group checkpoints by architecture")
     stats: dict[str, EmbedStats] = {}
-    work: list[tuple[EmbedJob, EmbedSink]] = []
+    keys_of: dict[str, list[str]] = {}
     for modality in ("image", "text"):
         table: ItemTable = tables.of(modality)
         st = stats[modality] = EmbedStats(total=len(table))
         t0 = time.perf_counter()
-        keys = table.keys()
+        keys_of[modality] = table.keys()
         st.stage_seconds["key"] = time.perf_counter() - t0
-        failed_rows = set(table.failed)
-        have = [s.contains(modality, keys) for s in stores]
-        need_any = np.zeros(len(keys), dtype=bool)
-        for h in have:
-            need_any |= ~h
-        for r in failed_rows:
-            need_any[r] = False
-        rows, seen = [], set()  # one row per distinct key
-        for r in np.nonzero(need_any)[0]:
-            if keys[r] not in seen:
-                seen.add(keys[r])
-                rows.append(r)
-        if modality == "text":  # similar lengths share a batch, so trimming padding pays off
-            rows.sort(key=lambda r: len(table.entries[r]))
-        rows = np.array(rows, dtype=np.int64)
-        st.from_store = int(len(keys) - need_any.sum() - len(failed_rows))
-        if failed_rows:
-            st.failures.extend((r, table.entries[r].uri, table.failed[r]) for r in sorted(failed_rows))
-            for r in sorted(failed_rows):
-                log.warning("skipping image %s: %s", table.entries[r].uri, table.failed[r])
-            check_failures(st, max_failures)
-        if len(rows):
-            job = EmbedJob(modality=modality, rows=rows, items=tuple(table.entries[r] for r in rows),
-                           specs=tuple(replace(m.spec, precision=m.precision) for m in models),
-                           fingerprints=tuple(m.fingerprint for m in models),
-                           preprocess_cfg=dict(models[0].preprocess_cfg), decoder=decoder,
-                           batch_size=batch_size, decode_threads=decode_threads)
-            bar = progress(total=len(rows), desc=f"embed {modality}s") if progress else None
-            work.append((job, EmbedSink(table, keys, stores, have, st, flush_rows=flush_rows,
-                                        max_failures=max_failures, bar=bar)))
         st.seconds = time.perf_counter() - t0
-    try:
-        if work:  # one call for both modalities: workers start once; runners add their time to the stats
-            (runner or LocalRunner(models))(work)
-    finally:  # also on errors and interrupts: whatever was encoded is committed
-        for _, sink in work:
-            sink.flush()
-            if sink.bar:
-                sink.bar.close()
+    work: list[tuple[EmbedJob, EmbedSink]] = []
+    with contextlib.ExitStack() as held:
+        for store in sorted(stores, key=lambda s: os.path.realpath(s.dir)):  # one order: no deadlock
+            held.enter_context(store.lock())
+        for store in stores:
+            store.refresh()  # shards another run committed while this one waited or hashed
+            store.remove_stale_temporaries()
+            store.write_manifest()  # every writer's shards, also after a manifest was lost
+        for modality in ("image", "text"):
+            job_sink = _plan_modality(tables.of(modality), keys_of[modality], models, stores, stats[modality],
+                                      batch_size=batch_size, flush_rows=flush_rows, decode_threads=decode_threads,
+                                      decoder=decoder, max_failures=max_failures, progress=progress)
+            if job_sink is not None:
+                work.append(job_sink)
+        try:
+            if work:  # one call for both modalities: workers start once; runners add their time to the stats
+                (runner or LocalRunner(models))(work)
+        finally:  # also on errors and interrupts: whatever was encoded is committed
+            for _, sink in work:
+                sink.flush()
+                if sink.bar:
+                    sink.bar.close()
     for modality, st in stats.items():
+        table = tables.of(modality)
+        _same_content_fails_alike(table, keys_of[modality], st)
         st.failures.sort(key=lambda f: f[0])  # by row: the same list whichever executor ran
         st.failed = len(st.failures)
         for r, _, why in st.failures:
-            tables.of(modality).failed[r] = why
+            table.failed[r] = why
+        check_failures(st, max_failures)
     return stats
+
+
+def _plan_modality(table: ItemTable, keys: list[str], models: list[LoadedModel], stores: list[EmbeddingStore],
+                   st: EmbedStats, *, batch_size: int, flush_rows: int, decode_threads: int, decoder: str,
+                   max_failures: int | None, progress) -> tuple[EmbedJob, EmbedSink] | None:
+    """What one modality needs: verify the shards holding its keys, find per model which rows it
+    lacks, and make the job (rows grouped by the set of models lacking them) and its sink."""
+    t0 = time.perf_counter()
+    modality = table.modality
+    failed_rows = set(table.failed)
+    good = np.ones(len(keys), dtype=bool)
+    good[list(failed_rows)] = False
+    wanted = list({k for k, g in zip(keys, good) if g})
+    for store in stores:
+        store.verify(modality, wanted)  # once per shard per process; bad shards are quarantined
+    have = [s.contains(modality, keys) for s in stores]
+    need = np.stack([~h & good for h in have]) if have else np.zeros((0, len(keys)), dtype=bool)  # (K, N)
+    need_any = need.any(0)
+    rows, seen = [], set()  # one row per distinct key
+    for r in np.nonzero(need_any)[0]:
+        if keys[r] not in seen:
+            seen.add(keys[r])
+            rows.append(r)
+    rows = np.array(rows, dtype=np.int64)
+    st.from_store = int(len(keys) - need_any.sum() - len(failed_rows))
+    st.per_checkpoint = [{"from_store": int((h & good).sum()), "encoded": 0} for h in have]
+    if failed_rows:
+        st.failures.extend((r, table.entries[r].uri, table.failed[r]) for r in sorted(failed_rows))
+        for r in sorted(failed_rows):
+            log.warning("skipping image %s: %s", table.entries[r].uri, table.failed[r])
+        check_failures(st, max_failures)
+    st.seconds += time.perf_counter() - t0
+    if not len(rows):
+        return None
+    # rows that the same models lack form one segment; texts of similar length share a batch
+    patterns, inverse = np.unique(np.packbits(need[:, rows].T, axis=1), axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if modality == "text":
+        order = np.lexsort((np.fromiter((len(table.entries[r]) for r in rows), np.int64, len(rows)), inverse))
+    else:
+        order = np.argsort(inverse, kind="stable")
+    rows = rows[order]
+    counts = np.bincount(inverse, minlength=len(patterns))
+    segments = tuple((int(counts[p]), tuple(int(i) for i in np.nonzero(np.unpackbits(patterns[p])[:len(models)])[0]))
+                     for p in range(len(patterns)) if counts[p])
+    job = EmbedJob(modality=modality, rows=rows, items=tuple(table.entries[r] for r in rows),
+                   specs=tuple(replace(m.spec, precision=m.precision) for m in models),
+                   fingerprints=tuple(m.fingerprint for m in models),
+                   preprocess_cfg=dict(models[0].preprocess_cfg), decoder=decoder,
+                   batch_size=batch_size, decode_threads=decode_threads, segments=segments)
+    bar = progress(total=len(rows), desc=f"embed {modality}s") if progress else None
+    return job, EmbedSink(table, keys, stores, have, st, flush_rows=flush_rows, max_failures=max_failures, bar=bar)
+
+
+def _same_content_fails_alike(table: ItemTable, keys: list[str], st: EmbedStats) -> None:
+    """An image is decoded once per distinct content: when it fails, every other row with the same
+    bytes (two zero-byte downloads, two copies of one error page) fails too, and is recorded."""
+    if not st.failures:
+        return
+    first = {}
+    for r, uri, why in st.failures:
+        if keys[r]:
+            first.setdefault(keys[r], (uri, why))
+    if not first:
+        return
+    recorded = {r for r, _, _ in st.failures}
+    for r, k in enumerate(keys):
+        if k in first and r not in recorded:
+            uri, why = first[k]
+            st.failures.append((r, table.entries[r].uri, f"{why} (same bytes as {uri})"))
+            log.warning("skipping image %s: same bytes as %s, which failed", table.entries[r].uri, uri)
 
 
 def table_embeddings(store: EmbeddingStore, table: ItemTable, dtype=None) -> np.ndarray:
@@ -156,9 +222,10 @@ class EmbedPipeline:
 
     @classmethod
     def from_checkpoints(cls, model: str, checkpoints: Sequence[str | None], options: EmbedOptions = EmbedOptions(),
-                         *, runner=None) -> EmbedPipeline:
-        return cls([ModelSpec(model, c, options.precision, options.device) for c in checkpoints or (None,)],
-                   options, runner=runner)
+                         *, pretrained: str | None = None, random_init: bool = False, runner=None) -> EmbedPipeline:
+        """K checkpoints of ``model`` (``None``: the tag's / folder's weights, or random with ``random_init``)."""
+        return cls([ModelSpec(model, c, options.precision, options.device, pretrained=pretrained,
+                              random_init=random_init) for c in checkpoints or (None,)], options, runner=runner)
 
     def fingerprint(self, i: int) -> str:
         """Store folder of model i: DALI pixels differ from Pillow's (within a tested bound), so
@@ -201,11 +268,14 @@ class EmbedPipeline:
         for i, m in enumerate(self.models):
             fp = self.fingerprint(i)
             store = None
-            if (Path(self.options.store_root()) / fp / "manifest.json").is_file():  # a dry run creates no store
-                store = EmbeddingStore(self.options.store_root(), fp, dim=m.embed_dim, dtype=m.store_dtype)
+            if is_store_folder(Path(self.options.store_root()) / fp):  # a dry run creates and moves nothing
+                store = EmbeddingStore(self.options.store_root(), fp, dim=m.embed_dim, dtype=m.store_dtype,
+                                       readonly=True)
             row = {"label": self.labels[i], "fingerprint": fp}
             for mod in ("image", "text"):
                 good = list(dict.fromkeys(k for r, k in enumerate(keys[mod]) if k and r not in tables.of(mod).failed))
+                if store is not None:
+                    store.verify(mod, good)  # a shard failing its checksum counts as missing
                 hits = int(store.contains(mod, good).sum()) if store is not None else 0
                 row[f"{mod}_unique"], row[f"{mod}_hits"], row[f"{mod}_to_encode"] = len(good), hits, len(good) - hits
             rows.append(row)

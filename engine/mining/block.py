@@ -12,7 +12,7 @@ from .problem import MineProblem, csr_take, f32, gather
 __all__ = ["mine_block"]
 
 
-def _filter(D, I, xq, xb, pos, opts: MineOptions, budget_bytes: int):
+def _filter(D, I, rows_of, d: int, pos, opts: MineOptions, budget_bytes: int):
     """Reason codes per candidate: 0 keep, 1 near-duplicate of a positive, 2 above max_sim,
     3 below min_sim, -1 missing."""
     reason = np.where(I >= 0, 0, -1).astype(np.int8)
@@ -23,7 +23,6 @@ def _filter(D, I, xq, xb, pos, opts: MineOptions, budget_bytes: int):
     if opts.dup_threshold is not None and pos is not None and len(pos[1]):
         ptr, emb = pos
         m, kk = I.shape
-        d = xb.shape[1]
         step = max(1, budget_bytes // max(1, kk * d * 8))
         for s in range(0, m, step):
             r = np.arange(s, min(m, s + step))
@@ -34,7 +33,7 @@ def _filter(D, I, xq, xb, pos, opts: MineOptions, budget_bytes: int):
             sub_ptr, sub_emb = csr_take(ptr, emb, r)
             slot = np.arange(sub_ptr[-1]) - np.repeat(sub_ptr[:-1], lens)
             P[np.repeat(np.arange(len(r)), lens), slot] = f32(sub_emb)
-            sims = np.einsum("mkd,mpd->mkp", gather(xb, I[r]), P)
+            sims = np.einsum("mkd,mpd->mkp", rows_of(I[r]), P)
             sims = np.where(np.arange(P.shape[1])[None, None, :] < lens[:, None, None], sims, -np.inf)
             near = sims.max(2) > opts.dup_threshold
             sub = reason[r]
@@ -44,8 +43,12 @@ def _filter(D, I, xq, xb, pos, opts: MineOptions, budget_bytes: int):
 
 
 def mine_block(search, problem: MineProblem, rows: np.ndarray, opts: MineOptions, stats: Counter):
-    """(S (n, k) float32, I (n, k) int64) negatives of queries ``rows``, padded with -inf / -1."""
+    """(S (n, k) float32, I (n, k) int64) negatives of queries ``rows``, padded with -inf / -1.
+    ``search(xq, kk, exclude)`` gives exact-scored candidates; a ``search.gather(I)`` (m, kk, d), when
+    present, gives their embeddings (else they are read from ``problem.xb``)."""
     n, k, nb = len(rows), opts.k, len(problem.xb)
+    # candidates' embeddings for the near-duplicate filter: a sharded searcher fetches them from its shards
+    rows_of = getattr(search, "gather", None) or (lambda I: gather(problem.xb, I))
     budget = opts.budget_mb << 20
     xq = f32(problem.xq[rows])
     excl = csr_take(problem.exclude_ptr, problem.exclude_idx, rows)
@@ -57,7 +60,8 @@ def mine_block(search, problem: MineProblem, rows: np.ndarray, opts: MineOptions
     cap = min(nb, max(1024, 100 * k))  # past this many candidates a query stays short (counted)
     while len(todo) and nb:
         D, I = search(xq[todo], kk, csr_take(*excl, todo) if excl else None)
-        reason = _filter(D, I, xq[todo], problem.xb, csr_take(*pos, todo) if pos else None, opts, budget // 4)
+        reason = _filter(D, I, rows_of, problem.xb.shape[1], csr_take(*pos, todo) if pos else None, opts,
+                         budget // 4)
         keep = reason == 0
         kept = np.cumsum(keep, 1)
         exhausted = (I[:, -1] < 0) | (kk >= cap)

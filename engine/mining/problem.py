@@ -2,11 +2,54 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["MineProblem", "negatives_schema", "csr_take", "f32", "gather"]
+from ..store import EmbeddingStore, open_store
+
+__all__ = ["MineProblem", "StoreRows", "negatives_schema", "csr_take", "f32", "gather"]
+
+
+class StoreRows:
+    """Corpus rows (n, d) read from an embedding store on demand, by content key: a picklable,
+    array-like view that a shard actor slices to load its part only. Supports ``len``, ``shape``,
+    ``dtype``, slices (another view), integer / array indexing (rows read) and ``np.asarray``."""
+
+    ndim = 2
+
+    def __init__(self, folder: str, modality: str, keys: list[str], dim: int, dtype: str):
+        self.folder, self.modality, self.keys = folder, modality, keys
+        self.shape = (len(keys), dim)
+        self.dtype = np.dtype(dtype)
+        self._store: EmbeddingStore | None = None
+
+    @classmethod
+    def of(cls, store: EmbeddingStore, modality: str, keys: list[str]) -> StoreRows:
+        return cls(str(store.dir), modality, list(keys), store.dim, store.dtype)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_store": None}  # each process opens the store itself
+
+    def _read(self, keys: list[str]) -> np.ndarray:
+        if self._store is None:
+            self._store = open_store(Path(self.folder))
+        return self._store.read(self.modality, keys)
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return StoreRows(self.folder, self.modality, self.keys[idx], self.shape[1], str(self.dtype))
+        idx = np.asarray(idx)
+        flat = idx.reshape(-1)
+        return self._read([self.keys[i] for i in flat]).reshape(*idx.shape, self.shape[1])
+
+    def __array__(self, dtype=None, copy=None):
+        out = self._read(self.keys)
+        return out if dtype is None else out.astype(dtype)
 
 
 @dataclass
@@ -28,6 +71,10 @@ class MineProblem:
     pos_ptr: np.ndarray | None = None      # (nq+1,) int64
     pos_emb: np.ndarray | None = None      # (npos, d) float
     pos_ids: list[list[str]] | None = None  # positives' ids per query, for --export-training
+    query_keys: list[str] | None = None    # (nq,) content keys of the queries (the shards' query_key)
+    corpus_keys: list[str] | None = None   # (nb,) content keys of the corpus (the shards' negative_key)
+    pairs: list[tuple[str, str, str, str]] | None = None  # Karpathy (image path, image key, caption, caption
+    #                                        key) of the inputs: the rows of a NegCLIP --export-training file
     meta: dict = field(default_factory=dict)  # sources, counts: copied into the summary
 
     def validate(self) -> None:
@@ -41,6 +88,9 @@ class MineProblem:
         if len(self.query_ids) != nq or len(self.corpus_ids) != nb:
             raise ValueError(f"{len(self.query_ids)} query ids for {nq} queries / {len(self.corpus_ids)} corpus ids "
                              f"for {nb} rows")
+        for name, keys, n in (("query_keys", self.query_keys, nq), ("corpus_keys", self.corpus_keys, nb)):
+            if keys is not None and len(keys) != n:
+                raise ValueError(f"{len(keys)} {name} for {n} rows")
         if len(set(self.query_ids)) != nq:
             raise ValueError("query ids must be unique (merge duplicate queries and their positives first)")
         for a, b, what in ((self.exclude_ptr, self.exclude_idx, "exclude"), (self.pos_ptr, self.pos_emb, "pos")):
@@ -54,9 +104,12 @@ class MineProblem:
 
 
 def negatives_schema() -> pa.Schema:
-    """One row per (query, negative): the Parquet shards' schema (a public contract)."""
+    """One row per (query, negative): the Parquet shards' schema (a public contract). Ids are human
+    (image paths relative to the run's image root, captions as written); the keys are the items'
+    content keys (null when the inputs were arrays without keys)."""
     return pa.schema([("query_id", pa.string()), ("rank", pa.int32()), ("negative_id", pa.string()),
-                      ("score", pa.float32()), ("modality", pa.string())])
+                      ("score", pa.float32()), ("modality", pa.string()), ("query_key", pa.string()),
+                      ("negative_key", pa.string())])
 
 
 def csr_take(ptr, vals, rows):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -15,17 +16,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..atomic import atomic_path, write_json_atomic
-from ..config import DIRECTIONS, MineConfig, MineOptions, build
-from ..errors import UsageError
+from ..config import DIRECTIONS, MineConfig, MineOptions, build, check_writable_dir, resolve_device
+from ..errors import DataError, MissingExtra, UsageError
 from .block import mine_block
-from .export import shard_path, write_training
+from .export import check_training, shard_path, write_training
 from .problem import MineProblem, negatives_schema
 from .search import build_searcher, measure_recall
 from .sources import build_problem
 
 __all__ = ["mine", "mine_arrays"]
 
-RUN_VERSION = 1
+RUN_VERSION = 2  # 2: human ids (image paths relative to one root), query_key / negative_key columns
 _HIST_BINS = 40  # score histogram: 40 bins over [-1, 1]
 
 
@@ -38,10 +39,14 @@ def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
     record = {"run_version": RUN_VERSION, "direction": problem.direction, "modality": problem.modality,
               "queries": len(problem.xq), "corpus": len(problem.xb), "dim": int(problem.xq.shape[1]),
               "query_ids": _digest(problem.query_ids), "corpus_ids": _digest(problem.corpus_ids),
-              "options": {k: v for k, v in asdict(opts).items() if k not in ("recall_sample",)}}
+              "options": {k: v for k, v in asdict(opts).items() if k not in ("recall_sample", "shards")}}
     path = out / "mine_run.json"
     if path.exists():
-        old = json.loads(path.read_text())
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{path}: unreadable run record ({exc}); it pins the inputs of the mining run in "
+                            f"{out}: delete {out} to start over, or use another --out") from None
         if old != json.loads(json.dumps(record)):
             diff = sorted(k for k in set(old) | set(record) if old.get(k) != json.loads(json.dumps(record)).get(k))
             raise ValueError(f"{out} holds a mining run with different inputs or options (differs in {diff}); "
@@ -52,16 +57,20 @@ def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
 
 
 def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike, *,
-                export_training: str | os.PathLike | None = None, echo=None) -> dict:
+                export_training: str | os.PathLike | None = None, echo=None, searcher=None) -> dict:
     """Mine ``opts.k`` negatives per query into ``out/negatives/part-*.parquet`` (one shard per
     block of ``opts.block_size`` queries, written atomically; existing shards are skipped, so a
     killed run resumes), then write ``out/summary.json`` and return it.
 
     Search: ``exact`` = kernels.topk over the fp32 corpus in memory; ``faiss:<factory>`` = a FAISS
     index (approximate ones over-fetch 2-8x candidates and re-score them exactly); ``auto`` = exact
-    while the fp32 corpus fits ``budget_mb``, else IVF with fast-scan PQ codes (``_auto_factory``)."""
+    while the fp32 corpus fits ``budget_mb``, else IVF with fast-scan PQ codes (``_auto_factory``).
+    ``searcher``: a factory ``searcher(problem, opts)`` replacing the in-process search (the Ray
+    shards of ``hardrank.jobs.ray_search``); the blocks, filters and outputs are the same."""
     echo = echo or (lambda s: None)
     problem.validate()
+    if export_training:
+        check_training(export_training, problem)  # a bad name or missing pairs fail before any work
     t_start = time.perf_counter()
     out = Path(out)
     (out / "negatives").mkdir(parents=True, exist_ok=True)
@@ -71,12 +80,20 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     todo = [b for b in range(n_blocks) if not shard_path(out, b).exists()]
     timings: dict[str, float] = {}
     prev = out / "summary.json"
-    search_info = json.loads(prev.read_text()).get("search", {}) if prev.exists() and not todo else {}
+    search_info = {}
+    if prev.exists() and not todo:
+        try:
+            search_info = json.loads(prev.read_text(encoding="utf-8")).get("search", {})
+        except (OSError, ValueError, AttributeError):  # rewritten below; only its search record is reused
+            search_info = {}
     ids_q = pa.array(problem.query_ids, pa.string())
     ids_b = pa.array(problem.corpus_ids, pa.string())
+    keys_q = pa.array(problem.query_keys if problem.query_keys is not None else [None] * nq, pa.string())
+    keys_b = pa.array(problem.corpus_keys if problem.corpus_keys is not None else [None] * len(problem.xb),
+                      pa.string())
     if todo:
         t0 = time.perf_counter()
-        search = build_searcher(problem, opts)
+        search = (searcher or build_searcher)(problem, opts)
         timings["index"] = time.perf_counter() - t0
         search_info = dict(search.info)
         if hasattr(search, "index") and search.index.nprobe is not None:
@@ -97,7 +114,8 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
             table = pa.Table.from_arrays([
                 ids_q.take(pa.array(qrow)), pa.array(np.nonzero(valid)[1].astype(np.int32)),
                 ids_b.take(pa.array(I[valid])), pa.array(S[valid], pa.float32()),
-                pa.array([problem.modality] * int(valid.sum()), pa.string())], schema=negatives_schema())
+                pa.array([problem.modality] * int(valid.sum()), pa.string()),
+                keys_q.take(pa.array(qrow)), keys_b.take(pa.array(I[valid]))], schema=negatives_schema())
             block_meta = json.dumps({"block": b, "queries": len(rows), **st})
             table = table.replace_schema_metadata({"hardrank_block": block_meta})
             with atomic_path(shard_path(out, b)) as tmp:
@@ -116,9 +134,10 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     scores = np.concatenate(scores) if scores else np.zeros(0, np.float32)
     hist, edges = np.histogram(scores, bins=_HIST_BINS, range=(-1.0, 1.0))
     files = {"negatives": str(out / "negatives"), "summary": str(out / "summary.json")}
+    training = None
     if export_training:
         t0 = time.perf_counter()
-        write_training(Path(export_training), out, problem, n_blocks, B)
+        training = write_training(Path(export_training), out, problem, n_blocks, B)
         timings["export"] = time.perf_counter() - t0
         files["training"] = str(export_training)
     timings["total"] = time.perf_counter() - t_start
@@ -140,6 +159,8 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
                                          if todo and timings["search"] > 0 else None)},
         "files": files,
     }
+    if training is not None:
+        summary["training"] = training
     write_json_atomic(out / "summary.json", summary)
     return summary
 
@@ -152,10 +173,34 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
         raise UsageError(f"pass a MineConfig or keyword options, not both (got {sorted(options)})")
     cfg = cfg if cfg is not None else build(MineConfig, options)
     echo = echo or (lambda s: None)
+    resolve_device(cfg.embed.device)  # usage first: nothing is embedded for a missing device or unwritable output
+    check_writable_dir(cfg.out, "out (--out)")
+    if cfg.model is not None:
+        check_writable_dir(cfg.embed.store_root(), "store (--store)")
+    if cfg.export_training:
+        check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
     t0 = time.perf_counter()
-    problem = build_problem(cfg, progress=progress, echo=echo, runner=runner)
+    sharded = cfg.embed.executor == "ray"
+    problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=sharded)
     t_inputs = time.perf_counter() - t0
     echo(f"{len(problem.query_ids)} {DIRECTIONS[cfg.direction][0]} queries, {len(problem.corpus_ids)} "
          f"{problem.modality} corpus items ({t_inputs:.1f}s)")
     problem.meta.setdefault("timings", {})["inputs"] = round(t_inputs, 3)
-    return mine_arrays(problem, cfg.options, cfg.out, export_training=cfg.export_training, echo=echo)
+    searcher = _sharded_searcher(cfg) if sharded else None
+    try:
+        return mine_arrays(problem, cfg.options, cfg.out, export_training=cfg.export_training, echo=echo,
+                           searcher=searcher)
+    finally:
+        if searcher is not None:
+            searcher.close()
+
+
+def _sharded_searcher(cfg: MineConfig):
+    """The corpus sharded over Ray actors (``hardrank.jobs.ray_search``: the engine never imports Ray)."""
+    try:
+        ray_search = importlib.import_module("hardrank.jobs.ray_search")
+    except ImportError as exc:
+        if "ray" not in str(exc):
+            raise
+        raise MissingExtra("mine --executor ray", "ray", "ray[data]") from exc
+    return ray_search.ShardedSearchFactory(shards=cfg.options.shards, address=cfg.embed.ray_address)

@@ -14,13 +14,17 @@ from ..config import MineOptions
 from ..kernels import resolve_precision, topk
 from .problem import MineProblem, f32
 
-__all__ = ["build_searcher", "measure_recall"]
+__all__ = ["build_searcher", "searcher_for", "merge_topk", "measure_recall"]
 
 _TARGET_RECALL = 0.95  # nprobe auto-tuning stops once recall@10 on the sample reaches this
 
 
 class _KernelSearch:
-    """Exact streaming top-k with ``kernels.topk`` over the corpus held in memory as fp32."""
+    """Exact streaming top-k with ``kernels.topk`` over the corpus held in memory as fp32.
+
+    The query blocking depends on the budget only, never on the corpus size, so a shard of the
+    corpus scores every (query, item) pair with the same GEMM row blocks, hence the same bits, as
+    the whole corpus does (column tiling does not change a score: ``kernels._common.score_tile``)."""
 
     exact = True
 
@@ -28,6 +32,7 @@ class _KernelSearch:
         self.xb = torch.from_numpy(f32(xb))
         self.budget = budget_bytes
         self.precision = precision
+        self.q_block = max(1, min(2048, budget_bytes // (16 * 1024)))  # a 1024-wide tile and its temporaries
         # the kernel's first GEMM on a block of queries (results do not depend on it)
         self.info = {"method": "exact", "backend": "kernels.topk",
                      "precision": resolve_precision(precision, "cpu", work=block * self.xb.numel())}
@@ -36,8 +41,25 @@ class _KernelSearch:
         kw = {}
         if excl is not None:
             kw = {"exclude_ptr": torch.from_numpy(excl[0]), "exclude_idx": torch.from_numpy(excl[1])}
-        D, I = topk(torch.from_numpy(xq), self.xb, kk, precision=self.precision, budget_bytes=self.budget, **kw)
+        D, I = topk(torch.from_numpy(xq), self.xb, kk, precision=self.precision, budget_bytes=self.budget,
+                    q_block=self.q_block, **kw)
         return D.float().numpy(), I.numpy().astype(np.int64)
+
+
+def merge_topk(parts: list[tuple[np.ndarray, np.ndarray]], kk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-shard top-kk lists (D (m, kk_s) desc, I (m, kk_s) global indices, -1 = none) merged into
+    the top-kk of their union under the global order: score descending, then index ascending. Each
+    shard's list holds its best items in that order, so the merge equals a search of the whole corpus."""
+    D = np.concatenate([d for d, _ in parts], axis=1)
+    I = np.concatenate([i for _, i in parts], axis=1)
+    key_i = np.where(I >= 0, I, np.iinfo(np.int64).max)  # missing entries sort last
+    order = np.lexsort((key_i, -D.astype(np.float64)), axis=1)[:, :kk]
+    D, I = np.take_along_axis(D, order, 1), np.take_along_axis(I, order, 1)
+    if D.shape[1] < kk:
+        pad = kk - D.shape[1]
+        D = np.concatenate([D, np.full((len(D), pad), -np.inf, D.dtype)], 1)
+        I = np.concatenate([I, np.full((len(I), pad), -1, I.dtype)], 1)
+    return D, I
 
 
 class _FaissSearch:
@@ -82,7 +104,11 @@ def _refine(factory: str, d: int) -> int:
 
 
 def _choose(problem: MineProblem, opts: MineOptions) -> tuple[str, str | None]:
-    nb, d = problem.xb.shape
+    return _method(problem.xb.shape, opts)
+
+
+def _method(shape: tuple[int, int], opts: MineOptions) -> tuple[str, str | None]:
+    nb, d = shape
     budget = opts.budget_mb << 20
     spec = opts.search_spec
     if spec.method == "exact":
@@ -95,12 +121,19 @@ def _choose(problem: MineProblem, opts: MineOptions) -> tuple[str, str | None]:
 
 
 def build_searcher(problem: MineProblem, opts: MineOptions):
-    method, factory = _choose(problem, opts)
+    return searcher_for(problem.xb, opts, len(problem.xq))
+
+
+def searcher_for(xb, opts: MineOptions, nq: int | None = None):
+    """The searcher ``opts.search`` asks for over the corpus rows ``xb`` (n, d): exact while the fp32
+    rows fit ``opts.budget_mb``, else a FAISS index (also one shard of a sharded corpus). ``nq``: the
+    queries it will see (when known), for the exact kernel's precision record."""
+    method, factory = _method(xb.shape, opts)
     budget = opts.budget_mb << 20
     if method == "exact":
-        block = min(opts.block_size, len(problem.xq))
-        return _KernelSearch(problem.xb, budget // 4, opts.rank_precision, block)  # corpus (<= budget) + score tiles
-    return _FaissSearch(problem.xb, factory, opts, budget)
+        block = opts.block_size if nq is None else max(1, min(opts.block_size, nq))
+        return _KernelSearch(xb, budget // 4, opts.rank_precision, block)  # corpus (<= budget) + score tiles
+    return _FaissSearch(xb, factory, opts, budget)
 
 
 def measure_recall(search, problem: MineProblem, opts: MineOptions) -> dict:
@@ -115,7 +148,10 @@ def measure_recall(search, problem: MineProblem, opts: MineOptions) -> dict:
     rows = np.sort(np.random.default_rng(opts.seed).choice(nq, n, replace=False))
     xs = f32(problem.xq[rows])
     t0 = time.perf_counter()
-    _, Ie = FaissIndex(problem.xb, "Flat", budget_bytes=(opts.budget_mb << 20) // 4).search(xs, 10)
+    if hasattr(search, "exact_topk"):  # a sharded corpus: its shards search exactly and the lists merge
+        _, Ie = search.exact_topk(xs, 10)
+    else:
+        _, Ie = FaissIndex(problem.xb, "Flat", budget_bytes=(opts.budget_mb << 20) // 4).search(xs, 10)
     out = {"recall_sample": n, "exact_seconds": round(time.perf_counter() - t0, 3)}
     index = search.index
     tune = opts.nprobe is None and index.nlist is not None

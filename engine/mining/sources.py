@@ -1,6 +1,7 @@
 """Mining inputs: Karpathy JSON, image folder, Parquet listing or store folder -> embeddings and positives."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -8,15 +9,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from ..byo import load_embedding_file
 from ..config import DIRECTIONS, MineConfig
+from ..counts import embed_line
 from ..embed import EmbedPipeline
 from ..errors import DataError, UsageError
-from ..items import ImageRef, ItemTable, Tables
-from ..models import ModelSpec
-from ..store import EmbeddingStore, open_store
+from ..items import ImageRef, ItemTable, Tables, text_key
+from ..models import ModelSpec, file_hash
+from ..store import EmbeddingStore, is_store_folder, open_store
 from ..suites.karpathy import read_karpathy
 from ..text import pre_caption
-from .problem import MineProblem
+from .problem import MineProblem, StoreRows
 
 __all__ = ["build_problem", "IMAGE_EXTENSIONS"]
 
@@ -44,16 +47,52 @@ class _Source:
     group_names: list[str] | None = None  # Karpathy: image path of each group
 
 
+class _FileEmbeddings:
+    """An exported (``hardrank store export``) or bring-your-own embeddings file, read like a store
+    folder: embeddings by content key. Files without a ``key`` column key captions by their
+    normalised text (as the store does) and images by their id."""
+
+    def __init__(self, path: Path):
+        data = load_embedding_file(path)
+        t = pq.read_table(path)
+        self.dir, self.dim = path, next(iter(data.values()))[1].shape[1] if data else 0
+        meta = json.loads((t.schema.metadata or {}).get(b"hardrank_export", b"{}") or b"{}")
+        self.fingerprint = meta.get("fingerprint") or f"embeddings-{file_hash(path)[:16]}"
+        kinds = t.column("kind").to_pylist()
+        file_keys = t.column("key").to_pylist() if "key" in t.column_names else None
+        self.ids, self.keys, self._rows, self._emb = {}, {}, {}, {}
+        for mod, (ids, emb) in data.items():
+            if file_keys is not None:
+                keys = [k for k, kind in zip(file_keys, kinds) if kind == mod]
+            else:
+                keys = [text_key(pre_caption(i)) if mod == "text" else f"id:{i}" for i in ids]
+            self.ids[mod], self.keys[mod], self._emb[mod] = ids, keys, emb
+            self._rows[mod] = {}
+            for r, k in enumerate(keys):
+                self._rows[mod].setdefault(k, r)
+
+    def read(self, modality: str, keys: list[str]) -> np.ndarray:
+        """(N, d) float32 embeddings of ``keys``."""
+        rows = self._rows[modality]
+        return self._emb[modality][np.fromiter((rows[k] for k in keys), dtype=np.int64, count=len(keys))]
+
+
 def _source_error(path, what: str) -> DataError:
     return DataError(f"{path}: {what}. A corpus or query set is a Karpathy-format .json (with --images), an "
-                      f"image folder, a .parquet listing with columns id + path (images) or id + text, or an "
+                      f"image folder, a .parquet listing with columns id + path (images) or id + text, an "
+                      f"embeddings .parquet (kind, id, embedding: `hardrank store export` writes one), or an "
                       f"embedding store fingerprint folder (holding manifest.json)")
 
 
 def _load_source(path: str, images: str | None) -> _Source:
     p = Path(path)
-    if p.is_dir() and (p / "manifest.json").is_file():
+    if is_store_folder(p):
         store = open_store(p)
+        bad = sum(store.verify(mod) for mod in ("image", "text"))  # read in full below: check it all now
+        if bad:
+            raise DataError(f"{p}: {bad} shard(s) of this store folder failed their checksum (named above), so "
+                            f"their embeddings cannot be trusted; re-embed the items with --model/--checkpoint "
+                            f"(eval or mine quarantine and re-encode them), or pass an intact copy of the store")
         items = {}
         for mod in ("image", "text"):
             keys = store.keys(mod)
@@ -81,6 +120,11 @@ def _load_source(path: str, images: str | None) -> _Source:
         return _Source("karpathy", path, items, group_names=paths)
     if p.suffix == ".parquet":
         cols = pq.read_schema(p).names
+        if {"kind", "id", "embedding"} <= set(cols):  # an embeddings file: ids and embeddings, no model needed
+            emb = _FileEmbeddings(p)
+            items = {mod: _Items(ids=list(emb.ids[mod]), entries=None, group=np.arange(len(emb.ids[mod])),
+                                 keys=list(emb.keys[mod])) for mod in emb.ids}
+            return _Source("embeddings", path, items, emb)
         if "id" not in cols or ("path" in cols) == ("text" in cols):
             raise _source_error(p, f"listing has columns {cols}; expected 'id' and one of 'path' or 'text'")
         t = pq.read_table(p, columns=["id", "path" if "path" in cols else "text"])
@@ -100,18 +144,20 @@ def _pipeline(cfg: MineConfig, sources: list[_Source], echo, runner) -> tuple[Em
     if cfg.model is None:
         if any(s.store is None for s in sources):
             raise UsageError("embedding a Karpathy file, an image folder or a Parquet listing needs --model "
-                             "(and --checkpoint); without a model, pass store folders for both inputs")
+                             "(and --checkpoint); without a model, pass store folders or embeddings files for both "
+                             "inputs")
         fps = {s.fingerprint for s in stores}
         if len(fps) > 1:
             raise UsageError(f"corpus and queries come from different models' stores {sorted(fps)}; "
                              f"their embeddings are not comparable")
         return None, stores[0]
     e = cfg.embed
-    pipe = EmbedPipeline([ModelSpec(cfg.model, cfg.checkpoint, e.precision, e.device)], e, runner=runner)
+    pipe = EmbedPipeline([ModelSpec(cfg.model, cfg.checkpoint, e.precision, e.device, pretrained=cfg.pretrained,
+                                    random_init=cfg.random_init)], e, runner=runner)
     for s in stores:
         if s.fingerprint != pipe.fingerprint(0):
-            raise UsageError(f"store folder {s.dir} holds embeddings of {s.fingerprint}, but --model/--checkpoint "
-                             f"give {pipe.fingerprint(0)}; pass the matching model or a store folder of this model")
+            raise UsageError(f"{s.dir} holds embeddings of {s.fingerprint}, but --model/--checkpoint "
+                             f"give {pipe.fingerprint(0)}; pass the matching model or embeddings of this model")
     m = pipe.models[0]
     echo(f"model {m.arch_name} ({pipe.fingerprint(0)}) on {m.device}")
     return pipe, pipe.stores[0]
@@ -135,7 +181,38 @@ def _karpathy_groups(src: _Source, tables: Tables, rows: dict) -> None:
         it.group_key = [group_key[g] for g in it.group]
 
 
-def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None) -> MineProblem:
+def _rebase_image_ids(cfg: MineConfig, sources: list[_Source]) -> str | None:
+    """Name every image of a Karpathy file or folder by its path relative to one root: --images when
+    it holds them all, else their deepest common folder. Returns the root (None: no such images)."""
+    its = [s.items["image"] for s in sources if s.kind in ("karpathy", "folder") and "image" in s.items]
+    paths = [os.path.abspath(ref.uri) for it in its for ref in it.entries]
+    if not paths:
+        return None
+    root = os.path.abspath(cfg.images) if cfg.images else None
+    if root is None or any(os.path.commonpath([root, p]) != root for p in paths):
+        root = os.path.commonpath([os.path.dirname(p) for p in paths])
+    for it in its:
+        it.ids = [Path(os.path.relpath(os.path.abspath(ref.uri), root)).as_posix() for ref in it.entries]
+    return root
+
+
+def _pairs(sources: list[_Source]) -> list[tuple[str, str, str, str]]:
+    """(image path, image key, caption as written, caption key) of every Karpathy (image, caption)
+    pair among the inputs, the queries' first: the rows of a NegCLIP training file."""
+    out, seen = [], set()
+    for src in sources:
+        img, txt = src.items.get("image"), src.items.get("text")
+        if src.kind != "karpathy" or img is None or txt is None or img.keys is None:
+            continue
+        for i, g in enumerate(txt.group):
+            ikey, ckey = img.keys[int(g)], text_key(txt.entries[i])
+            if ikey and (ikey, ckey) not in seen:
+                seen.add((ikey, ckey))
+                out.append((os.path.abspath(img.entries[int(g)].uri), ikey, txt.ids[i], ckey))
+    return out
+
+
+def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, lazy_corpus: bool = False) -> MineProblem:
     """Load both inputs, embed what the store lacks, and compile queries, corpus and positives.
 
     Positives of a query (in the corpus modality) are the items of its own source in its group: for
@@ -158,6 +235,10 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None) -> 
         raise ValueError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
                          f"excluded) is known")
     pipe, store = _pipeline(cfg, [csrc, qsrc], echo, runner)
+    sources = list({id(x): x for x in (qsrc, csrc)}.values())
+    image_root = _rebase_image_ids(cfg, sources)
+    if image_root is not None:
+        echo(f"image ids: paths relative to {image_root}")
     pos_items = qsrc.items.get(cmod)
     needed = [(csrc, cmod), (qsrc, qmod)] + ([(qsrc, cmod)] if pos_items is not None else [])
     tables = Tables.empty()
@@ -172,8 +253,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None) -> 
         embed = {k: v.as_dict() for k, v in stats.items()}
         for mod, st in stats.items():
             if st.total:
-                echo(f"{mod}s: {st.total} unique, {st.from_store} from the store, {st.encoded} encoded, "
-                     f"{st.failed} failed ({st.seconds:.1f}s)")
+                echo(embed_line(mod, st, tables.of(mod), 1))
     for src, mod in needed:
         it = src.items[mod]
         if it.keys is None:
@@ -201,7 +281,10 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None) -> 
         g = gkey(cit, i)
         if g != cit.keys[i]:
             by_key.setdefault(g, []).append(j)
-    xb = read(csrc, cmod, c_rows)
+    if lazy_corpus:  # shard actors read their own slices from the store
+        xb = StoreRows.of(csrc.store or store, cmod, [cit.keys[i] for i in c_rows])
+    else:
+        xb = read(csrc, cmod, c_rows)
     # queries, merged by id; positives = same-group items of the query source, in the corpus modality
     qit = qsrc.items[qmod]
     members: dict[int, list[int]] = {}
@@ -239,7 +322,10 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None) -> 
     else:
         pos_emb = np.zeros((0, xb.shape[1]), np.float32)
     fp = store.fingerprint
-    meta = {"corpus": {"path": cfg.corpus, "kind": csrc.kind, "rows": len(c_rows),
+    ids = {"image_root": image_root, "images": "path relative to image_root (Karpathy files, folders); a "
+           "listing's or embeddings file's own id", "texts": "the caption as written (a listing's own id)",
+           "keys": "query_key / negative_key: content keys (store folders name items by these alone)"}
+    meta = {"ids": ids, "corpus": {"path": cfg.corpus, "kind": csrc.kind, "rows": len(c_rows),
                        "skipped": len(cit.keys) - len(c_rows)},
             "queries": {"path": cfg.queries, "kind": qsrc.kind, "rows": len(q_rows),
                         "skipped": sum(1 for k in qit.keys if not k)},
@@ -250,4 +336,5 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None) -> 
         exclude_ptr=exclude_ptr, exclude_idx=np.array([r for e in excl for r in e], np.int64),
         pos_ptr=pos_ptr, pos_emb=pos_emb,
         pos_ids=[[pos_items.ids[p] for p in ps] for ps in q_pos] if pos_items is not None else None,
-        meta=meta)
+        query_keys=[qit.keys[i] for i in q_rows], corpus_keys=[cit.keys[i] for i in c_rows],
+        pairs=_pairs(sources), meta=meta)

@@ -20,6 +20,13 @@ def read_json(path: str | Path):
         raise FileNotFoundError(f"{path} does not exist")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise SuiteFormatError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start}, "
+            f"line {line}); "
+            f"JSON annotation files must be UTF-8: re-save it as UTF-8, e.g. iconv -f latin1 -t utf-8 "
+            f"{path.name} > fixed.json") from None
     except json.JSONDecodeError as exc:
         raise SuiteFormatError(f"{path}: not valid JSON ({exc})") from exc
 

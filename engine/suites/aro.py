@@ -1,6 +1,8 @@
 """ARO (Yuksekgonul et al., ICLR 2023): VG-Relation, VG-Attribution and COCO/Flickr-Order choice tasks."""
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import re
 from pathlib import Path
@@ -14,8 +16,10 @@ from ..text import pre_caption
 from ._common import SuiteFormatError, SuiteOptions, find_annotation, read_bbox, read_json, require_keys
 from .karpathy import read_karpathy
 
-__all__ = ["load_aro", "load_coco_order", "load_flickr_order", "order_perturbations", "ARO_FILES",
-           "ARO_SYMMETRIC_RELATIONS", "ORDER_PERTURBATIONS"]
+__all__ = ["load_aro", "load_coco_order", "load_flickr_order", "order_perturbations", "order_tagger",
+           "OrderTagger", "WORD_LISTS", "ARO_FILES", "ARO_SYMMETRIC_RELATIONS", "ORDER_PERTURBATIONS"]
+
+log = logging.getLogger("hardrank.suites")
 
 # task name -> released annotation file
 ARO_FILES = {"vg_relation": "visual_genome_relation.json", "vg_attribution": "visual_genome_attribution.json"}
@@ -119,11 +123,15 @@ def load_aro(tables: Tables, opts: SuiteOptions, name: str = "aro") -> Suite:
 ORDER_PERTURBATIONS = ("shuffle_nouns_and_adj", "shuffle_allbut_nouns_and_adj", "shuffle_within_trigrams",
                        "shuffle_trigrams")
 
-# The reference tags words with spaCy (en_core_web_sm) and tokenizes with NLTK; neither is available
-# offline here, so nouns and adjectives are approximated with word lists: a closed-class list (articles,
+# The reference tags words with spaCy's en_core_web_sm (Penn tags NN* = noun, JJ* = adjective) and
+# tokenizes the trigram shuffles with nltk.word_tokenize. When spaCy and its English model are installed
+# (`pip install spacy` and its en_core_web_sm package), hardrank uses them as the reference does; when
+# they are not, nouns and adjectives are approximated with word lists: a closed-class list (articles,
 # prepositions, pronouns, conjunctions, auxiliaries, numbers) and common caption verbs are "other";
 # -ing/-ed/-ly words are "other"; listed or suffix-matched adjectives are adjectives; every other
-# alphabetic word is a noun. The shuffles themselves follow the reference exactly.
+# alphabetic word is a noun. Trigrams use nltk.word_tokenize when nltk and its punkt data are installed,
+# else a regex tokenizer. Each result records which was used (suite_meta.pos_tagger / trigram_tokenizer).
+# The shuffles themselves follow the reference exactly.
 _CLOSED = frozenset("""
 a an the this that these those some any each every all both either neither no another other such its
 his her their our my your it he she they we i you him them us me what which who whom whose there here
@@ -152,6 +160,7 @@ _ADJ_SUFFIXES = ("ful", "ous", "ive", "able", "ible", "ish", "less")
 _ING_ED_NOUNS = frozenset("building ceiling clothing painting railing awning evening morning wedding "
                           "frosting icing topping stuffing pudding dumpling shed bed sled".split())
 _TOKEN = re.compile(r"'\w+|\w+|[^\w\s]")
+_PENN = {**dict.fromkeys(("NN", "NNS", "NNP", "NNPS"), "noun"), **dict.fromkeys(("JJ", "JJR", "JJS"), "adj")}
 
 
 def _tokens(caption: str) -> list[str]:
@@ -171,6 +180,57 @@ def _tag(token: str) -> str:
     return "noun"
 
 
+class OrderTagger:
+    """Tokens and noun / adjective / other tags for the order shuffles, and the trigram shuffles' tokens.
+
+    ``nlp``: a spaCy pipeline with a tagger (``spacy.load("en_core_web_sm")``, as ARO's code), or None
+    for the word lists; ``word_tokenize``: ``nltk.word_tokenize`` or None for the regex tokenizer.
+    ``order_tagger()`` picks what is installed."""
+
+    def __init__(self, nlp=None, word_tokenize=None, name: str | None = None, tokenizer: str | None = None):
+        self.nlp, self.word_tokenize = nlp, word_tokenize
+        self.name = name or ("spacy" if nlp is not None else "word lists (spaCy's en_core_web_sm is not installed)")
+        self.tokenizer = tokenizer or ("nltk.word_tokenize" if word_tokenize is not None
+                                       else "regex (nltk and its punkt data are not installed)")
+
+    def tag_many(self, captions: list[str]) -> list[tuple[list[str], list[str]]]:
+        """(tokens, tags) per caption; tags are "noun", "adj" or "other"."""
+        if self.nlp is None:
+            return [(toks, [_tag(t) for t in toks]) for toks in map(_tokens, captions)]
+        return [([t.text for t in doc], [_PENN.get(t.tag_, "other") for t in doc])
+                for doc in self.nlp.pipe(captions, batch_size=256)]
+
+    def trigram_tokens(self, caption: str) -> list[str]:
+        return self.word_tokenize(caption) if self.word_tokenize is not None else _tokens(caption)
+
+
+WORD_LISTS = OrderTagger()
+
+
+@functools.lru_cache(maxsize=1)
+def order_tagger() -> OrderTagger:
+    """spaCy's en_core_web_sm and nltk.word_tokenize when they are installed (ARO's own tools), else the
+    word lists and the regex tokenizer. Loaded once per process."""
+    nlp = name = None
+    try:
+        import spacy
+
+        nlp = spacy.load("en_core_web_sm", exclude=["parser", "ner", "lemmatizer"])
+        name = f"spacy {spacy.__version__} en_core_web_sm {nlp.meta.get('version', '?')}"
+    except (ImportError, OSError) as exc:
+        log.info("ARO order tasks: word-list tagger (%s)", exc)
+        nlp = None
+    word_tokenize = None
+    try:
+        import nltk
+
+        nltk.word_tokenize("a test.")  # needs the punkt data, which nltk does not ship
+        word_tokenize = nltk.word_tokenize
+    except (ImportError, LookupError) as exc:
+        log.info("ARO trigram shuffles: regex tokenizer (%s)", exc)
+    return OrderTagger(nlp, word_tokenize, name=name)
+
+
 def _permute(tokens: list[str], idx: list[int], rng: np.random.Generator) -> None:
     if len(idx) > 1:
         vals = [tokens[i] for i in idx]
@@ -182,23 +242,27 @@ def _trigrams(tokens: list[str]) -> list[list[str]]:
     return [tokens[i:i + 3] for i in range(0, len(tokens), 3)]
 
 
-def order_perturbations(caption: str, rng: np.random.Generator) -> list[str]:
-    """The four ARO order perturbations of a raw caption, in ``ORDER_PERTURBATIONS`` order (before
-    ``pre_caption``): nouns among nouns and adjectives among adjectives; everything else among itself;
-    tokens within each trigram; the trigrams themselves."""
-    toks = _tokens(caption)
-    tags = [_tag(t) for t in toks]
+def _shuffles(toks: list[str], tags: list[str], tri_toks: list[str], rng: np.random.Generator) -> list[str]:
     a = list(toks)
     _permute(a, [i for i, g in enumerate(tags) if g == "noun"], rng)
     _permute(a, [i for i, g in enumerate(tags) if g == "adj"], rng)
     b = list(toks)
     _permute(b, [i for i, g in enumerate(tags) if g == "other"], rng)
     c = []
-    for tri in _trigrams(toks):
+    for tri in _trigrams(tri_toks):
         c.extend(tri[j] for j in rng.permutation(len(tri)))
-    tris = _trigrams(toks)
+    tris = _trigrams(tri_toks)
     d = [t for j in rng.permutation(len(tris)) for t in tris[j]]
     return [" ".join(x) for x in (a, b, c, d)]
+
+
+def order_perturbations(caption: str, rng: np.random.Generator, tagger: OrderTagger = WORD_LISTS) -> list[str]:
+    """The four ARO order perturbations of a raw caption, in ``ORDER_PERTURBATIONS`` order (before
+    ``pre_caption``): nouns among nouns and adjectives among adjectives; everything else among itself;
+    tokens within each trigram; the trigrams themselves. ``tagger``: the word lists by default;
+    the loaders use ``order_tagger()`` (spaCy when installed)."""
+    (toks, tags), = tagger.tag_many([caption])
+    return _shuffles(toks, tags, tagger.trigram_tokens(caption), rng)
 
 
 def _load_order(tables: Tables, opts: SuiteOptions, name: str, default_name: str, max_words: int = 30) -> Suite:
@@ -208,6 +272,9 @@ def _load_order(tables: Tables, opts: SuiteOptions, name: str, default_name: str
     clean = read_karpathy(ann)
     images = Path(opts.images)
     img_rows = tables.images.add_many(ImageRef(os.fspath(images / im)) for im, _ in clean)
+    tagger = order_tagger()
+    caps_all = [cap for _, caps in clean for cap in caps]
+    tagged = iter(list(zip(tagger.tag_many(caps_all), map(tagger.trigram_tokens, caps_all))) * len(opts.seeds))
     tasks, same = [], {}
     for seed in opts.seeds:
         left, texts, ids, n_same = [], [], [], 0
@@ -216,7 +283,8 @@ def _load_order(tables: Tables, opts: SuiteOptions, name: str, default_name: str
                 # one stream per (seed, image, caption): a caption's shuffles never depend on the others
                 rng = np.random.default_rng([int(seed), i, j])
                 orig = pre_caption(cap, max_words)
-                pert = [pre_caption(p, max_words) for p in order_perturbations(cap, rng)]
+                (toks, tags), tri = next(tagged)
+                pert = [pre_caption(p, max_words) for p in _shuffles(toks, tags, tri, rng)]
                 n_same += sum(p == orig for p in pert)
                 left.append(img_rows[i])
                 texts.extend([orig, *pert])
@@ -233,7 +301,7 @@ def _load_order(tables: Tables, opts: SuiteOptions, name: str, default_name: str
                  meta={"annotations": str(ann), "images": len(clean), "captions": len(tasks[0].ids) if tasks else 0,
                        "seeds": list(opts.seeds), "perturbations": list(ORDER_PERTURBATIONS),
                        "perturbed_equal_original": same,
-                       "pos_tagger": "word-list approximation (no spaCy/NLTK); see engine/suites/aro.py",
+                       "pos_tagger": tagger.name, "trigram_tokenizer": tagger.tokenizer,
                        "normalise": f"pre_caption(max_words={max_words}) on the original and on each shuffle"})
 
 

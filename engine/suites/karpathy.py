@@ -24,6 +24,9 @@ def read_karpathy(path: str | Path) -> list[tuple[str, list[str]]]:
     if not isinstance(data, list):
         raise SuiteFormatError(f"{path}: expected a JSON list of {{'image', 'caption'}} objects, "
                                f"got {type(data).__name__}")
+    if not data:
+        raise SuiteFormatError(f"{path}: holds no images (an empty list); expected a JSON list of "
+                               f"{{'image', 'caption'}} objects")
     out = []
     for i, item in enumerate(data):
         require_keys(path, i, item, ("image", "caption"), {"image": str})

@@ -1,6 +1,7 @@
 """The built-in toy world as suites: RoCOCO-style retrieval, hard positives and inpaint 2x2."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -8,18 +9,30 @@ from ..config import cache_dir
 from ..items import Tables
 from ..tasks import Suite
 from ..toyworld import WorldConfig, build_world, world_config
+from ..toyworld.world import WORLD_VERSION
 from ._common import SuiteOptions
 from .hard_positives import load_hard_positives
 from .inpaintcoco import load_inpaintcoco
 from .karpathy import load_rococo
 
-__all__ = ["load_toy", "default_world_dir", "TOY_SUITES"]
+__all__ = ["load_toy", "default_world_dir", "pending_world", "TOY_SUITES"]
 
 TOY_SUITES = ("toy-rococo", "toy-hard-positives", "toy-inpaint")
 
 
 def default_world_dir() -> Path:
     return cache_dir() / "toy_world"
+
+
+def pending_world(opts: SuiteOptions) -> Path | None:
+    """The world folder loading a toy suite would build first (absent, or of a stale generator), or
+    None when it is there: dry runs report it instead of building it."""
+    world = Path(opts.data) if opts.data else default_world_dir()
+    try:
+        manifest = json.loads((world / "world.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return world
+    return None if isinstance(manifest, dict) and manifest.get("version") == WORLD_VERSION else world
 
 
 def ensure_world(opts: SuiteOptions) -> Path:

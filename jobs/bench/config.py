@@ -16,6 +16,8 @@ class PipelineBenchConfig:
     model: str | None = opt(None, "open_clip name, config .json or local-dir: (default: the toy model)")
     checkpoints: tuple[str | None, ...] = opt((None,), "checkpoints of that model (globs ok)", flag="--checkpoint",
                                               path=True)
+    pretrained: str | None = opt(None, "open_clip pretrained tag: its preprocessing, and without --checkpoint its "
+                                 "weights from the local cache")
     suites: tuple[str, ...] = opt(("toy",), "suites to run", flag="--suite")
     suite_options: SuiteOptions = SuiteOptions()
     embed: EmbedOptions = EmbedOptions()  # device, batch size and decode threads of both pipelines

@@ -96,7 +96,9 @@ class NaivePipeline:
         out = {}
         for ckpt in cfg.checkpoints:
             with self.clock("model load", 1):
-                model = load_model(ModelSpec(cfg.model, ckpt, cfg.embed.precision, cfg.embed.device))
+                no_weights = ckpt is None and not cfg.pretrained
+                model = load_model(ModelSpec(cfg.model, ckpt, cfg.embed.precision, cfg.embed.device,
+                                             pretrained=cfg.pretrained, random_init=no_weights))
             with self.clock("suite load"):
                 tables = Tables.empty()
                 suites = load_suites(list(cfg.suites), tables, cfg.suite_options)

@@ -57,7 +57,8 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
                                  "python": platform.python_version()},
                  "bare_gemm_gflops": round(gemm, 2)}
     with tempfile.TemporaryDirectory(dir=cfg.work_dir) as tmp:
-        ecfg = EvalConfig(model=cfg.model, checkpoints=cfg.checkpoints, suites=cfg.suites,
+        ecfg = EvalConfig(model=cfg.model, checkpoints=cfg.checkpoints, pretrained=cfg.pretrained,
+                          random_init=cfg.checkpoints == (None,) and not cfg.pretrained, suites=cfg.suites,
                           out=os.path.join(tmp, "results"), suite_options=cfg.suite_options, budget_mb=cfg.budget_mb,
                           embed=replace(cfg.embed, store=os.path.join(tmp, "store")))
         echo(f"hardrank end to end, {K} checkpoint(s), cold store ...")
@@ -80,7 +81,8 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
             naive_s = time.perf_counter() - t
             echo(f"  {naive_s:.2f}s")
         echo("stages, isolated, on a sample ...")
-        pipe = EmbedPipeline.from_checkpoints(cfg.model, cfg.checkpoints, ecfg.embed)
+        pipe = EmbedPipeline.from_checkpoints(cfg.model, cfg.checkpoints, ecfg.embed, pretrained=cfg.pretrained,
+                                              random_init=ecfg.random_init)
         out["stages"] = time_stages(cfg, pipe, tables, suites, gemm)
     emb = rep.embed_stats
     n_img, n_txt = emb.get("image", {}).get("total", 0), emb.get("text", {}).get("total", 0)

@@ -37,12 +37,15 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *, top:
     out = Path(out) if out is not None else results_dir / "report"
     results = load_results(results_dir, skip=out.resolve() if out.exists() else None)
     out.mkdir(parents=True, exist_ok=True)
-    order, x, unit = checkpoint_axis(sorted({r.label for r in results}))
-    suites = sorted({r.suite for r in results}, key=lambda s: (not any(r.ranking for r in results if r.suite == s), s))
+    axis = checkpoint_axis(sorted({r.label for r in results}))
+    order = axis.order
+    kinds = {"ranking": 0, "choice": 1, "mask": 2}  # ranking suites first, mask suites last
+    suites = sorted({r.suite for r in results},
+                    key=lambda s: (min(kinds.get(r.data["task_type"], 3) for r in results if r.suite == s), s))
     by_suite = {s: [r for r in results if r.suite == s] for s in suites}
-    rows = leaderboard(results, order, suites, x, unit)
+    rows = leaderboard(results, axis, suites)
     write_csv(rows, out / "leaderboard.csv")
-    pngs = plots.report_plots(results, by_suite, order, suites, x, unit)
+    pngs = plots.report_plots(results, by_suite, axis, suites)
     (out / "plots").mkdir(exist_ok=True)
     plot_files = {}
     for k, png in pngs.items():
@@ -53,7 +56,8 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *, top:
     columns: list[str] = []
     for r in rows:
         columns.extend(k for k in r if k not in columns)
-    ctx = {"results": results, "order": order, "suites": suites, "plots": pngs, "rows": rows, "columns": columns,
+    ctx = {"results": results, "order": order, "axis": axis, "suites": suites, "plots": pngs, "rows": rows,
+           "columns": columns,
            "failures": worst_failures(by_suite, order, top), "results_dir": str(results_dir),
            "results_dir_path": results_dir, "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_text_atomic(out / "report.html", render_html(ctx, Thumbs()))

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from hardrank.results import read_results
 
-__all__ = ["Result", "parse_step", "load_results", "checkpoint_axis"]
+__all__ = ["Result", "Axis", "parse_step", "load_results", "checkpoint_axis"]
 
 # "step0200", "epoch_3", "iter-1000", "global_step5": the unit and the number. Checkpoint names
-# without one are placed in name order instead.
+# without one are listed after those with one, in name order.
 _STEP = re.compile(r"(?<![a-z])(global_step|step|epoch|iteration|iter|it|ckpt|checkpoint)[_\-]?(\d+)", re.I)
 
 
@@ -42,6 +42,10 @@ class Result:
     def ranking(self) -> bool:
         return self.data["task_type"] == "ranking"
 
+    @property
+    def mask(self) -> bool:
+        return self.data["task_type"] == "mask"
+
 
 def load_results(results_dir: Path, skip: Path | None) -> list[Result]:
     """Every result below ``results_dir`` (not below ``skip``, the report's own folder). Labels are
@@ -56,12 +60,36 @@ def load_results(results_dir: Path, skip: Path | None) -> list[Result]:
     return found
 
 
-def checkpoint_axis(labels: list[str]) -> tuple[list[str], dict[str, float], str]:
-    """Checkpoints in step order, their x positions, and the axis name ("step", "epoch" or "order")."""
-    steps = {l: parse_step(l) for l in labels}
-    units = {s[0] for s in steps.values() if s is not None}
-    if all(s is not None for s in steps.values()) and len(units) == 1:
-        order = sorted(labels, key=lambda l: (steps[l][1], _natural(l)))
-        return order, {l: float(steps[l][1]) for l in order}, units.pop()
-    order = sorted(labels, key=_natural)
-    return order, {l: float(i) for i, l in enumerate(order)}, "order"
+@dataclass
+class Axis:
+    """How checkpoints line up: ``order`` (those with a step, by step, then those without, by name),
+    ``step`` per label (None without one), ``unit`` of the steps ("step", "epoch", ...; "order" when
+    no checkpoint has one) and ``x``, each label's position on a plot's x axis (steps as they are,
+    the checkpoints without one placed beyond the last step, in ``order``)."""
+
+    order: list[str]
+    step: dict[str, int | None]
+    unit: str
+    x: dict[str, float]
+
+    @property
+    def unstepped(self) -> list[str]:
+        return [l for l in self.order if self.step[l] is None]
+
+
+def checkpoint_axis(labels: list[str]) -> Axis:
+    """The checkpoints' axis. Steps of the most common unit count; a checkpoint without one (a
+    predictions folder, ``final``) or with another unit is listed beside them, never reorders them."""
+    parsed = {l: parse_step(l) for l in labels}
+    units = [s[0] for s in parsed.values() if s is not None]
+    unit = max(sorted(set(units)), key=units.count) if units else "order"
+    step = {l: (s[1] if s is not None and s[0] == unit else None) for l, s in parsed.items()}
+    stepped = sorted((l for l in labels if step[l] is not None), key=lambda l: (step[l], _natural(l)))
+    others = sorted((l for l in labels if step[l] is None), key=_natural)
+    if not stepped:
+        return Axis(others, step, "order", {l: float(i) for i, l in enumerate(others)})
+    x = {l: float(step[l]) for l in stepped}
+    lo, hi = x[stepped[0]], x[stepped[-1]]
+    gap = max((hi - lo) * 0.12, 1.0)
+    x.update({l: hi + gap * (i + 1) for i, l in enumerate(others)})
+    return Axis(stepped + others, step, unit, x)

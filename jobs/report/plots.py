@@ -11,20 +11,20 @@ from matplotlib.figure import Figure
 
 from hardrank.atomic import atomic_path
 
-from .load import Result
-from .tables import directions, drop, main_metric, num, top_level
+from .load import Axis, Result
+from .tables import MASK_ROLES, directions, drop, main_metric, num, top_level
 
 __all__ = ["report_plots", "plot_bench"]
 
 _CHOICE_KEYS = ("accuracy", "original_accuracy", "augmented_accuracy", "group_score", "text_score", "image_score")
 
 
-def report_plots(results: list[Result], by_suite: dict[str, list[Result]], order: list[str], suites: list[str],
-                 x: dict[str, float], unit: str) -> dict[str, bytes | None]:
+def report_plots(results: list[Result], by_suite: dict[str, list[Result]], axis: Axis,
+                 suites: list[str]) -> dict[str, bytes | None]:
     """The report's PNGs: ``vs_step`` (metrics per suite vs checkpoint), ``drops`` (per-variant drop
     bars; None without ranking results) and ``heatmap`` (main metric, checkpoint x suite)."""
-    return {"vs_step": _plot_vs_step(by_suite, order, x, unit), "drops": _plot_drops(by_suite, order),
-            "heatmap": _plot_heatmap(results, order, suites)}
+    return {"vs_step": _plot_vs_step(by_suite, axis), "drops": _plot_drops(by_suite, axis.order),
+            "heatmap": _plot_heatmap(results, axis.order, suites)}
 
 
 def _figure(w: float, h: float) -> Figure:
@@ -37,46 +37,76 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _plot_vs_step(by_suite: dict[str, list[Result]], order, x, unit) -> bytes:
+def _series(r: Result) -> list[tuple[str, float | None, dict]]:
+    """(name, value, line style) of every curve one result contributes to its suite's panel."""
+    m = r.data["metrics"]
+    out = []
+    if r.ranking:
+        for d in directions(m.get("original", {})):
+            out.append((f"{d} clean", num(m["original"][d].get("R@1")), {"lw": 2.6}))
+        for v in top_level(m):
+            for d in directions(m[v]):
+                out.append((f"{d} {v}", num(m[v][d].get("R@1")), {"lw": 1.2, "ls": "--"}))
+    elif r.mask:
+        for role in MASK_ROLES:
+            for k, style in (("gIoU", {"lw": 2.2}), ("cIoU", {"lw": 1.2, "ls": "--"})):
+                out.append((f"{role} {k}", num(m.get(role, {}).get(k)), style))
+    else:
+        for t in top_level(m):
+            all_ = m[t].get("all", {}) if isinstance(m[t], dict) else {}
+            for k in _CHOICE_KEYS:
+                if k in all_:
+                    out.append((f"{t} {k.replace('_accuracy', '').replace('_score', '')}", num(all_[k]), {"lw": 1.6}))
+    return out
+
+
+_YLABEL = {"ranking": "R@1 (%)", "choice": "accuracy / score (%)", "mask": "IoU (%)"}
+
+
+def _plot_vs_step(by_suite: dict[str, list[Result]], axis: Axis) -> bytes:
+    """One panel per suite: its metrics along the checkpoints' steps, joined by lines; checkpoints
+    without a step (a predictions folder, ``final``) as separate markers to the right of a divider."""
     suites = list(by_suite)
     ncol = 2 if len(suites) > 1 else 1
     nrow = math.ceil(len(suites) / ncol)
     fig = _figure(6.2 * ncol, 3.6 * nrow)
     axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
     for ax, suite in zip(axes, suites):
-        rs = sorted(by_suite[suite], key=lambda r: order.index(r.label))
-        xs = [x[r.label] for r in rs]
-        series: dict[str, list] = {}
-        style: dict[str, dict] = {}
-        for i, r in enumerate(rs):
-            m = r.data["metrics"]
-            if r.ranking:
-                for d in directions(m.get("original", {})):
-                    series.setdefault(f"{d} clean", [None] * len(rs))[i] = num(m["original"][d].get("R@1"))
-                    style[f"{d} clean"] = {"lw": 2.6}
-                for v in top_level(m):
-                    for d in directions(m[v]):
-                        series.setdefault(f"{d} {v}", [None] * len(rs))[i] = num(m[v][d].get("R@1"))
-                        style.setdefault(f"{d} {v}", {"lw": 1.2, "ls": "--"})
-                ax.set_ylabel("R@1 (%)")
-            else:
-                for t in top_level(m):
-                    all_ = m[t].get("all", {}) if isinstance(m[t], dict) else {}
-                    for k in _CHOICE_KEYS:
-                        if k in all_:
-                            series.setdefault(f"{t} {k.replace('_accuracy', '').replace('_score', '')}",
-                                              [None] * len(rs))[i] = num(all_[k])
-                ax.set_ylabel("%")
+        rs = sorted(by_suite[suite], key=lambda r: axis.order.index(r.label))
+        series: dict[str, dict] = {}  # name -> {"style", "stepped": [(x, y)], "other": [(x, y)]}
+        for r in rs:
+            part = "stepped" if axis.step[r.label] is not None or axis.unit == "order" else "other"
+            for name, value, style in _series(r):
+                sr = series.setdefault(name, {"style": style, "stepped": [], "other": []})
+                if value is not None:
+                    sr[part].append((axis.x[r.label], value))
         top = 0.0
-        for name, ys in series.items():
-            pts = [(a, b) for a, b in zip(xs, ys) if b is not None]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", ms=4, label=name, **style.get(name, {"lw": 1.6}))
-                top = max([top] + [b for _, b in pts])
+        for name, sr in series.items():
+            color = None
+            if sr["stepped"]:
+                (line,) = ax.plot(*zip(*sr["stepped"]), marker="o", ms=4, label=name, **sr["style"])
+                color = line.get_color()
+            if sr["other"]:
+                ax.plot(*zip(*sr["other"]), ls="none", marker="D", ms=6, color=color,
+                        label=None if color else name)
+            top = max([top] + [v for _, v in sr["stepped"] + sr["other"]])
         ax.set_title(suite, fontsize=11)
-        ax.set_xlabel(unit if unit != "order" else "checkpoint (name order)")
-        if unit == "order":
-            ax.set_xticks(xs, [r.label for r in rs], rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel(_YLABEL.get(rs[0].data["task_type"], "%") if rs else "%")
+        shown = [r.label for r in rs]
+        if axis.unit == "order":
+            ax.set_xlabel("checkpoint (no step in the names: name order)")
+            ax.set_xticks([axis.x[l] for l in shown], shown, rotation=30, ha="right", fontsize=7)
+        else:
+            ax.set_xlabel(axis.unit)
+            others = [l for l in shown if axis.step[l] is None]
+            if others:
+                stepped_x = [axis.x[l] for l in shown if axis.step[l] is not None]
+                lo, hi = (min(stepped_x), max(stepped_x)) if stepped_x else (0.0, 0.0)
+                ticks = [t for t in ax.get_xticks() if lo <= t <= hi] if stepped_x else []
+                first_other = min(axis.x[l] for l in others)
+                ax.axvline((hi + first_other) / 2 if stepped_x else first_other - 0.5, color="0.6", lw=1, ls=":")
+                ax.set_xticks(ticks + [axis.x[l] for l in others],
+                              [f"{t:g}" for t in ticks] + [f"{l}\n(no {axis.unit})" for l in others], fontsize=7)
         ax.set_ylim(0, 102 if top > 60 else max(top * 1.25, 1.0))  # near-chance checkpoints stay readable
         ax.grid(alpha=0.3)
         if series:
@@ -127,7 +157,9 @@ def _plot_drops(by_suite: dict[str, list[Result]], order) -> bytes | None:
         ax.set_ylabel("drop in R@1 (points)")
         ax.set_title(f"{suite}: {d} (clean - variant)", fontsize=11)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7, title="checkpoint", title_fontsize=7)
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, hi + (hi - lo) * 0.35)  # headroom: the legend sits above the bars, not on them
+        ax.legend(fontsize=7, title="checkpoint", title_fontsize=7, loc="upper left", ncol=3)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     return _png(fig)

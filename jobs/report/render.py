@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 
 from .failures import Thumbs, image_roots, is_image
-from .tables import num, pivot
+from .tables import MASK_ROLES, num, pivot
 
 __all__ = ["render_html", "render_md"]
 
@@ -20,6 +20,49 @@ img.plot{max-width:100%;border:1px solid #eee;margin:8px 0} img.thumb{width:64px
 image-rendering:pixelated;display:block} .small{font-size:12px;color:#555} code{font-size:12px}
 td.text{max-width:420px}
 """
+
+
+_MAIN_NOTE = ("Main metric per suite: ranking, clean R@1 (mean of i2t and t2i); choice, accuracy (augmented "
+              "accuracy for hard positives, group score for 2x2 suites); mask, amodal gIoU.")
+_VS_STEP_NOTE = ("Ranking: R@1, solid the clean protocol, dashed with a variant's items added. Choice: accuracies. "
+                 "Mask: gIoU solid, cIoU dashed. Checkpoints without a step in their name (diamonds) sit right of "
+                 "the dotted line.")
+
+
+def _ckpts(axis) -> str:
+    n, other = len(axis.order), len(axis.unstepped)
+    return f"{n} checkpoints" + (f" ({other} without a {axis.unit})" if other and axis.unit != "order" else "")
+
+
+def _step(axis, label: str) -> str:
+    return "-" if axis.step[label] is None else str(axis.step[label])
+
+
+def _unstepped_note(axis) -> str:
+    names = ", ".join(axis.unstepped)
+    return (f"No {axis.unit} in the name of {names}: listed after the checkpoints with one (a predictions folder "
+            f"scored as it is, or a checkpoint named without its {axis.unit}).")
+
+
+def _mask_tables(ctx: dict) -> dict[str, dict]:
+    """Per mask suite: rows of (checkpoint, source, visible gIoU, visible cIoU, amodal gIoU, amodal cIoU)."""
+    out = {}
+    cols = [f"{role} {k}" for role in MASK_ROLES for k in ("gIoU", "cIoU")]
+    for suite in ctx["suites"]:
+        rs = sorted((r for r in ctx["results"] if r.suite == suite and r.mask),
+                    key=lambda r: ctx["order"].index(r.label))
+        if not rs:
+            continue
+        rows = []
+        for r in rs:
+            m = r.data["metrics"]
+            source = (f"baseline {r.data['baseline']}" if r.data.get("baseline")
+                      else "predictions" if r.data.get("predictions") else "")
+            rows.append([r.label, source] + [num(m.get(c.split()[0], {}).get(c.split()[1])) for c in cols])
+        best = {c: max((row[2 + i] for row in rows if row[2 + i] is not None), default=None)
+                for i, c in enumerate(cols)}
+        out[suite] = {"columns": ["checkpoint", "scored"] + cols, "rows": rows, "best": best}
+    return out
 
 
 def _fmt(v) -> str:
@@ -44,18 +87,19 @@ def _cell_html(value: str, roots: list[Path], image: bool, thumbs: Thumbs) -> st
 def render_html(ctx: dict, thumbs: Thumbs) -> str:
     """The page: leaderboard pivot, the plots (embedded PNGs), worst failures with thumbnails, every
     headline metric. ``ctx`` is the report context ``build_report`` assembles."""
-    order, suites, results = ctx["order"], ctx["suites"], ctx["results"]
+    order, suites, results, axis = ctx["order"], ctx["suites"], ctx["results"], ctx["axis"]
     cell, best = pivot(results, order, suites)
     metric_of = {s: next((cell[(l, s)][0] for l in order if (l, s) in cell), "") for s in suites}
+    step_col = axis.unit != "order"
     h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
          "<title>hardrank report</title>", f"<style>{_CSS}</style></head><body>",
          "<h1>hardrank report</h1>",
-         f'<p class="meta">{_esc(ctx["results_dir"])} &middot; {len(results)} results, {len(order)} checkpoints, '
+         f'<p class="meta">{_esc(ctx["results_dir"])} &middot; {len(results)} results, {_ckpts(axis)}, '
          f'{len(suites)} suites &middot; generated {_esc(ctx["generated"])}</p>',
          "<h2>Leaderboard</h2>",
-         '<p class="small">Main metric per suite (ranking: clean R@1, mean of i2t and t2i; choice: accuracy). '
-         'Best per suite in bold. All headline numbers are in <code>leaderboard.csv</code>.</p>',
-         "<table><tr><th>checkpoint</th>" + "".join(
+         f'<p class="small">{_esc(_MAIN_NOTE)} Best per suite in bold. All headline numbers are in '
+         '<code>leaderboard.csv</code>.</p>',
+         "<table><tr><th>checkpoint</th>" + (f"<th>{_esc(axis.unit)}</th>" if step_col else "") + "".join(
              f"<th>{_esc(s)}<br><span class='small'>{_esc(metric_of[s])}</span></th>" for s in suites) + "</tr>"]
     for l in order:
         tds = []
@@ -63,10 +107,28 @@ def render_html(ctx: dict, thumbs: Thumbs) -> str:
             v = cell.get((l, s), (None, None))[1]
             cls = "num best" if v is not None and v == best[s] else "num"
             tds.append(f'<td class="{cls}">{_fmt(v)}</td>')
-        h.append(f"<tr><td>{_esc(l)}</td>{''.join(tds)}</tr>")
+        step = f'<td class="num">{_step(axis, l)}</td>' if step_col else ""
+        h.append(f"<tr><td>{_esc(l)}</td>{step}{''.join(tds)}</tr>")
     h.append("</table>")
+    if step_col and axis.unstepped:
+        h.append(f'<p class="small">{_esc(_unstepped_note(axis))}</p>')
+    for suite, table in _mask_tables(ctx).items():
+        h.append(f"<h2>Mask suite: {_esc(suite)}</h2>"
+                 '<p class="small">gIoU: mean IoU over masks; cIoU: summed intersections over summed unions; '
+                 "in percent, for the visible and the amodal (whole-object) masks. Best per column in bold.</p>"
+                 "<table><tr>" + "".join(f"<th>{_esc(c)}</th>" for c in table["columns"]) + "</tr>")
+        for row in table["rows"]:
+            tds = []
+            for c, v in zip(table["columns"], row):
+                if c not in table["best"]:
+                    tds.append(f"<td>{_esc(v)}</td>")
+                else:
+                    cls = "num best" if v is not None and v == table["best"][c] else "num"
+                    tds.append(f'<td class="{cls}">{_fmt(v)}</td>')
+            h.append("<tr>" + "".join(tds) + "</tr>")
+        h.append("</table>")
     for key, title, note in (
-            ("vs_step", "Metrics vs checkpoint", "Solid: clean protocol; dashed: with the variant's items added."),
+            ("vs_step", "Metrics vs checkpoint", _VS_STEP_NOTE),
             ("drops", "Per-variant drop", "Clean R@1 minus R@1 with the variant's perturbed items in the gallery."),
             ("heatmap", "Checkpoint x suite", "")):
         if ctx["plots"].get(key):
@@ -103,19 +165,27 @@ def render_html(ctx: dict, thumbs: Thumbs) -> str:
 
 def render_md(ctx: dict, plot_files: dict[str, str]) -> str:
     """The Markdown report: leaderboard, links to ``plot_files`` (relative paths), worst failures."""
-    order, suites, results = ctx["order"], ctx["suites"], ctx["results"]
+    order, suites, results, axis = ctx["order"], ctx["suites"], ctx["results"], ctx["axis"]
     cell, best = pivot(results, order, suites)
-    md = ["# hardrank report", "", f"{ctx['results_dir']}: {len(results)} results, {len(order)} checkpoints, "
+    step_col = axis.unit != "order"
+    md = ["# hardrank report", "", f"{ctx['results_dir']}: {len(results)} results, {_ckpts(axis)}, "
           f"{len(suites)} suites; generated {ctx['generated']}.", "", "## Leaderboard", "",
-          "Main metric per suite (ranking: clean R@1, mean of i2t and t2i; choice: accuracy); best in bold.", "",
-          "| checkpoint | " + " | ".join(_md_cell(s) for s in suites) + " |",
-          "|---|" + "---:|" * len(suites)]
+          f"{_MAIN_NOTE} Best in bold.", "",
+          "| checkpoint | " + (f"{axis.unit} | " if step_col else "") + " | ".join(_md_cell(s) for s in suites) + " |",
+          "|---|" + ("---:|" if step_col else "") + "---:|" * len(suites)]
     for l in order:
         vals = []
         for s in suites:
             v = cell.get((l, s), (None, None))[1]
             vals.append(f"**{_fmt(v)}**" if v is not None and v == best[s] else _fmt(v))
-        md.append(f"| {_md_cell(l)} | " + " | ".join(vals) + " |")
+        md.append(f"| {_md_cell(l)} | " + (f"{_step(axis, l)} | " if step_col else "") + " | ".join(vals) + " |")
+    if step_col and axis.unstepped:
+        md += ["", _unstepped_note(axis)]
+    for suite, table in _mask_tables(ctx).items():
+        md += ["", f"## Mask suite: {suite}", "", "gIoU / cIoU in percent, visible and amodal masks.", "",
+               "| " + " | ".join(table["columns"]) + " |", "|---|" + "---:|" * (len(table["columns"]) - 1)]
+        md += ["| " + " | ".join(_fmt(v) if c in table["best"] else _md_cell(v)
+                                 for c, v in zip(table["columns"], row)) + " |" for row in table["rows"]]
     for key, title in (("vs_step", "Metrics vs checkpoint"), ("drops", "Per-variant drop"),
                        ("heatmap", "Checkpoint x suite")):
         if key in plot_files:

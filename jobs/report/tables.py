@@ -8,12 +8,15 @@ from pathlib import Path
 from hardrank.atomic import atomic_path
 from hardrank.results import summary_row
 
-from .load import Result
+from .load import Axis, Result
 
-__all__ = ["num", "directions", "top_level", "drop", "main_metric", "leaderboard", "write_csv", "pivot"]
+__all__ = ["num", "directions", "top_level", "drop", "main_metric", "leaderboard", "write_csv", "pivot",
+           "MASK_ROLES"]
 
 _MAIN_CHOICE = ("accuracy", "augmented_accuracy", "group_score", "i2t_accuracy")
+_HEAD = ("checkpoint", "step", "step_unit", "order", "suite", "task_type", "main_metric", "main")  # always there
 _TAIL = ("model_fingerprint", "tie_rule", "failed_items", "result")  # the CSV's last columns
+MASK_ROLES = ("visible", "amodal")  # the mask suites' two mask kinds, each with gIoU and cIoU
 
 
 def num(v) -> float | None:
@@ -46,7 +49,8 @@ def drop(metrics: dict, view: str, d: str) -> float | None:
 
 
 def main_metric(res: dict) -> tuple[str, float | None]:
-    """The one number per (checkpoint, suite) of the heatmap and the pivot table."""
+    """The one number per (checkpoint, suite) of the heatmap and the pivot table: ranking, clean R@1
+    (mean of i2t and t2i); choice, the suite's accuracy; mask, the amodal gIoU."""
     m = res["metrics"]
     if res["task_type"] == "ranking":
         o = m.get("original", {})
@@ -55,6 +59,11 @@ def main_metric(res: dict) -> tuple[str, float | None]:
         vals = [num(o[d]["R@1"]) for d in directions(o)]
         vals = [v for v in vals if v is not None]
         return "R@1", (sum(vals) / len(vals) if vals else None)
+    if res["task_type"] == "mask":
+        for role in MASK_ROLES[::-1]:  # amodal first: the suite's point
+            if num(m.get(role, {}).get("gIoU")) is not None:
+                return f"{role} gIoU", num(m[role]["gIoU"])
+        return "-", None
     for key in _MAIN_CHOICE:
         vals = [num(m[t]["all"].get(key)) for t in top_level(m) if isinstance(m[t].get("all"), dict)
                 and key in m[t]["all"]]
@@ -64,16 +73,18 @@ def main_metric(res: dict) -> tuple[str, float | None]:
     return "-", None
 
 
-def leaderboard(results: list[Result], order: list[str], suites: list[str], x: dict[str, float],
-                unit: str) -> list[dict]:
-    """One row per (checkpoint, suite), in checkpoint then suite order: the main metric, then the
-    headline numbers of the terminal table."""
+def leaderboard(results: list[Result], axis: Axis, suites: list[str]) -> list[dict]:
+    """One row per (checkpoint, suite), in checkpoint then suite order: ``step`` (None when the name
+    holds none), ``step_unit``, ``order`` (position in the checkpoint order), the main metric, then
+    the headline numbers of the terminal table."""
     rows = []
+    order = axis.order
     for r in sorted(results, key=lambda r: (order.index(r.label), suites.index(r.suite))):
         name, value = main_metric(r.data)
-        row = {"checkpoint": r.label, unit: int(x[r.label]),
-               "suite": r.suite, "task_type": r.data["task_type"], "main_metric": name,
-               "main": None if value is None else round(value, 4)}
+        step = axis.step[r.label]
+        row = {"checkpoint": r.label, "step": step, "step_unit": axis.unit if step is not None else None,
+               "order": order.index(r.label), "suite": r.suite, "task_type": r.data["task_type"],
+               "main_metric": name, "main": None if value is None else round(value, 4)}
         if r.ranking and num(r.data["metrics"].get("original", {}).get("rsum")) is not None:
             row["rsum"] = round(r.data["metrics"]["original"]["rsum"], 4)
         for k, v in summary_row(r.data).items():
@@ -89,7 +100,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
     cols: list[str] = []
     for r in rows:
         cols.extend(k for k in r if k not in cols)
-    cols = [c for c in cols if c not in _TAIL] + list(_TAIL)
+    cols = list(_HEAD) + [c for c in cols if c not in _TAIL and c not in _HEAD] + list(_TAIL)
     with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()

@@ -1,0 +1,588 @@
+"""Fault injection: the bad inputs and accidents a new user meets, each pinned to its message and exit code.
+
+Unreadable images with identical bytes, store shards overwritten or garbled, broken manifests, two
+runs on one store at once, checkpoints already in the store, a garbage checkpoint in a grid, broken
+bring-your-own embeddings, unwritable outputs, bad options, bad annotation files, Ctrl-C, and kill -9
+at random points of eval and mine (a short version by default; ``-m chaos`` runs the long loop).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import pytest
+import torch
+from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
+
+from hardrank.jobs.cli import main
+
+N_IMAGES = 10
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    w = make_karpathy_world(root, n_images=N_IMAGES)
+    w["ann"] = w["annotations"] / "coco_karpathy_test.json"
+    w["cfg"] = write_tiny_config(root)
+    w["ckpts"] = [save_random_checkpoint(w["cfg"], root / f"epoch_{i + 1}.safetensors", i) for i in range(2)]
+    return w
+
+
+def _eval(world, out, store, *ckpts, images=None, ann=None, extra=(), quiet=True) -> list[str]:
+    return ["eval", "--model", str(world["cfg"]), "--checkpoint", *map(str, ckpts or world["ckpts"][:1]),
+            "--suite", "karpathy", "--annotations", str(ann or world["ann"]),
+            "--images", str(images or world["images"]), "--out", str(out), "--store", str(store),
+            "--batch-size", "4", *(["--quiet"] if quiet else []), *extra]
+
+
+def _mine(world, out, store, *, images=None, ann=None, extra=(), quiet=True) -> list[str]:
+    ann = str(ann or world["ann"])
+    return ["mine", "--model", str(world["cfg"]), "--checkpoint", str(world["ckpts"][0]), "--corpus", ann,
+            "--queries", ann, "--images", str(images or world["images"]), "--direction", "t2i", "-k", "3",
+            "--out", str(out), "--store", str(store), "--batch-size", "4", *(["--quiet"] if quiet else []), *extra]
+
+
+def _result(out, label="epoch_1") -> dict:
+    return json.loads((Path(out) / label / "karpathy.json").read_text())
+
+
+def _shard_keys(folder: Path) -> list[str]:
+    keys = []
+    for p in sorted(folder.glob("shard-*.arrow")):
+        keys += ipc.open_file(pa.memory_map(str(p))).read_all().column("key").to_pylist()
+    return keys
+
+
+def _check_store(store_root: Path) -> dict[str, dict[str, int]]:
+    """Every fingerprint folder: each key stored once, the manifest listing exactly the shards on disk."""
+    counts = {}
+    for fp in sorted(p for p in store_root.iterdir() if p.is_dir()):
+        manifest = json.loads((fp / "manifest.json").read_text())
+        counts[fp.name] = {}
+        for mod in ("image", "text"):
+            keys = _shard_keys(fp / mod)
+            assert len(keys) == len(set(keys)), f"{fp.name}/{mod}: a key is stored twice"
+            assert sorted(manifest["shards"][mod]) == sorted(p.name for p in (fp / mod).glob("shard-*.arrow"))
+            counts[fp.name][mod] = len(keys)
+    return counts
+
+
+# -- unreadable images --------------------------------------------------------------------------
+@pytest.mark.parametrize("content", [b"", b"<html>404 Not Found</html>"], ids=["zero-byte", "same-error-page"])
+def test_two_unreadable_images_with_identical_bytes(world, tmp_path, content):
+    images = tmp_path / "images"
+    shutil.copytree(world["images"], images)
+    bad = [images / world["clean"][i]["image"] for i in (0, 1)]
+    for p in bad:
+        p.write_bytes(content)
+    assert main(_eval(world, tmp_path / "out", tmp_path / "store", images=images)) == 0
+    res = _result(tmp_path / "out")
+    assert res["failed_items"] == 2
+    assert sorted(f["source"] for f in res["failures"]) == sorted(map(str, bad))  # both, each under its own row
+    assert len({f["row"] for f in res["failures"]}) == 2
+    for f in res["failures"]:
+        assert "0x" not in f["reason"] and "BytesIO" not in f["reason"], f["reason"]  # the same text every run
+        assert str(bad[0]) in f["reason"] or str(bad[1]) in f["reason"]
+    assert res["counts"]["original"]["i2t"]["queries"] == N_IMAGES - 2
+    assert main(_mine(world, tmp_path / "mined", tmp_path / "store", images=images)) == 0
+    summary = json.loads((tmp_path / "mined" / "summary.json").read_text())
+    assert summary["inputs"]["corpus"]["skipped"] == 2 and summary["inputs"]["embed"]["image"]["failed"] == 2
+    assert summary["counts"]["corpus"] == N_IMAGES - 2
+
+
+# -- the store verifies itself -------------------------------------------------------------------
+def _image_shard(store: Path, fingerprint: str) -> Path:
+    shards = sorted((store / fingerprint / "image").glob("shard-*.arrow"))
+    assert len(shards) == 1
+    return shards[0]
+
+
+def test_store_shard_overwritten_with_other_valid_floats_is_detected_and_reencoded(world, tmp_path, caplog):
+    store = tmp_path / "store"
+    assert main(_eval(world, tmp_path / "clean", store)) == 0
+    clean = _result(tmp_path / "clean")
+    shard = _image_shard(store, clean["model_fingerprint"])
+    emb = ipc.open_file(pa.memory_map(str(shard))).read_all().column("embedding").combine_chunks()
+    emb = emb.values.to_numpy().reshape(len(emb), -1)
+    data = bytearray(shard.read_bytes())
+    at = data.find(emb[0].tobytes())
+    assert at > 0
+    data[at:at + emb[0].nbytes] = emb[1].tobytes()  # another valid, L2-normalised vector: no NaN to notice
+    shard.write_bytes(bytes(data))
+
+    with caplog.at_level(logging.WARNING, logger="hardrank.store"):
+        assert main(_eval(world, tmp_path / "again", store)) == 0
+    assert "failed its checksum" in caplog.text and str(shard) in caplog.text
+    again = _result(tmp_path / "again")
+    assert again["metrics"] == clean["metrics"]                     # the wrong vector was never used
+    assert again["provenance"]["embed"]["image"]["encoded"] == N_IMAGES  # the shard's items were re-encoded
+    quarantined = list((store / clean["model_fingerprint"] / "quarantine").iterdir())
+    assert [p.name for p in quarantined] == [f"image-{shard.name}"]  # moved aside, not deleted
+    _check_store(store)
+
+
+@pytest.mark.parametrize("damage", ["random-bytes", "truncated"])
+def test_garbled_store_shard_is_quarantined_and_reencoded(world, tmp_path, caplog, damage):
+    store = tmp_path / "store"
+    assert main(_eval(world, tmp_path / "clean", store)) == 0
+    clean = _result(tmp_path / "clean")
+    shard = sorted((store / clean["model_fingerprint"] / "text").glob("shard-*.arrow"))[0]
+    data = bytearray(shard.read_bytes())
+    if damage == "truncated":
+        data = data[:len(data) // 2]
+    else:
+        data[len(data) // 3:len(data) // 3 + 256] = np.random.default_rng(0).bytes(256)
+    shard.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="hardrank.store"):
+        assert main(_eval(world, tmp_path / "again", store)) == 0
+    assert "moved to" in caplog.text and "encoder output" not in caplog.text
+    assert _result(tmp_path / "again")["metrics"] == clean["metrics"]
+    assert (store / clean["model_fingerprint"] / "quarantine" / f"text-{shard.name}").is_file()
+
+
+@pytest.mark.parametrize("manifest", ["", "{", "[]", None], ids=["empty", "truncated", "not-an-object", "deleted"])
+def test_broken_manifest_is_rebuilt_from_the_shards(world, tmp_path, manifest):
+    from hardrank import open_store
+
+    store = tmp_path / "store"
+    assert main(_eval(world, tmp_path / "clean", store)) == 0
+    clean = _result(tmp_path / "clean")
+    folder = store / clean["model_fingerprint"]
+    counts = _check_store(store)
+    if manifest is None:
+        (folder / "manifest.json").unlink()
+    else:
+        (folder / "manifest.json").write_text(manifest)
+    st = open_store(folder)  # a store folder given as a mining input: its shape comes from the shards
+    assert (st.dim, st.count("image")) == (16, N_IMAGES)
+    assert main(_eval(world, tmp_path / "again", store)) == 0
+    again = _result(tmp_path / "again")
+    assert again["metrics"] == clean["metrics"] and again["provenance"]["embed"]["image"]["encoded"] == 0
+    assert _check_store(store) == counts  # the manifest lists every shard again
+
+
+def test_store_folder_as_mining_input_is_verified(tmp_path, capsys):
+    from hardrank import EmbeddingStore
+
+    rng = np.random.default_rng(0)
+    st = EmbeddingStore(tmp_path / "store", "fp", dim=8, dtype="float32")
+    emb = rng.standard_normal((20, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    st.write("text", [f"t{i}" for i in range(10)], emb[:10])
+    st.write("text", [f"t{i}" for i in range(10, 20)], emb[10:])
+    folder = tmp_path / "store" / "fp"
+    (folder / "manifest.json").unlink()  # shards alone make a store folder
+    args = ["mine", "--corpus", str(folder), "--queries", str(folder), "--direction", "t2t", "-k", "2", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "ok")]) == 0
+    shard = sorted((folder / "text").glob("shard-*.arrow"))[1]
+    data = bytearray(shard.read_bytes())
+    at = data.find(emb[12].tobytes())
+    data[at:at + 32] = emb[3].tobytes()
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "bad")]) == 3
+    err = capsys.readouterr().err
+    assert "1 shard(s) of this store folder failed their checksum" in err and str(folder) in err
+    assert shard.is_file()  # an input store folder is only read: nothing moved
+
+
+def test_each_shard_is_verified_once_per_process(tmp_path, monkeypatch):
+    import hardrank.store as store_mod
+    from hardrank import EmbeddingStore
+
+    calls = []
+    digest = store_mod._digest
+    monkeypatch.setattr(store_mod, "_digest", lambda keys, emb: calls.append(len(keys)) or digest(keys, emb))
+    rng = np.random.default_rng(0)
+    st = EmbeddingStore(tmp_path, "fp", dim=4, dtype="float32")
+    st.write("text", ["a", "b"], rng.standard_normal((2, 4)))
+    st.write("text", ["c"], rng.standard_normal((1, 4)))
+    assert calls == [2, 1]  # writing computes each checksum once
+    for _ in range(3):  # other store objects of this process trust what it verified
+        st2 = EmbeddingStore(tmp_path, "fp", dim=4, dtype="float32")
+        st2.read("text", ["a", "c"])
+    assert calls == [2, 1]
+    shard = sorted((tmp_path / "fp" / "text").glob("shard-*.arrow"))[0]
+    os.utime(shard)  # a changed file is checked again, and passes
+    EmbeddingStore(tmp_path, "fp", dim=4, dtype="float32").read("text", ["a", "b"])
+    assert calls == [2, 1, 2]
+
+
+# -- concurrent runs ----------------------------------------------------------------------------
+_WRAPPER = r"""
+import os, sys, time
+import hardrank.embed.job as job
+import hardrank.embed.pipeline as pipeline
+
+flush = int(os.environ.get("HR_TEST_FLUSH_ROWS", "0"))
+if flush:  # commit a shard every few rows, so a kill lands between commits
+    run = pipeline.EmbedPipeline.run
+    pipeline.EmbedPipeline.run = lambda self, tables, **kw: run(self, tables, **{**kw, "flush_rows": flush})
+gate, at = os.environ.get("HR_TEST_GATE"), int(os.environ.get("HR_TEST_GATE_AT", "1"))
+if gate:  # the at-th encoder batch waits until the test creates the gate file
+    call = job.EncodeStage.__call__
+    seen = [0]
+    def gated(self, batch):
+        seen[0] += 1
+        if seen[0] == at:
+            print("HR-TEST encoding", file=sys.stderr, flush=True)
+            while not os.path.exists(gate):
+                time.sleep(0.02)
+        return call(self, batch)
+    job.EncodeStage.__call__ = gated
+from hardrank.jobs.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _spawn(args, log: Path, **env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _WRAPPER, *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=open(log, "w"), env={**os.environ, **{k: str(v) for k, v in env.items()}})
+
+
+def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert proc.poll() is None, f"exited {proc.returncode} before {text!r}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} in time:\n{log.read_text()[-3000:]}"
+        time.sleep(0.05)
+
+
+def test_two_evals_on_one_store_at_once_encode_each_item_once(world, tmp_path):
+    store, gate = tmp_path / "store", tmp_path / "gate"
+    a = _spawn(_eval(world, tmp_path / "a", store, *world["ckpts"]), tmp_path / "a.log", HR_TEST_GATE=gate)
+    try:
+        _wait_for(tmp_path / "a.log", "HR-TEST encoding", a)  # a holds the store lock, mid-encode
+        b = _spawn(_eval(world, tmp_path / "b", store, *world["ckpts"]), tmp_path / "b.log")
+        try:
+            _wait_for(tmp_path / "b.log", "waiting for it to finish", b)  # b is blocked on the lock
+            assert f"pid {a.pid}" in (tmp_path / "b.log").read_text()
+            gate.touch()
+            assert a.wait(300) == 0, (tmp_path / "a.log").read_text()[-3000:]
+            assert b.wait(300) == 0, (tmp_path / "b.log").read_text()[-3000:]
+        finally:
+            b.kill()
+    finally:
+        a.kill()
+    for label in ("epoch_1", "epoch_2"):
+        ra, rb = _result(tmp_path / "a", label), _result(tmp_path / "b", label)
+        assert ra["metrics"] == rb["metrics"]
+        for mod in ("image", "text"):  # what a encoded, b found in the store
+            assert rb["provenance"]["embed"][mod]["encoded"] == 0
+            assert ra["provenance"]["embed"][mod]["encoded"] == rb["provenance"]["embed"][mod]["from_store"] > 0
+    counts = _check_store(store)  # each item stored once; every shard of the store in the manifest
+    assert len(counts) == 2 and all(c["image"] == N_IMAGES for c in counts.values())
+
+
+# -- K checkpoints, some already stored ------------------------------------------------------------
+def test_a_checkpoint_whose_items_are_stored_is_not_encoded(world, tmp_path, capsys):
+    store = tmp_path / "store"
+    first, second = world["ckpts"]
+    assert main(_eval(world, tmp_path / "out", store, first)) == 0
+    fp1 = _result(tmp_path / "out")["model_fingerprint"]
+    shards_before = sorted(p.name for p in (store / fp1).rglob("shard-*.arrow"))
+    capsys.readouterr()
+    assert main(_eval(world, tmp_path / "out", store, first, second, extra=("--dry-run",))) == 0
+    plan = capsys.readouterr().out
+    assert f"images {N_IMAGES}/{N_IMAGES}" in plan and f"images 0/{N_IMAGES}" in plan
+    assert main(_eval(world, tmp_path / "out", store, first, second)) == 0
+    e1 = _result(tmp_path / "out", "epoch_1")["provenance"]["embed"]
+    e2 = _result(tmp_path / "out", "epoch_2")["provenance"]["embed"]
+    n_text = e1["text"]["from_store"]
+    assert (e1["image"]["encoded"], e1["image"]["from_store"], e1["text"]["encoded"]) == (0, N_IMAGES, 0)
+    assert (e2["image"]["encoded"], e2["image"]["from_store"], e2["text"]["encoded"]) == (N_IMAGES, 0, n_text)
+    assert e1["image"]["pass"] == e2["image"]["pass"] == {"checkpoints": 2, "encoded": N_IMAGES, "from_store": 0}
+    assert sorted(p.name for p in (store / fp1).rglob("shard-*.arrow")) == shards_before  # epoch_1 untouched
+
+
+def test_per_checkpoint_encoding_gives_the_same_vectors(world, tmp_path):
+    """Checkpoint 2 encoded alone (checkpoint 1 stored) equals checkpoint 2 encoded with checkpoint 1."""
+    from hardrank import EmbedOptions, EmbedPipeline
+    from hardrank.items import Tables
+    from hardrank.suites import SuiteOptions, load_suites
+
+    def tables():
+        t = Tables.empty()
+        load_suites(["karpathy"], t, SuiteOptions(annotations=str(world["ann"]), images=str(world["images"])))
+        return t
+
+    ckpts = [str(c) for c in world["ckpts"]]
+    both = EmbedPipeline.from_checkpoints(str(world["cfg"]), ckpts, EmbedOptions(store=str(tmp_path / "a")))
+    t_both = tables()
+    both.run(t_both)
+    EmbedPipeline.from_checkpoints(str(world["cfg"]), ckpts[:1], EmbedOptions(store=str(tmp_path / "b"))).run(tables())
+    split = EmbedPipeline.from_checkpoints(str(world["cfg"]), ckpts, EmbedOptions(store=str(tmp_path / "b")))
+    t_split = tables()
+    st = split.run(t_split)
+    assert [c["encoded"] for c in st["image"].per_checkpoint] == [0, N_IMAGES]
+    for mod in ("image", "text"):
+        np.testing.assert_allclose(split.embeddings(1, t_split)[mod], both.embeddings(1, t_both)[mod], atol=1e-6)
+
+
+# -- grids ------------------------------------------------------------------------------------------
+def test_run_reports_a_garbage_checkpoint_entry_and_runs_the_others(world, tmp_path, capsys):
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(np.random.default_rng(0).bytes(4096))
+    job = tmp_path / "job.toml"
+    job.write_text(textwrap.dedent(f"""
+        out = "res"
+        suites = ["karpathy"]
+        [options]
+        annotations = "{world['ann']}"
+        images = "{world['images']}"
+        store = "store"
+        [[model]]
+        name = "bad"
+        model = "{world['cfg']}"
+        checkpoints = ["{garbage}"]
+        [[model]]
+        name = "good"
+        model = "{world['cfg']}"
+        checkpoints = ["{world['ckpts'][0]}"]
+    """))
+    assert main(["run", str(job), "--quiet"]) != 0  # the exit code says an entry failed
+    err = capsys.readouterr().err
+    assert "hardrank run: bad: error:" in err and "1 of 2 entries failed: bad" in err and "Traceback" not in err
+    assert (tmp_path / "res" / "good" / "epoch_1" / "karpathy.json").is_file()
+    assert not list((tmp_path / "res").glob("bad/**/*.json"))
+
+
+# -- bring your own embeddings ----------------------------------------------------------------------
+def _byo_rows(world, dim=8) -> list[tuple[str, str, list]]:
+    rng = np.random.default_rng(1)
+    rows = [("image", it["image"], rng.standard_normal(dim).tolist()) for it in world["clean"]]
+    caps = dict.fromkeys(c for it in world["clean"] for c in it["caption"])
+    return rows + [("text", c, rng.standard_normal(dim).tolist()) for c in caps]
+
+
+def _write_byo(path: Path, rows, embedding=None) -> Path:
+    pq.write_table(pa.table({"kind": [r[0] for r in rows], "id": [r[1] for r in rows],
+                             "embedding": embedding if embedding is not None else [r[2] for r in rows]}), path)
+    return path
+
+
+def _byo_args(world, path, out) -> list[str]:
+    return ["eval", "--embeddings", str(path), "--suite", "karpathy", "--annotations", str(world["ann"]),
+            "--images", str(world["images"]), "--out", str(out), "--quiet"]
+
+
+def test_byo_duplicated_and_malformed_embeddings(world, tmp_path, capsys):
+    rows = _byo_rows(world)
+    assert main(_byo_args(world, _write_byo(tmp_path / "ok.parquet", rows), tmp_path / "ok")) == 0
+    ok = json.loads((tmp_path / "ok" / "ok" / "karpathy.json").read_text())["metrics"]
+    # the same id twice with the same vector (a caption written once per occurrence): one item
+    assert main(_byo_args(world, _write_byo(tmp_path / "same.parquet", rows + rows[3:5]), tmp_path / "same")) == 0
+    assert json.loads((tmp_path / "same" / "same" / "karpathy.json").read_text())["metrics"] == ok
+    capsys.readouterr()
+    dup = ("image", rows[2][1], [-v for v in rows[2][2]])  # the same id, another vector: which one counts?
+    assert main(_byo_args(world, _write_byo(tmp_path / "dup.parquet", rows + [dup]), tmp_path / "dup")) == 3
+    err = capsys.readouterr().err
+    assert f"image id {rows[2][1]!r} appears 2 times with different embeddings" in err and "dup.parquet" in err
+    strings = [json.dumps(r[2]) for r in rows]
+    assert main(_byo_args(world, _write_byo(tmp_path / "str.parquet", rows, strings), tmp_path / "s")) == 3
+    err = capsys.readouterr().err
+    assert "column 'embedding' is string, expected a list of floats" in err and "Traceback" not in err
+    nan = [r[2] if i != 4 else [float("nan")] * 8 for i, r in enumerate(rows)]
+    assert main(_byo_args(world, _write_byo(tmp_path / "nan.parquet", rows, nan), tmp_path / "n")) == 3
+    assert f"id {rows[4][1]!r} has a NaN or infinite value" in capsys.readouterr().err
+
+
+# -- usage checked before any work -------------------------------------------------------------------
+def _unwritable(tmp_path: Path) -> Path:
+    """A folder this process cannot create or write (root ignores permission bits: use /proc)."""
+    if os.geteuid() == 0:
+        return Path("/proc/hardrank-test-out")
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    ro.chmod(0o555)
+    return ro / "out"
+
+
+@pytest.mark.parametrize("which", ["out-read-only", "out-is-a-file", "store-is-a-file", "store-under-a-file",
+                                   "store-read-only"])
+def test_unwritable_out_or_store_fails_before_any_work(world, tmp_path, capsys, which):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    out, store = tmp_path / "out", tmp_path / "store"
+    if which == "out-read-only":
+        out = _unwritable(tmp_path)
+    elif which == "out-is-a-file":
+        out = afile
+    elif which == "store-is-a-file":
+        store = afile
+    elif which == "store-under-a-file":
+        store = afile / "store"
+    else:
+        store = _unwritable(tmp_path)
+    t0 = time.perf_counter()
+    assert main(_eval(world, out, store)) == 2
+    err = capsys.readouterr().err
+    flag = "--out" if which.startswith("out") else "--store"
+    assert f"({flag}) is" in err and "Traceback" not in err
+    assert time.perf_counter() - t0 < 5  # refused up front: no image hashed, no model loaded
+    assert not list(tmp_path.rglob("shard-*.arrow")) and not list(tmp_path.rglob("karpathy.json"))
+    if which == "out-read-only":
+        assert main(_mine(world, out, tmp_path / "store")) == 2
+        assert "(--out) is" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--batch-size", "0"), "option batch_size (--batch-size) must be a number >= 1, got 0"),
+    (("--batch-size", "-5"), "option batch_size (--batch-size) must be a number >= 1, got -5"),
+    (("--max-failures", "-1"), "option max_failures (--max-failures) must be a number >= 0, got -1"),
+    (("--decode-threads", "0"), "option decode_threads (--decode-threads) must be a number >= 1, got 0"),
+    (("--suite", "nope"), "unknown suite 'nope'; choose from"),
+    (("--device", "cuda"), "option device (--device) is 'cuda', but torch sees no CUDA GPU"),
+    (("--device", "cuda:7"), "option device (--device) is 'cuda:7'"),
+])
+def test_bad_options_are_usage_errors(world, tmp_path, capsys, flags, message):
+    if flags[0] == "--device" and torch.cuda.is_available() and flags[1] == "cuda":
+        pytest.skip("a CUDA GPU is present")
+    if flags[1] == "cuda:7" and torch.cuda.device_count() > 7:
+        pytest.skip("eight GPUs present")
+    assert main(_eval(world, tmp_path / "out", tmp_path / "store", extra=flags)) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "store").exists()
+
+
+# -- annotation files --------------------------------------------------------------------------------
+@pytest.mark.parametrize("content, message", [
+    (b"[]", "holds no images (an empty list)"),
+    (b'[{"image": "val2014/COCO_val2014_000000000000.jpg", "caption": ["caf\xe9 au lait"]}]',
+     "not UTF-8 text (byte b'\\xe9' at offset"),
+    (b"", "not valid JSON"),
+])
+def test_bad_annotation_files_name_the_file(world, tmp_path, capsys, content, message):
+    ann = tmp_path / "annotations.json"
+    ann.write_bytes(content)
+    for args in (_eval(world, tmp_path / "out", tmp_path / "store", ann=ann),
+                 _mine(world, tmp_path / "mined", tmp_path / "store", ann=ann)):
+        assert main(args) == 3
+        err = capsys.readouterr().err
+        assert f"{ann}: " in err and message in err, err
+
+
+def test_every_query_lost_to_unreadable_images_is_an_error(world, tmp_path, capsys):
+    images = tmp_path / "images"
+    shutil.copytree(world["images"], images)
+    for it in world["clean"]:
+        (images / it["image"]).write_bytes(b"")
+    assert main(_eval(world, tmp_path / "out", tmp_path / "store", images=images)) == 3
+    err = capsys.readouterr().err
+    assert "suite karpathy" in err and "lost every query to unreadable items" in err
+    assert not (tmp_path / "out" / "epoch_1" / "karpathy.json").exists()  # no result of null metrics
+
+
+# -- Ctrl-C -------------------------------------------------------------------------------------------
+def test_ctrl_c_exits_130_keeps_finished_work_and_resumes(world, tmp_path):
+    store, log = tmp_path / "store", tmp_path / "eval.log"
+    proc = _spawn(_eval(world, tmp_path / "out", store), log, HR_TEST_GATE=tmp_path / "never", HR_TEST_GATE_AT=2,
+                  HR_TEST_FLUSH_ROWS=4)
+    try:
+        _wait_for(log, "HR-TEST encoding", proc)  # the first batch of 4 images is committed, the second waits
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 130
+    finally:
+        proc.kill()
+    err = log.read_text()
+    assert "hardrank: interrupted; finished work is kept" in err and "Traceback" not in err
+    counts = _check_store(store)
+    assert [c["image"] for c in counts.values()] == [4]
+    assert main(_eval(world, tmp_path / "out", store)) == 0
+    assert _result(tmp_path / "out")["provenance"]["embed"]["image"]["encoded"] == N_IMAGES - 4
+
+
+# -- kill -9 at random points -------------------------------------------------------------------------
+def _killed(args, log: Path, delay: float, **env) -> bool:
+    """Start a command, kill -9 it ``delay`` seconds after its work starts; whether it was killed."""
+    proc = _spawn(args, log, **env)
+    try:
+        _wait_for(log, "loaded" if args[0] == "eval" else "model ", proc)
+        time.sleep(delay)
+        alive = proc.poll() is None
+        if os.environ.get("HARDRANK_CHAOS_VERBOSE"):
+            print(f"kill -9 {delay:.2f}s into {args[0]}: {'mid-run' if alive else 'already finished'}; "
+                  f"{len(list(log.parent.rglob('shard-*.arrow')))} store shards, "
+                  f"{len(list(log.parent.rglob('part-*.parquet')))} negatives shards so far")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+        return alive
+    finally:
+        proc.kill()
+
+
+def _outcomes(out: Path) -> list:
+    return sorted(pq.read_table(p).to_pylist().__repr__() for p in sorted(out.rglob("karpathy.parquet")))
+
+
+def _negatives(out: Path) -> list:
+    t = pa.concat_tables([pq.read_table(p) for p in sorted((out / "negatives").glob("part-*.parquet"))])
+    return list(zip(t.column("query_id").to_pylist(), t.column("rank").to_pylist(),
+                    t.column("negative_id").to_pylist(), np.round(t.column("score").to_numpy(), 5).tolist()))
+
+
+def _timed(args) -> float:
+    """Run a command in this process (the reference and the resuming runs need no kill); its seconds."""
+    t0 = time.monotonic()
+    assert main(args) == 0
+    return time.monotonic() - t0
+
+
+def _chaos(world, tmp_path, rounds: int, seed: int) -> None:
+    """kill -9 eval and mine ``rounds`` times each at random points of their work (key hashing,
+    encoding, shard commits, scoring, result and negatives writes), resume, and compare with one
+    uninterrupted run: same metrics, same outcomes, same negatives, a consistent store."""
+    rng = random.Random(seed)
+    env = {"HR_TEST_FLUSH_ROWS": 8}  # a shard every two batches of 4: kills land between commits
+    ev = lambda out, store, quiet=True: _eval(world, out, store, *world["ckpts"], quiet=quiet)  # K = 2
+    span = _timed(ev(tmp_path / "ref", tmp_path / "ref_store"))
+    out, store = tmp_path / "out", tmp_path / "store"
+    hits = []
+    for i in range(rounds):
+        hits.append(_killed(ev(out, store, quiet=False), tmp_path / f"kill{i}.log", rng.uniform(0, span), **env))
+        if store.exists():
+            _check_store(store)  # every state a kill leaves is consistent
+    assert any(hits), "every kill came after the run had finished: nothing was tested"
+    _timed(ev(out, store))
+    for label in ("epoch_1", "epoch_2"):
+        assert _result(out, label)["metrics"] == _result(tmp_path / "ref", label)["metrics"], label
+    assert _outcomes(out) == _outcomes(tmp_path / "ref")
+    assert _check_store(store) == _check_store(tmp_path / "ref_store")
+    # mine: one negatives shard per 8 queries, so kills land between those too
+    mi = lambda out, store, quiet=True: _mine(world, out, store, extra=("--block-size", "8", "--no-dup-filter"),
+                                              quiet=quiet)
+    span = _timed(mi(tmp_path / "mref", tmp_path / "mref_store"))
+    hits = [_killed(mi(tmp_path / "mined", tmp_path / "mstore", quiet=False), tmp_path / f"mkill{i}.log",
+                    rng.uniform(0, span), **env) for i in range(rounds)]
+    assert any(hits), "every kill came after the run had finished: nothing was tested"
+    _timed(mi(tmp_path / "mined", tmp_path / "mstore"))
+    assert _negatives(tmp_path / "mined") == _negatives(tmp_path / "mref") != []
+    summary = json.loads((tmp_path / "mined" / "summary.json").read_text())
+    ref = json.loads((tmp_path / "mref" / "summary.json").read_text())
+    assert summary["counts"] == ref["counts"] and summary["score_histogram"] == ref["score_histogram"]
+    _check_store(tmp_path / "mstore")
+
+
+def test_kill_9_at_random_points_then_resume_gives_the_uninterrupted_results(world, tmp_path):
+    _chaos(world, tmp_path, rounds=2, seed=int(os.environ.get("HARDRANK_CHAOS_SEED", "0")))
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("seed", range(3))
+def test_chaos_loop_kill_9_many_times(world, tmp_path, seed):
+    _chaos(world, tmp_path, rounds=8, seed=seed)
