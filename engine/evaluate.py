@@ -95,7 +95,7 @@ def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: E
         t0 = time.perf_counter()
         ranks = score_ranking(task, emb[task.query_modality], emb[task.gallery_modality], tie_rule=suite.tie_rule,
                               device=device, budget_bytes=cfg.budget_mb << 20, search=cfg.search_spec,
-                              ranker=ranker)
+                              precision=cfg.rank_precision, ranker=ranker)
         timings[f"rank_{task.name}"] = time.perf_counter() - t0
         if getattr(ranks, "info", None):
             search_info[task.name] = ranks.info
