@@ -260,11 +260,12 @@ def print_plan(p: dict, echo=print) -> None:
 
 
 # -- `hardrank run` --------------------------------------------------------------------------
-def _run_entry(job: JobFile, m: JobModel, args, runners: dict | None = None) -> None:
+def _run_entry(job: JobFile, m: JobModel, args) -> None:
     if args.dry_run:
         print_plan(plan(m.config), echo=print)
         return
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    runners = getattr(args, "runners", None)  # set by `_cmd_run`: executors shared by the job's entries
     report = evaluate(m.config, progress=make_progress(args.quiet), echo=echo,
                       runner=_shared_runner(m.config, runners) if runners is not None else None)
     print(format_table(report.table_rows()))
@@ -292,9 +293,9 @@ def _cmd_run(args) -> int:
     n = sum(len(m.checkpoints) * len(m.suites) for m in job.models)
     print(f"{job.path}: {len(job.models)} model(s), {n} checkpoint x suite runs -> {job.out}", file=sys.stderr)
     codes = []
-    runners: dict = {}  # cluster address -> the Ray executor shared by the entries (closed at the end)
+    args.runners = runners = {}  # cluster address -> the Ray executor shared by the entries (closed at the end)
     try:
-        _run_entries(job, args, codes, runners)
+        _run_entries(job, args, codes)
     finally:
         for r in runners.values():
             r.close()
@@ -305,12 +306,12 @@ def _cmd_run(args) -> int:
     return next((c for c in codes if c), EXIT_OK)
 
 
-def _run_entries(job: JobFile, args, codes: list, runners: dict) -> None:
+def _run_entries(job: JobFile, args, codes: list) -> None:
     for i, m in enumerate(job.models):
         print(f"[{i + 1}/{len(job.models)}] {m.name}: {len(m.checkpoints)} checkpoint(s) x {', '.join(m.suites)}",
               file=sys.stderr, flush=True)
         try:
-            _run_entry(job, m, args, runners)
+            _run_entry(job, m, args)
             codes.append(EXIT_OK)
         except TooManyFailures as exc:
             print(f"hardrank run: {m.name}: stopped: {exc}", file=sys.stderr)
