@@ -355,6 +355,11 @@ class EvalConfig:
     search: str = opt("exhaustive", "ranking search: exhaustive (exact kernels) or faiss:<factory> "
                       "(per-group top-k; mean/median rank become lower bounds, see README)")
     budget_mb: int = opt(256, "kernel score-tile memory budget, MiB", minimum=1)
+    shard_gallery: int = opt(0, "split each ranking gallery over N Ray actors (per-shard counts add up to the "
+                             "exact ranks of the one-process pass); 0: only with --executor ray, for galleries "
+                             "above --shard-gallery-above-mb", minimum=0)
+    shard_gallery_above_mb: int = opt(8192, "with --executor ray: a ranking gallery whose fp32 matrix exceeds this "
+                                      "many MiB is sharded, one Ray actor per this many MiB", minimum=1)
     suite_options: SuiteOptions = SuiteOptions()
     embed: EmbedOptions = EmbedOptions()
     rank_precision: str = opt("auto", _RANK_PRECISION_HELP, choices=RANK_PRECISIONS)
@@ -370,6 +375,8 @@ class EvalConfig:
             raise UsageError("give --model (with --checkpoint/--pretrained), --run or --embeddings, not several")
         if self.run and self.pretrained:
             raise UsageError("--run reads the pretrained tag from the run's params.txt; drop --pretrained")
+        if self.shard_gallery and SearchSpec.parse(self.search).method == "faiss":
+            raise UsageError("--shard-gallery splits the exhaustive ranking pass; drop it or --search faiss:...")
 
     @property
     def search_spec(self) -> SearchSpec:

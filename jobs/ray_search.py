@@ -40,9 +40,13 @@ class _MemmapSlice:
         self.offset = int(xb.offset) + lo * d * xb.dtype.itemsize
 
     def __array__(self, dtype=None, copy=None):
-        rows = np.memmap(self.filename, self.dtype, "r", self.offset, self.shape) if self.shape[0] else \
-            np.zeros(self.shape, self.dtype)
-        return np.array(rows, dtype=dtype)
+        """The rows memory-mapped, not copied: the actor's resident memory then holds the pages its
+        index build and re-scoring touch (reclaimable page cache), as the local path's does, not a heap
+        copy of the whole slice."""
+        if not self.shape[0]:
+            return np.zeros(self.shape, dtype or self.dtype)
+        rows = np.memmap(self.filename, self.dtype, "r", self.offset, self.shape)
+        return rows if dtype is None or np.dtype(dtype) == self.dtype else np.array(rows, dtype=dtype)
 
 
 def _slice(xb, lo: int, hi: int):
@@ -76,7 +80,9 @@ class _Shard:
         return search(xq, kk, excl)
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
-        return f32(self.xb[idx])
+        """Rows ``idx`` (local) in the stored dtype: fp16 rows travel at half the bytes, and the driver's
+        fp16 -> fp32 conversion is exact, so the filter sees the same values."""
+        return np.ascontiguousarray(self.xb[idx])
 
     def set_nprobe(self, nprobe: int) -> None:
         if self.search is not None and getattr(self.search, "index", None) is not None:
@@ -124,7 +130,7 @@ class ShardedSearch:
         ref = ray.put(f32(xq))
         calls = []
         for s, (lo, hi) in enumerate(zip(self.bounds[:-1], self.bounds[1:])):
-            calls.append(self.actors[s].top.remote(ref, kk, _local_csr(excl, lo, hi), exact))
+            calls.append(self.actors[s].top.remote(ref, kk, local_csr(excl, lo, hi), exact))
         parts = []
         for (lo, _), (D, I) in zip(zip(self.bounds[:-1], self.bounds[1:]), ray.get(calls)):
             parts.append((D, np.where(I >= 0, I + lo, -1)))
@@ -147,7 +153,7 @@ class ShardedSearch:
             sel = np.nonzero((owner == s) & (flat >= 0))[0]
             calls[int(s)] = (sel, self.actors[s].rows.remote(flat[sel] - self.bounds[s]))
         for sel, ref in calls.values():
-            out[sel] = ray.get(ref)
+            out[sel] = ray.get(ref)  # (store dtype -> float32: exact)
         return out.reshape(*I.shape, self.d)
 
     def peak_rss(self) -> list[int]:
@@ -160,7 +166,7 @@ class ShardedSearch:
         self.actors = []
 
 
-def _local_csr(excl, lo: int, hi: int):
+def local_csr(excl, lo: int, hi: int):
     """The exclusions (CSR over queries, corpus indices) that fall in [lo, hi), as local indices."""
     if excl is None:
         return None
