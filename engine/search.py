@@ -16,6 +16,8 @@ class RankArrays:
 
     def __init__(self, r):
         self.info = {"search": "exhaustive", "precision": r.info["precision"]}
+        if "precision_reason" in r.info:  # why that first GEMM: requested, or what auto found on this hardware
+            self.info["precision_reason"] = r.info["precision_reason"]
         self.counts = r.counts.cpu().numpy()
         self.pos_score = r.pos_score.float().cpu().numpy()
         self.pos_index = r.pos_index.cpu().numpy()

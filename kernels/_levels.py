@@ -56,7 +56,7 @@ import torch
 
 from ._exact import U64, exact_dot, exact_fp32, gamma, grid_exponent, round_certified, sums_exact
 
-__all__ = ["PRECISIONS", "resolve_precision", "Levels", "BlockScorer"]
+__all__ = ["PRECISIONS", "resolve_precision", "precision_choice", "Levels", "BlockScorer"]
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _UNIT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
@@ -79,24 +79,57 @@ def resolve_precision(precision: str = "auto", device: torch.device | str = "cpu
     """The first level a kernel call will use: ``fp32``, ``bf16`` or ``fp16``.
 
     ``auto`` picks the low precision this device multiplies fastest: on CUDA, fp16 on tensor cores
-    (compute capability 7.0+); on CPU, bf16 when oneDNN has a bf16 GEMM (AMX, AVX512-BF16) that a
-    small timed probe (cached per process) finds at least 1.5x faster than fp32; fp32 otherwise, and
-    for calls of fewer than 2^28 multiply-adds (``work`` = nq * nb * d, when given). The kernels fall
-    back from fp16 to bf16 (or fp32) when the data leave fp16's range.
+    (compute capability 7.0+); on CPU, bf16 when the CPU has bf16 matrix units (flags ``amx_bf16`` or
+    ``avx512_bf16`` in /proc/cpuinfo, where it exists), oneDNN has a bf16 GEMM, and a small timed
+    probe (cached per process) finds it at least 1.5x faster than fp32; fp32 otherwise, and for calls
+    of fewer than 2^28 multiply-adds (``work`` = nq * nb * d, when given). The kernels fall back from
+    fp16 to bf16 (or fp32) when the data leave fp16's range. ``precision_choice`` also says why.
     """
+    return precision_choice(precision, device, work)[0]
+
+
+def precision_choice(precision: str = "auto", device: torch.device | str = "cpu",
+                     work: int | None = None) -> tuple[str, str]:
+    """(``resolve_precision``'s answer, why: the hardware found and the probe's figure), for provenance."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision != "auto":
-        return precision
+        return precision, "requested"
     if work is not None and work < _SMALL:
-        return "fp32"
+        return "fp32", "auto: a small call (< 2^28 multiply-adds), where a low-precision pass does not pay"
     device = torch.device(device)
     if device.type == "cuda":
-        major = torch.cuda.get_device_capability(device)[0]
-        return "fp16" if major >= 7 else "fp32"
-    if device.type == "cpu":
-        return "bf16" if _cpu_bf16_speedup() >= _SPEEDUP else "fp32"
-    return "fp32"
+        major, minor = torch.cuda.get_device_capability(device)
+        if major >= 7:
+            return "fp16", f"auto: CUDA tensor cores (sm_{major}{minor})"
+        return "fp32", f"auto: no tensor cores (sm_{major}{minor})"
+    if device.type != "cpu":
+        return "fp32", f"auto: no low-precision path on {device.type}"
+    flags = _cpu_bf16_flags()
+    if flags is not None and not flags:
+        return "fp32", "auto: no bf16 matrix unit (the CPU flags have neither amx_bf16 nor avx512_bf16)"
+    units = "+".join(flags) if flags else "CPU flags unknown"
+    speedup = _cpu_bf16_speedup()
+    if speedup == 0:
+        return "fp32", f"auto: {units}, but this torch's oneDNN has no bf16 GEMM"
+    if speedup >= _SPEEDUP:
+        return "bf16", f"auto: {units}; a bf16 GEMM probe ran {speedup:.1f}x faster than fp32"
+    return "fp32", f"auto: {units}, but a bf16 GEMM probe ran only {speedup:.1f}x faster than fp32 (< {_SPEEDUP})"
+
+
+@functools.cache
+def _cpu_bf16_flags() -> tuple[str, ...] | None:
+    """The CPU's bf16 matrix-unit flags (``amx_bf16``, ``avx512_bf16``) from /proc/cpuinfo; None where
+    that file does not exist or lists no flags (not Linux, not x86): the oneDNN check and probe decide."""
+    try:
+        text = open("/proc/cpuinfo", encoding="ascii", errors="replace").read()
+    except OSError:
+        return None
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), None)
+    if line is None:
+        return None
+    have = set(line.split(":", 1)[-1].split())
+    return tuple(f for f in ("amx_bf16", "avx512_bf16") if f in have)
 
 
 @functools.cache
@@ -426,17 +459,19 @@ def crowd_limit(i: int, sc: BlockScorer, w: int) -> int:
     return max(4, w // 150) if up == "fp32" else max(8, w // 50)
 
 
-def first_level(precision: str, device: torch.device, xq: torch.Tensor, xb: torch.Tensor) -> str:
-    """``resolve_precision`` for this call, then fp16 only where the data fit it: entries and scores
-    far inside its range (``auto`` takes bf16, or fp32, instead; an explicit ``fp16`` is refused)."""
-    first = resolve_precision(precision, device, xq.shape[0] * xb.shape[0] * xq.shape[1])
+def first_level(precision: str, device: torch.device, xq: torch.Tensor, xb: torch.Tensor) -> tuple[str, str]:
+    """``precision_choice`` for this call (first level, why), then fp16 only where the data fit it:
+    entries and scores far inside its range (``auto`` takes bf16, or fp32, instead; an explicit
+    ``fp16`` is refused)."""
+    first, why = precision_choice(precision, device, xq.shape[0] * xb.shape[0] * xq.shape[1])
     if first != "fp16":
-        return first
+        return first, why
     big = max((float(x.detach().abs().max()) if x.numel() else 0.0) for x in (xq, xb))
     if big * big * xq.shape[1] <= _FP16_MAX:
-        return first
+        return first, why
     if precision == "fp16":
         raise ValueError(f"precision='fp16' needs |entries| and scores well inside fp16's range (<= {_FP16_MAX:g}); "
                          f"these inputs reach |x| = {big:g} at d = {xq.shape[1]}: use 'bf16', 'fp32' or 'auto'")
     cuda_bf16 = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
-    return "bf16" if cuda_bf16 or device.type == "cpu" else "fp32"
+    lp = "bf16" if cuda_bf16 or device.type == "cpu" else "fp32"
+    return lp, f"{why}; the data leave fp16's range (|x| = {big:g}): {lp}"

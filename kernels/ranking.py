@@ -195,8 +195,8 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
         neg_score=torch.full((nq, G), float("-inf"), dtype=torch.float32, device=device),
         neg_index=torch.full((nq, G), -1, dtype=torch.long, device=device),
     )
-    first = first_level(precision, device, xq, xb)
-    out.info.update(precision=first, q_block=plan.q_block, g_block=plan.g_block)
+    first, why = first_level(precision, device, xq, xb)
+    out.info.update(precision=first, precision_reason=why, q_block=plan.q_block, g_block=plan.g_block)
     if given is not None:
         out.pos_score.copy_(given[0])
         out.pos_index.copy_(given[1])

@@ -55,7 +55,7 @@ def topk(xq: torch.Tensor, xb: torch.Tensor, k: int, *, exclude_ptr=None, exclud
     I = torch.full((nq, k), -1, dtype=torch.long, device=device)                # (nq, k) int64
     if nq == 0 or nb == 0 or k == 0:
         return D, I
-    levels = Levels(xb, device, first_level(precision, device, xq, xb))
+    levels = Levels(xb, device, first_level(precision, device, xq, xb)[0])
     tiles = gallery_tiles(nb, plan.g_block)  # same-width GEMM windows, see grouped_ranks
     tile_starts = torch.tensor([t[1] for t in tiles], dtype=torch.long, device=device)  # owned starts
     eidx = eidx.to(device)

@@ -498,4 +498,6 @@ def test_eval_with_faiss_search_records_provenance(kernels, world, tmp_path):
     prov = fa["provenance"]["search"]
     assert set(prov) == {"i2t", "t2i"} and prov["t2i"]["lower_bounds"] == ["mean_rank", "median_rank"]
     # the exhaustive kernels record which GEMM scored first (fp32 for a problem this small)
-    assert ex["provenance"]["search"] == {d: {"search": "exhaustive", "precision": "fp32"} for d in ("i2t", "t2i")}
+    small = "auto: a small call (< 2^28 multiply-adds), where a low-precision pass does not pay"
+    assert ex["provenance"]["search"] == {d: {"search": "exhaustive", "precision": "fp32", "precision_reason": small}
+                                          for d in ("i2t", "t2i")}

@@ -282,3 +282,30 @@ def test_bench_kernels_times_both_paths(tmp_path, capsys):
     assert {r["key"] for r in res["rows"]} == {"gemm", "gemm_lp", "grouped", "grouped_lp", "topk", "topk_lp"}
     assert res["bit_identical"] == {"grouped": True, "topk": True}
     assert "x the fp32 GEMM throughput" in capsys.readouterr().out
+
+
+def test_auto_precision_follows_the_hardware_and_says_why(monkeypatch):
+    """auto takes bf16 on a CPU only with bf16 matrix units (cpuinfo flags), a oneDNN bf16 GEMM and a
+    probe that finds it fast; the reason goes into the kernels' info (and the eval provenance)."""
+    from hardrank.kernels import _levels, precision_choice
+
+    big = 1 << 30
+    monkeypatch.setattr(_levels, "_cpu_bf16_flags", lambda: ())
+    monkeypatch.setattr(_levels, "_cpu_bf16_speedup", lambda: 5.0)
+    assert precision_choice("auto", "cpu", big) == (
+        "fp32", "auto: no bf16 matrix unit (the CPU flags have neither amx_bf16 nor avx512_bf16)")
+    monkeypatch.setattr(_levels, "_cpu_bf16_flags", lambda: ("amx_bf16", "avx512_bf16"))
+    assert precision_choice("auto", "cpu", big) == (
+        "bf16", "auto: amx_bf16+avx512_bf16; a bf16 GEMM probe ran 5.0x faster than fp32")
+    assert precision_choice("auto", "cpu", 1000)[0] == "fp32"  # small calls stay in fp32
+    assert precision_choice("fp32", "cpu", big) == ("fp32", "requested")  # forcing fp32
+    monkeypatch.setattr(_levels, "_cpu_bf16_speedup", lambda: 1.2)
+    assert precision_choice("auto", "cpu", big)[0] == "fp32"
+    monkeypatch.setattr(_levels, "_cpu_bf16_flags", lambda: None)  # no /proc/cpuinfo: oneDNN and the probe decide
+    monkeypatch.setattr(_levels, "_cpu_bf16_speedup", lambda: 0.0)
+    assert precision_choice("auto", "cpu", big) == ("fp32", "auto: CPU flags unknown, but this torch's oneDNN has "
+                                                            "no bf16 GEMM")
+    xq, xb = torch.eye(3), torch.eye(3)
+    b, ptr, idx = torch.tensor([0, 3]), torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2])
+    info = grouped_ranks(xq, xb, b, ptr, idx, precision="bf16").info
+    assert info["precision"] == "bf16" and info["precision_reason"] == "requested"

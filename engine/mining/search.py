@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..config import MineOptions
-from ..kernels import resolve_precision, topk
+from ..kernels import precision_choice, topk
 from .problem import MineProblem, f32
 
 __all__ = ["build_searcher", "searcher_for", "merge_topk", "measure_recall"]
@@ -34,8 +34,8 @@ class _KernelSearch:
         self.precision = precision
         self.q_block = max(1, min(2048, budget_bytes // (16 * 1024)))  # a 1024-wide tile and its temporaries
         # the kernel's first GEMM on a block of queries (results do not depend on it)
-        self.info = {"method": "exact", "backend": "kernels.topk",
-                     "precision": resolve_precision(precision, "cpu", work=block * self.xb.numel())}
+        first, why = precision_choice(precision, "cpu", work=block * self.xb.numel())
+        self.info = {"method": "exact", "backend": "kernels.topk", "precision": first, "precision_reason": why}
 
     def __call__(self, xq, kk, excl):
         kw = {}

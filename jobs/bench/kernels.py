@@ -13,7 +13,7 @@ import torch
 from hardrank.config import resolve_device
 from hardrank.errors import EXIT_OK, UsageError
 from hardrank.jobs.flags import Formatter
-from hardrank.kernels import grouped_ranks, resolve_precision, topk
+from hardrank.kernels import grouped_ranks, precision_choice, resolve_precision, topk
 
 from .timing import PeakRSS, sync
 
@@ -233,10 +233,11 @@ def run_kernels_bench(args) -> int:
         rows.append({"method": name, "key": key, "seconds": sec * scale, "measured_seconds": sec, "scale": scale,
                      "peak_extra_mb": peak / 2**20, "returns": what})
     t_gemm = next((r["seconds"] for r in rows if r["key"] == "gemm"), None)
+    auto = precision_choice("auto", dev, nq * nb * d)  # what the kernels' auto takes for this problem, and why
     emb_mb = (pb.xq.numel() + pb.xb.numel()) * pb.xq.element_size() / 2**20
     print(f"{nq} queries x {nb} gallery ({args.variants} added groups, {args.data} data), d={d}, {dev} {pb.dtype}, "
           f"torch threads {torch.get_num_threads()}; embeddings {emb_mb:.0f} MB, tile budget {args.budget_mb} MB; "
-          f"auto precision here: {resolve_precision('auto', dev)}")
+          f"auto precision here: {auto[0]} ({auto[1]})")
     print(f"{'method':<46} {'seconds':>9} {'GFLOP/s':>8} {'x fp32 GEMM':>11} {'peak MB':>8}  returns")
     for r in rows:
         r["gflops"] = flops / r["seconds"] / 1e9
@@ -264,7 +265,8 @@ def run_kernels_bench(args) -> int:
                        "device": str(dev), "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
                        "torch": torch.__version__, "threads": torch.get_num_threads(),
                        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
-           "gemm_tilings_seconds": gemm_times, "low_precision": lp, "auto_precision": resolve_precision("auto", dev),
+           "gemm_tilings_seconds": gemm_times, "low_precision": lp, "auto_precision": auto[0],
+           "auto_precision_reason": auto[1],
            "bit_identical": same, "grouped_lp_info": lp_info,
            "shape": {"nq": nq, "nb": nb, "d": d, "groups": args.variants + 1, "dtype": str(pb.dtype),
                      "data": args.data, "embeddings_mb": emb_mb, "budget_mb": args.budget_mb}, "rows": rows}
