@@ -63,7 +63,8 @@ class _Shard:
         torch.set_num_threads(max(1, threads))
         self.xb = np.asarray(rows)                                      # (n_s, d) store dtype
         self.search = searcher_for(self.xb, opts) if len(self.xb) else None
-        self.exact = searcher_for(self.xb, MineOptions(search="exact", budget_mb=opts.budget_mb)) \
+        self.exact = searcher_for(self.xb, MineOptions(search="exact", budget_mb=opts.budget_mb,
+                                                            rank_precision=opts.rank_precision)) \
             if self.search is not None and not self.search.exact else self.search
 
     def describe(self) -> dict:
