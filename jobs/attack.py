@@ -263,7 +263,7 @@ def attack_texts(args) -> int:
     for p in per:
         a = p["adversarial"]
         print(f"{p['checkpoint']}: attack success {p['success_rate']:.1f}% of captions; i2t R@1 "
-              f"{p['clean']['R@1']} clean -> {a['R@1']} adversarial (false rate {a['false_rate']})")
+              f"{p['clean']['R@1']:.1f} clean -> {a['R@1']:.1f} adversarial (false rate {a['false_rate']:.1f})")
     _say(args, f"summary: {out / 'summary_texts.json'}; transfer matrix: {out / 'transfer_texts.json'}; "
                f"report: hardrank report {out}")
     return EXIT_OK
