@@ -70,7 +70,8 @@ def add_attack_parser(subparsers) -> argparse.ArgumentParser:
                               "that break it; write them as RoCOCO variant files", formatter_class=Formatter,
                               epilog="examples (after `hardrank demo --out results/demo`):\n"
                                      "  hardrank attack texts --model toy-clip --checkpoint "
-                                     "engine/data/toy_checkpoints/toy-clip_step0*.safetensors --suite rococo "
+                                     "engine/data/toy_checkpoints/toy-clip_step0200.safetensors "
+                                     "engine/data/toy_checkpoints/toy-clip_step0700.safetensors --suite rococo "
                                      "--annotations results/demo/toy_world/karpathy_test.json --data "
                                      "results/demo/toy_world/rococo --images results/demo/toy_world/images "
                                      "--store results/demo/store --out results/attack_texts\n"
