@@ -68,7 +68,7 @@ def add_attack_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``attack texts`` and ``attack images`` to the ``hardrank`` sub-commands."""
     p = subparsers.add_parser("attack", help="find, per checkpoint, the caption substitutions and image partners "
                               "that break it; write them as RoCOCO variant files", formatter_class=Formatter,
-                              epilog="examples (after `hardrank demo --out results/demo`):\n"
+                              epilog="the examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
                                      "  hardrank attack texts --model toy-clip --checkpoint "
                                      "engine/data/toy_checkpoints/toy-clip_step0200.safetensors "
                                      "engine/data/toy_checkpoints/toy-clip_step0700.safetensors --suite rococo "
