@@ -13,6 +13,7 @@ from hardrank.suites.toy import default_world_dir
 from hardrank.toyworld import build_world
 from hardrank.toyworld.train import train_toy
 
+from .attack import add_attack_parser
 from .bench import add_bench_parser
 from .demo import add_demo_parser
 from .flags import Formatter, add_options, expand_globs, options_from_args
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     toy.set_defaults(func=_cmd_toy)
 
     add_perturb_parser(sub)
+    add_attack_parser(sub)
     add_run_parser(sub)
     add_report_parser(sub)
     add_store_parser(sub)

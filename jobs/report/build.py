@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import time
 from pathlib import Path
 
@@ -26,6 +27,24 @@ def _plots(what: str):
         raise MissingExtra(what, "report", "matplotlib") from exc
 
 
+def _transfers(results_dir: Path, skip: Path) -> dict[str, dict]:
+    """Attack transfer matrices (``transfer_<modality>.json`` of ``hardrank attack``) below ``results_dir``,
+    keyed ``transfer_<modality>`` (``transfer_<modality>_<n>`` when several)."""
+    found: dict[str, dict] = {}
+    for p in sorted(results_dir.rglob("transfer_*.json")):
+        if skip.resolve() in p.resolve().parents:
+            continue
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(doc, dict) and doc.get("kind") == "hardrank-attack-transfer":
+            key = f"transfer_{doc['modality']}"
+            n = sum(k == key or k.startswith(key + "_") for k in found)
+            found[key if not n else f"{key}_{n}"] = doc
+    return found
+
+
 def build_report(results_dir: str | Path, out: str | Path | None = None, *, top: int = 20) -> dict[str, Path]:
     """Write ``leaderboard.csv``, ``report.html`` (plots embedded) and ``report.md`` (+ ``plots/*.png``)
     for every ``<checkpoint>/<suite>.json`` under ``results_dir``. Returns their paths. Needs
@@ -46,6 +65,8 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *, top:
     rows = leaderboard(results, axis, suites)
     write_csv(rows, out / "leaderboard.csv")
     pngs = plots.report_plots(results, by_suite, axis, suites)
+    for name, doc in _transfers(results_dir, out).items():
+        pngs[name] = plots.plot_transfer(doc)
     (out / "plots").mkdir(exist_ok=True)
     plot_files = {}
     for k, png in pngs.items():

@@ -14,7 +14,7 @@ from hardrank.atomic import atomic_path
 from .load import Axis, Result
 from .tables import MASK_ROLES, directions, drop, main_metric, num, top_level
 
-__all__ = ["report_plots", "plot_bench"]
+__all__ = ["report_plots", "plot_bench", "plot_transfer"]
 
 _CHOICE_KEYS = ("accuracy", "original_accuracy", "augmented_accuracy", "group_score", "text_score", "image_score")
 
@@ -185,6 +185,29 @@ def _plot_heatmap(results: list[Result], order: list[str], suites: list[str]) ->
                         color="white" if grid[i, j] < 60 else "black")
     fig.colorbar(im, ax=ax, label="%")
     ax.set_title("main metric per checkpoint and suite", fontsize=11)
+    return _png(fig)
+
+
+def plot_transfer(doc: dict) -> bytes:
+    """Heat map of an attack's transfer matrix (``hardrank attack``): rows = the checkpoint the variants
+    were found against, columns = the checkpoint evaluated; cells = R@1 drop (clean - adversarial), points."""
+    grid = np.array([[np.nan if v is None else v for v in row] for row in doc["drop_R@1"]], dtype=float)
+    rows, cols = doc["attackers"], doc["evaluated"]
+    fig = _figure(2.2 + 0.9 * len(cols), 1.4 + 0.45 * len(rows))
+    ax = fig.subplots()
+    hi = max(float(np.nanmax(grid)) if np.isfinite(grid).any() else 1.0, 1.0)
+    im = ax.imshow(grid, cmap="magma_r", vmin=0, vmax=hi, aspect="auto")
+    ax.set_xticks(range(len(cols)), cols, fontsize=8, rotation=30, ha="right")
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_xlabel("evaluated checkpoint", fontsize=9)
+    ax.set_ylabel("variants found against", fontsize=9)
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center", fontsize=8,
+                        color="white" if grid[i, j] > hi * 0.6 else "black")
+    fig.colorbar(im, ax=ax, label=f"{doc['direction']} R@1 drop, points")
+    ax.set_title(f"attack transfer ({doc['modality']}): {doc['direction']} R@1 drop", fontsize=11)
     return _png(fig)
 
 

@@ -84,6 +84,14 @@ def _cell_html(value: str, roots: list[Path], image: bool, thumbs: Thumbs) -> st
     return f'{img}<code>{_esc(value)}</code>' if image else _esc(value)
 
 
+def _transfer_sections(plots) -> list[tuple[str, str, str]]:
+    """(key, title, note) of the attack transfer heat maps present in ``plots``."""
+    return [(k, f"Attack transfer ({k.split('_', 1)[1]})",
+             "R@1 drop of each evaluated checkpoint (columns) with the variants `hardrank attack` found against "
+             "each checkpoint (rows): weak spots that persist through training stay dark off the diagonal.")
+            for k in sorted(plots) if k.startswith("transfer_")]
+
+
 def render_html(ctx: dict, thumbs: Thumbs) -> str:
     """The page: leaderboard pivot, the plots (embedded PNGs), worst failures with thumbnails, every
     headline metric. ``ctx`` is the report context ``build_report`` assembles."""
@@ -130,7 +138,7 @@ def render_html(ctx: dict, thumbs: Thumbs) -> str:
     for key, title, note in (
             ("vs_step", "Metrics vs checkpoint", _VS_STEP_NOTE),
             ("drops", "Per-variant drop", "Clean R@1 minus R@1 with the variant's perturbed items in the gallery."),
-            ("heatmap", "Checkpoint x suite", "")):
+            ("heatmap", "Checkpoint x suite", ""), *_transfer_sections(ctx["plots"])):
         if ctx["plots"].get(key):
             b64 = base64.b64encode(ctx["plots"][key]).decode()
             h.append(f"<h2>{title}</h2>" + (f'<p class="small">{note}</p>' if note else "")
@@ -187,7 +195,7 @@ def render_md(ctx: dict, plot_files: dict[str, str]) -> str:
         md += ["| " + " | ".join(_fmt(v) if c in table["best"] else _md_cell(v)
                                  for c, v in zip(table["columns"], row)) + " |" for row in table["rows"]]
     for key, title in (("vs_step", "Metrics vs checkpoint"), ("drops", "Per-variant drop"),
-                       ("heatmap", "Checkpoint x suite")):
+                       ("heatmap", "Checkpoint x suite"), *[(k, t) for k, t, _ in _transfer_sections(plot_files)]):
         if key in plot_files:
             md += ["", f"## {title}", "", f"![{title}]({plot_files[key]})"]
     md += ["", "## Worst failures"]
