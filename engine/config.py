@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
+from . import urls
 from .errors import UsageError
 from .kernels import TIE_RULES
 
-__all__ = ["DATA_DIR", "PRECISIONS", "EXECUTORS", "DECODERS", "TIE_RULES", "DIRECTIONS", "BASELINES",
+__all__ = ["DATA_DIR", "PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES", "DIRECTIONS", "BASELINES",
            "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir", "default_store",
            "default_decode_threads", "resolve_device", "check_writable_dir",
            "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
@@ -34,6 +35,7 @@ DATA_DIR = Path(__file__).resolve().parent / "data"  # bundled model configs, to
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 EXECUTORS = ("local", "ray")
 DECODERS = ("pillow", "dali")
+KEY_BY = ("content", "id")  # = hardrank.idkeys.KEY_BY
 DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text"), "i2i": ("image", "image")}
 BASELINES = ("clip-regions",)  # mask suites: answer with the candidate region most similar to the question
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
@@ -81,10 +83,14 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
-def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
+def check_writable_dir(path: str | os.PathLike, option: str) -> Path | str:
     """``path`` as a folder this process can write, created if missing; otherwise a UsageError naming
-    ``option`` (e.g. ``out (--out)``), raised before any work is done."""
-    p = Path(path).expanduser()
+    ``option`` (e.g. ``out (--out)``), raised before any work is done. A URL (``s3://...``) is checked
+    by writing and removing a probe object (credentials fail here) and returned as it is."""
+    if urls.is_url(os.fspath(path)):
+        urls.check_writable_url(os.fspath(path), option)
+        return os.fspath(path)
+    p = Path(urls.local_path(path)).expanduser()
     if p.exists() and not p.is_dir():
         raise UsageError(f"option {option} is {str(p)!r}, which is a file, not a folder; pass a folder "
                          f"(it is created if missing)")
@@ -291,6 +297,10 @@ class EmbedOptions:
                        choices=DECODERS)
     ray_address: str | None = opt(None, "Ray cluster to join with --executor ray (default: $RAY_ADDRESS, "
                                   "else a local cluster)")
+    key_by: str = opt("content", "how store hits are decided: content (hash every image's bytes first: finds "
+                      "duplicates before encoding) or id (path + size + mtime, URL + ETag, or shard sample: no "
+                      "image is read to decide; new images are hashed by the workers that decode them)",
+                      choices=KEY_BY)
 
     def __post_init__(self):
         check_options(self)
@@ -308,7 +318,9 @@ class SuiteOptions:
     """Where a suite's files are and how its protocol is configured."""
 
     data: str | None = opt(None, "suite data folder (annotations, Parquet shards, ...)", path=True)
-    images: str | None = opt(None, "image root the annotation paths are relative to", path=True)
+    images: str | None = opt(None, "image root the annotation paths are relative to (a folder or URL); suite wds: "
+                             "tar shards ('dir/{00000..00099}.tar'), an img2dataset folder or .parquet files",
+                             path=True)
     annotations: str | None = opt(None, "Karpathy/RoCOCO annotation file or folder", path=True)
     image_variants: tuple[str, ...] = opt((), "RoCOCO altered galleries, e.g. mix_0.9 patch_0.9")
     seeds: tuple[int, ...] = opt((1,), "seeds of the image variants (results averaged over them)")
@@ -318,6 +330,8 @@ class SuiteOptions:
     predictions: str | None = opt(None, "mask suites (amodal): folder of mask predictions to score", path=True)
     baseline: str | None = opt(None, "mask suites (amodal): answer each question with the candidate region "
                                "most similar to it, embedded by the model", choices=BASELINES)
+    captions: str = opt("txt", "suite wds: where each sample's captions are: txt (the .txt member or Parquet "
+                        "caption column, one caption per line) or json:KEY (a string or list in the .json member)")
 
     def __post_init__(self):
         check_options(self)

@@ -1,11 +1,11 @@
 """COCO/Flickr Karpathy-format retrieval and RoCOCO (perturbed captions, altered images)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from .. import urls
 from ..items import ImageRef, Tables
 from ..tasks import RankingTask, Suite
 from ..text import pre_caption
@@ -72,17 +72,22 @@ def image_variant_names(variants, seeds) -> list[str]:
     return [f"{v}_s{s}" for v in variants for s in seeds]
 
 
-def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[str, list[str]]], *,
+def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[tuple[str, list[str]]], *,
                     text_variants: dict[str, list[list[str]]] | None = None,
-                    image_variants: list[str] = (), normalise=pre_caption) -> tuple[RankingTask, RankingTask]:
+                    image_variants: list[str] = (), normalise=pre_caption,
+                    refs: list[ImageRef] | None = None, image_keys: list[str | None] | None = None,
+                    ) -> tuple[RankingTask, RankingTask]:
     """i2t and t2i ranking tasks. Gallery groups: ``original`` then one per variant; views:
     ``original`` and ``original + variant``. Ground truth = originals only: every perturbed caption
-    or altered image is a distractor."""
-    images_root = Path(images_root)
+    or altered image is a distractor. Images are ``images_root/<path>`` (a folder or a URL), or
+    ``refs`` (one per entry of ``clean``; ``image_keys``: their content keys when already known)."""
     text_variants = text_variants or {}
     # -- i2t: images -> captions
     image_ids = [im for im, _ in clean]
-    img_rows = tables.images.add_many((ImageRef(os.fspath(images_root / im)) for im in image_ids), image_ids)
+    if refs is None:
+        refs = [ImageRef(urls.join(images_root, im)) for im in image_ids]
+    keys = image_keys or [None] * len(refs)
+    img_rows = np.array([tables.images.add(r, i, k) for r, i, k in zip(refs, image_ids, keys)], dtype=np.int64)
     texts, text_ids, pos_ptr, pos_idx = [], [], [0], []
     for _i, (_im, caps) in enumerate(clean):
         for c in caps:
@@ -110,7 +115,7 @@ def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[s
     gal_rows, gal_ids = [img_rows], list(image_ids)
     for v in image_variants:
         v_ids = [f"{v}/{im}" for im in image_ids]
-        gal_rows.append(tables.images.add_many((ImageRef(os.fspath(images_root / v / im)) for im in image_ids), v_ids))
+        gal_rows.append(tables.images.add_many((ImageRef(urls.join(images_root, v, im)) for im in image_ids), v_ids))
         gal_ids.extend(v_ids)
     n_img = len(clean)
     t2i = RankingTask(
@@ -154,8 +159,8 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
             raise FileNotFoundError(f"{f} does not exist (asked for text variant {v!r})")
     img_variants = image_variant_names(opts.image_variants, opts.seeds)
     for v in img_variants:
-        d = Path(opts.images) / v
-        if not d.is_dir():
+        d = urls.join(opts.images, v)
+        if not urls.is_dir(d):
             raise FileNotFoundError(f"altered images {d} do not exist; make them with "
                                     f"`hardrank perturb images --method {v.split('_')[0]} ...`")
     i2t, t2i = build_retrieval(tables, opts.images, clean, text_variants=text_variants, image_variants=img_variants)

@@ -1,0 +1,191 @@
+"""``--key-by id``: store hits decided from an item's identity, without reading its bytes; the id -> content record.
+
+The store names an image by the hash of its bytes (``hardrank.items.bytes_key``): exact, and it finds
+duplicates under any name, but the driver must read every image before it knows what to encode. With
+``--key-by id`` an image is first named by its **identity**, which costs a ``stat`` and no read:
+
+- a file: absolute path + size + mtime (ns); an object behind a URL: URL + size + ETag;
+- a tar member: the shard's identity (one ``stat`` per shard) + the member's name and offset;
+- a Parquet cell: the file's identity + row and column.
+
+``IdIndex`` (``<store root>/_ids/``, shared by every model of the store) records identity -> bytes key.
+An image whose identity is recorded gets its content key without a read, so store hits are decided from
+``stat`` calls alone. An image whose identity is new gets a provisional key (``?<identity key>``) that no
+store holds; the workers that decode it hash the bytes they decode anyway (``DecodeStage``), its
+embedding is stored under its real content key, and the identity is recorded. So either way the store
+holds content keys: a later ``--key-by content`` run (or mining's duplicate exclusion) finds the same
+keys and the same duplicates. The price of ``id``: two names of the same bytes, both new, are encoded
+twice in their first run (stored once); a changed file (new size or mtime) is a new identity and is
+encoded again, an unchanged file with rewritten bytes but the same size and mtime would not be (the
+same trust ``make`` and ``rsync`` place in mtimes). ``--key-by content`` runs record identities too,
+so switching to ``id`` later starts with every image known.
+
+Records are Arrow IPC shards (``ids-<time>-<uuid>.arrow``: ``id_key``, ``key``), each written atomically
+and never rewritten; several writers may add shards at once, and a record two shards share is the same
+fact (the first read wins).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from . import urls
+from .atomic import atomic_path
+from .items import _PARQUET_SCHEME, ImageRef, ItemTable, failure_reason
+
+__all__ = ["IdIndex", "KEY_BY", "identity_key", "table_keys", "is_provisional", "IDS_FOLDER"]
+
+log = logging.getLogger("hardrank.idkeys")
+
+KEY_BY = ("content", "id")
+IDS_FOLDER = "_ids"
+_PROVISIONAL = "?"
+_SCHEMA = pa.schema([pa.field("id_key", pa.string(), nullable=False), pa.field("key", pa.string(), nullable=False)])
+
+
+def is_provisional(key: str) -> bool:
+    return key.startswith(_PROVISIONAL)
+
+
+def _source_identity(uri: str, cache: dict) -> str:
+    """Identity of the file/object/shard holding ``uri`` (stat'ed once per file through ``cache``)."""
+    if urls.is_member_uri(uri):
+        shard, off, _, member = urls.parse_member_uri(uri)
+        if shard not in cache:
+            cache[shard] = urls.identity(shard)
+        return f"{cache[shard]}#{member}@{off}"
+    if uri.startswith(_PARQUET_SCHEME):
+        file, _, cell = uri[len(_PARQUET_SCHEME):].rpartition("#")
+        if file not in cache:
+            cache[file] = urls.identity(file)
+        return f"{cache[file]}#{cell}"
+    return urls.identity(uri)
+
+
+def identity_key(uri: str, cache: dict | None = None) -> str:
+    """The identity key of an image's bytes (see the module docstring); raises like a read would when
+    the file is missing."""
+    ident = _source_identity(uri, {} if cache is None else cache)
+    return "d" + hashlib.blake2b(ident.encode("utf-8"), digest_size=16).hexdigest()
+
+
+class IdIndex:
+    """identity key -> bytes key records of one store root (``<root>/_ids/``); ``add`` buffers, ``commit``
+    writes one atomic shard. ``readonly``: never create the folder (dry runs)."""
+
+    def __init__(self, root: str | os.PathLike, readonly: bool = False):
+        self.dir = Path(root) / IDS_FOLDER
+        self.readonly = readonly
+        self._map: dict[str, str] = {}
+        self._seen: set[str] = set()
+        self._pending: dict[str, str] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        if not self.dir.is_dir():
+            return
+        for p in sorted(self.dir.glob("ids-*.arrow")):
+            if p.name in self._seen:
+                continue
+            try:
+                t = ipc.open_file(pa.memory_map(str(p), "r")).read_all()
+                for i, k in zip(t.column("id_key").to_pylist(), t.column("key").to_pylist()):
+                    self._map.setdefault(i, k)
+            except (pa.ArrowInvalid, OSError, KeyError) as exc:  # a record is a cache: an unreadable one is skipped
+                log.warning("id index shard %s is unreadable (%s); its images will be read again", p, exc)
+            self._seen.add(p.name)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def get(self, id_key: str) -> str | None:
+        return self._map.get(id_key) or self._pending.get(id_key)
+
+    def add(self, id_key: str, key: str) -> None:
+        """Record that the bytes of ``id_key`` hash to ``key`` (a bytes key, without recipe)."""
+        if self._map.get(id_key) != key:
+            self._pending[id_key] = key
+
+    def commit(self) -> None:
+        """Write the buffered records as one shard (atomic rename)."""
+        if not self._pending or self.readonly:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        ids, keys = list(self._pending), list(self._pending.values())
+        table = pa.Table.from_arrays([pa.array(ids, pa.string()), pa.array(keys, pa.string())], schema=_SCHEMA)
+        name = f"ids-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.arrow"
+        with atomic_path(self.dir / name) as tmp:
+            with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, _SCHEMA) as writer:
+                writer.write_table(table)
+        self._seen.add(name)
+        self._map.update(self._pending)
+        self._pending = {}
+
+
+def _recipe(key_or_ref) -> str:
+    return ("@" + key_or_ref.recipe) if isinstance(key_or_ref, ImageRef) and key_or_ref.recipe else ""
+
+
+def table_keys(table: ItemTable, key_by: str, index: IdIndex | None, threads: int = 8) -> list[str]:
+    """The image table's keys for a run: ``content`` reads and hashes every image whose key is not known
+    yet (then records identities in ``index``); ``id`` names each image by its recorded content key when
+    its identity is known, else by a provisional key that the decoding workers replace. Unreadable images
+    get ``""`` and their reason in ``table.failed``, as ``ItemTable.keys`` does."""
+    if key_by not in KEY_BY:
+        raise ValueError(f"key_by must be one of {KEY_BY}, got {key_by!r}")
+    if table.modality != "image":
+        return table.keys()
+    if key_by == "content":
+        keys = table.keys(threads)
+        if index is not None and not index.readonly:
+            _record(table, keys, index, threads)
+        return keys
+    known = table.known_keys()
+    cache: dict = {}
+
+    def one(row_ref):
+        row, ref = row_ref
+        if row in known:
+            return known[row], None
+        try:
+            idk = identity_key(ref.uri, cache)
+        except (OSError, ValueError) as exc:
+            return "", failure_reason(exc)
+        base = index.get(idk) if index is not None else None
+        return (base if base else _PROVISIONAL + idk) + _recipe(ref), None
+
+    with ThreadPoolExecutor(threads) as pool:
+        out = list(pool.map(one, enumerate(table.entries), chunksize=64))
+    keys = [k for k, _ in out]
+    table.set_keys(keys)
+    table.failed = {row: why for row, (_, why) in enumerate(out) if why}
+    return keys
+
+
+def _record(table: ItemTable, keys: list[str], index: IdIndex, threads: int) -> None:
+    """Record the identity of every readable image whose content key is known (content runs), so a later
+    ``--key-by id`` run knows them without a read. Costs one ``stat`` per file (per shard for tar members)."""
+    cache: dict = {}
+
+    def one(row):
+        k = keys[row]
+        if not k or row in table.failed:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            return identity_key(table.entries[row].uri, cache), k.split("@", 1)[0]
+        return None
+
+    with ThreadPoolExecutor(threads) as pool:
+        for pair in pool.map(one, range(len(keys)), chunksize=64):
+            if pair is not None:
+                index.add(*pair)
+    index.commit()
