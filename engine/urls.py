@@ -50,7 +50,7 @@ def is_url(s) -> bool:
     if not isinstance(s, str):
         return False
     m = _URL.match(s)
-    return bool(m) and m.group(1).lower() not in ("file", "local")
+    return bool(m) and m.group(1).lower() not in ("file", "local", "parquet")  # parquet://: a cell, hardrank.items
 
 
 def local_path(s: str | os.PathLike) -> str:

@@ -113,12 +113,13 @@ def scan_shard(shard: str, hash_images: bool = True, cache: bool = True) -> Shar
     """Every sample of one tar shard (local path or URL) in order, its image as a member address, its
     texts inline and (``hash_images``) its image's content key. Cached by the shard's identity."""
     ident = urls.identity(shard)
+    size = int(ident.rsplit("|", 2)[1])
     cf = _cache_file(ident, hash_images)
     if cache and cf.is_file():
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             d = json.loads(cf.read_text(encoding="utf-8"))
             return ShardScan(d["shard"], [Sample(**s) for s in d["samples"]], d.get("error"))
-    scan = _scan(shard, hash_images)
+    scan = _scan(shard, hash_images, size)
     if cache:
         with contextlib.suppress(OSError):
             cf.parent.mkdir(parents=True, exist_ok=True)
@@ -145,10 +146,11 @@ def _open_stream(shard: str) -> Iterator:
         yield f
 
 
-def _scan(shard: str, hash_images: bool) -> ShardScan:
+def _scan(shard: str, hash_images: bool, size: int) -> ShardScan:
     samples: list[Sample] = []
     cur: dict | None = None
     error = None
+    end = 0  # where the last member's data ends
 
     def close(c):
         if c is None:
@@ -171,6 +173,7 @@ def _scan(shard: str, hash_images: bool) -> ShardScan:
                 if km is None or Path(base).name.startswith("."):
                     continue
                 key, ext = km.group(1), km.group(2).lower()
+                end = m.offset_data + m.size
                 if cur is None or cur["key"] != key:
                     close(cur)
                     cur = {"key": key, "members": {}, "texts": {}}
@@ -186,11 +189,19 @@ def _scan(shard: str, hash_images: bool) -> ShardScan:
         if isinstance(exc, (FileNotFoundError, UsageError)) or (isinstance(exc, DataError) and not samples
                                                                   and cur is None):
             raise
-        error = (f"{shard}: unreadable after {len(samples) + (cur is not None)} sample(s) "
-                 f"({type(exc).__name__}: {exc}); the samples before the damage are used: re-write or re-download "
-                 f"the shard")
+        lost = f"sample {cur['key']} and any after it are" if cur is not None else "any samples after them are"
+        error = (f"{shard}: damaged after {len(samples)} complete sample(s) ({type(exc).__name__}: {exc}); those "
+                 f"are used, {lost} lost: re-write or re-download the shard")
         log.warning("%s", error)
         cur = None  # its members may be cut short
+    if error is None and size < -(-end // 512) * 512 + 1024:
+        # tarfile ends a stream quietly at a cut header; a whole tar ends with two zero blocks after its data
+        lost = f"sample {cur['key']} is" if cur is not None else "samples after them may be"
+        error = (f"{shard}: truncated ({size} bytes; its last member ends at byte {end} and the end-of-archive "
+                 f"marker is missing): {len(samples)} complete sample(s) are used, {lost} lost: re-write or "
+                 f"re-download the shard")
+        log.warning("%s", error)
+        cur = None
     close(cur)
     return ShardScan(shard, samples, error)
 
