@@ -423,7 +423,8 @@ class MineOptions:
 class MineConfig:
     """One mining run: queries against a corpus, negatives written to ``out``."""
 
-    corpus: str = opt("", "where negatives come from: a Karpathy-format .json (with --images), an image folder, "
+    corpus: str = opt("", "where negatives come from: WebDataset tar shards ('dir/{00000..00099}.tar', local or a "
+                      "URL: images and their captions), a Karpathy-format .json (with --images), an image folder, "
                       "a .parquet listing (id + path, or id + text), an embeddings .parquet (kind, id, embedding: "
                       "hardrank store export), or an embedding store fingerprint folder (ids: content keys)",
                       path=True)
@@ -437,6 +438,7 @@ class MineConfig:
                                  "weights from the local cache")
     random_init: bool = opt(False, "mine with random weights on purpose")
     images: str | None = opt(None, "root of the relative image paths in .json/.parquet inputs", path=True)
+    captions: str = opt("txt", "tar shard / img2dataset inputs: where each sample's captions are: txt or json:KEY")
     export_training: str | None = opt(None, "also write training data: FILE.tsv / .csv, a NegCLIP-style table "
                                       "(filepath, title, neg_caption, neg_image) for open_clip hard-negative "
                                       'training; FILE.jsonl, one line per query {"query", "positives", '

@@ -1,7 +1,6 @@
 """Evaluate checkpoints on suites: load tasks, embed what the store lacks, score every task type, write."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import platform
 import time
@@ -213,26 +212,11 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     if not cfg.out:
         raise UsageError("option out (the results folder) is required")
     _check_usage(cfg)
-    with staged_out(cfg.out) as local_out:
+    with urls.staged_dir(cfg.out) as local_out:
         report = _evaluate(replace(cfg, out=local_out), progress, echo, runner)
     if local_out != cfg.out:
         echo(f"results uploaded to {cfg.out}")
     return report
-
-
-@contextlib.contextmanager
-def staged_out(out: str):
-    """``out`` itself for a local folder; for a URL, a local mirror of it (what the remote folder holds is
-    downloaded first, so a rerun resumes), uploaded when the block ends, also after an error."""
-    if not urls.is_url(out):
-        yield out
-        return
-    mirror = urls.RemoteDir(out)
-    mirror.pull()
-    try:
-        yield str(mirror.local)
-    finally:
-        mirror.push()
 
 
 def local_inputs(cfg: EvalConfig) -> EvalConfig:

@@ -23,13 +23,14 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .errors import DataError, MissingExtra, UsageError
 
-__all__ = ["is_url", "local_path", "join", "basename", "filesystem", "read_bytes", "read_many", "stat", "identity",
-           "exists", "is_dir", "list_files", "expand", "brace_expand", "member_uri", "parse_member_uri",
+__all__ = ["staged_dir", "is_url", "local_path", "join", "basename", "filesystem", "read_bytes", "read_many", "stat",
+           "identity", "exists", "is_dir", "list_files", "expand", "brace_expand", "member_uri", "parse_member_uri",
            "is_member_uri", "fetch_input", "RemoteDir", "check_writable_url", "put_file", "remote_error"]
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
@@ -527,3 +528,20 @@ class RemoteDir:
             state[rel] = sig
             self._save(state)
         return [rel for rel, _ in changed]
+
+
+@contextlib.contextmanager
+def staged_dir(out: str | os.PathLike) -> Iterator[str]:
+    """``out`` itself for a local folder; for a URL, a local mirror of it (what the remote folder holds is
+    downloaded first, so a rerun resumes: existing mining shards are skipped), uploaded when the block
+    ends, also after an error or Ctrl-C."""
+    out = local_path(out)
+    if not is_url(out):
+        yield out
+        return
+    mirror = RemoteDir(out)
+    mirror.pull()
+    try:
+        yield str(mirror.local)
+    finally:
+        mirror.push()

@@ -305,3 +305,27 @@ def test_written_shards_read_back_with_webdataset(tmp_path):
     (s,) = list(wds.WebDataset(str(tmp_path / "x.tar"), shardshuffle=False))
     assert s["__key__"] == "000000000" and s["txt"] == b"a red square" and s["jpg"] == buf.getvalue()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+# -- mining from shards --------------------------------------------------------------------------------
+def test_mine_from_shards_equals_mining_the_karpathy_file(tmp_path, model, world, s3):
+    """Captions of the shards -> their images: the same negatives (by content key, same scores) as the
+    Karpathy file + image folder, with the samples' ids; shards on s3:// and --out on s3:// too."""
+    cfg, ck = model
+    pat = write_wds_shards(world["clean"], world["images"], tmp_path / "shards", per_shard=5)
+    for f in sorted((tmp_path / "shards").glob("*.tar")):
+        s3.put_file(str(f), f"bucket/mine/{f.name}")
+    remote = "s3://bucket/mine/" + Path(pat).name
+    common = dict(model=cfg, checkpoint=ck, direction="t2i", k=3, device="cpu", store=str(tmp_path / "store"),
+                  dup_threshold=None)
+    ref = hardrank.mine(queries=world["file"], corpus=world["file"], images=str(world["images"]),
+                        out=str(tmp_path / "ref"), **common)
+    got = hardrank.mine(queries=remote, corpus=remote, captions="json:captions", out="s3://bucket/mined", **common)
+    assert got["counts"] == ref["counts"]
+    a = pq.read_table(tmp_path / "ref" / "negatives").to_pydict()
+    local = tmp_path / "got"
+    s3.get("bucket/mined/negatives", str(local), recursive=True)
+    b = pq.read_table(local).to_pydict()
+    assert a["negative_key"] == b["negative_key"] and np.allclose(a["score"], b["score"])
+    assert b["negative_id"][0].startswith("0000") and ".tar#" in b["negative_id"][0]
+    assert s3.exists("bucket/mined/summary.json")

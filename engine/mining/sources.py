@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from .. import urls
 from ..byo import load_embedding_file
 from ..config import DIRECTIONS, MineConfig
 from ..counts import embed_line
@@ -16,6 +17,7 @@ from ..embed import EmbedPipeline
 from ..errors import DataError, UsageError
 from ..items import ImageRef, ItemTable, Tables, text_key
 from ..models import ModelSpec, file_hash
+from ..sources import is_sample_source, parse_captions, read_samples, sample_captions
 from ..store import EmbeddingStore, is_store_folder, open_store
 from ..suites.karpathy import read_karpathy
 from ..text import pre_caption
@@ -36,6 +38,7 @@ class _Items:
     group: np.ndarray         # (n,) int64
     group_key: list[str] | None = None  # None: the item's own content key
     keys: list[str] | None = None       # content keys ("" = unreadable), filled by build_problem
+    known: list[str | None] | None = None  # content keys a reader computed already (a tar shard's scan)
 
 
 @dataclass
@@ -84,7 +87,37 @@ def _source_error(path, what: str) -> DataError:
                       f"embedding store fingerprint folder (holding manifest.json)")
 
 
-def _load_source(path: str, images: str | None) -> _Source:
+def _sample_source(path: str, captions: str) -> _Source:
+    """Tar shards or img2dataset outputs: each sample's image and its captions, positives of each other
+    (like a Karpathy file's image and captions); ids are the samples' (``<shard>#<key>``)."""
+    how = parse_captions(captions)
+    ss = read_samples(path)
+    ids, refs, known, caps, owner = [], [], [], [], []
+    for s in ss.samples:
+        if s.image is None:
+            continue
+        g = len(ids)
+        ids.append(s.id)
+        refs.append(ImageRef(s.image))
+        known.append(s.image_key)
+        for c in sample_captions(s, how):
+            caps.append(c)
+            owner.append(g)
+    if not ids:
+        raise _source_error(path, f"holds {len(ss.samples)} sample(s), none with an image")
+    items = {"image": _Items(ids, refs, np.arange(len(ids)), known=known)}
+    if caps:
+        items["text"] = _Items(caps, [pre_caption(c) for c in caps], np.array(owner, dtype=np.int64))
+    return _Source("wds", path, items, group_names=ids)
+
+
+def _load_source(path: str, images: str | None, captions: str = "txt") -> _Source:
+    if is_sample_source(path):
+        return _sample_source(path, captions)
+    if urls.is_url(path):
+        if urls.is_dir(path) and not urls.exists(urls.join(path, "manifest.json")):
+            return _remote_folder(path)
+        path = urls.fetch_input(path, what="input")  # a file, or a store folder: a local copy
     p = Path(path)
     if is_store_folder(p):
         store = open_store(p)
@@ -115,7 +148,7 @@ def _load_source(path: str, images: str | None) -> _Source:
         items = {"text": _Items(caps, [pre_caption(c) for c in caps], owner)}
         paths = [im for im, _ in clean]
         if images is not None:
-            items["image"] = _Items(paths, [ImageRef(os.fspath(Path(images) / im)) for im in paths],
+            items["image"] = _Items(paths, [ImageRef(urls.join(images, im)) for im in paths],
                                     np.arange(len(clean)))
         return _Source("karpathy", path, items, group_names=paths)
     if p.suffix == ".parquet":
@@ -136,6 +169,16 @@ def _load_source(path: str, images: str | None) -> _Source:
         refs = [ImageRef(os.fspath(root / x)) for x in t.column("path").to_pylist()]
         return _Source("parquet", path, {"image": _Items(ids, refs, np.arange(len(ids)))})
     raise _source_error(p, f"unrecognised input (suffix {p.suffix!r})")
+
+
+def _remote_folder(url: str) -> _Source:
+    """An image folder behind a URL: listed, its images read by the workers that decode them."""
+    files = [f for f in urls.list_files(url) if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS]
+    if not files:
+        raise _source_error(url, f"folder holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+    root = url.rstrip("/") + "/"
+    ids = [f[len(root):] if f.startswith(root) else f for f in files]
+    return _Source("folder", url, {"image": _Items(ids, [ImageRef(f) for f in files], np.arange(len(files)))})
 
 
 def _pipeline(cfg: MineConfig, sources: list[_Source], echo, runner) -> tuple[EmbedPipeline | None, EmbeddingStore]:
@@ -173,7 +216,8 @@ def _karpathy_groups(src: _Source, tables: Tables, rows: dict) -> None:
             img.keys = [all_keys[r] if r not in tables.images.failed else "" for r in rows[(id(src), "image")]]
         else:  # images not embedded in this run (t2t): hash them for their keys only
             t = ItemTable("image")
-            t.add_many(img.entries)
+            for e, k in zip(img.entries, img.known or [None] * len(img.entries)):
+                t.add(e, None, k)
             img.keys = t.keys()
     keys = img.keys if img is not None else [""] * len(src.group_names)
     group_key = [k or f"path:{p}" for k, p in zip(keys, src.group_names)]
@@ -185,6 +229,7 @@ def _rebase_image_ids(cfg: MineConfig, sources: list[_Source]) -> str | None:
     """Name every image of a Karpathy file or folder by its path relative to one root: --images when
     it holds them all, else their deepest common folder. Returns the root (None: no such images)."""
     its = [s.items["image"] for s in sources if s.kind in ("karpathy", "folder") and "image" in s.items]
+    its = [it for it in its if not any(urls.is_url(ref.uri) for ref in it.entries)]  # URLs keep their ids
     paths = [os.path.abspath(ref.uri) for it in its for ref in it.entries]
     if not paths:
         return None
@@ -223,15 +268,15 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
     ids are merged, their positives united."""
     echo = echo or (lambda s: None)
     qmod, cmod = DIRECTIONS[cfg.direction]
-    csrc = _load_source(cfg.corpus, cfg.images)
-    same = os.path.abspath(cfg.queries) == os.path.abspath(cfg.corpus)
-    qsrc = csrc if same else _load_source(cfg.queries, cfg.images)
+    csrc = _load_source(cfg.corpus, cfg.images, cfg.captions)
+    same = cfg.queries == cfg.corpus or os.path.abspath(cfg.queries) == os.path.abspath(cfg.corpus)
+    qsrc = csrc if same else _load_source(cfg.queries, cfg.images, cfg.captions)
     for src, mod, role in ((csrc, cmod, "corpus"), (qsrc, qmod, "queries")):
         if mod not in src.items:
             hint = " (pass --images for the Karpathy file's images)" if src.kind == "karpathy" else ""
             raise ValueError(f"{role} {src.path} ({src.kind}) has no {mod}s, which direction {cfg.direction} "
                              f"needs{hint}; it has {sorted(src.items) or 'nothing'}")
-    if qsrc.kind == "karpathy" and cmod not in qsrc.items:
+    if qsrc.kind in ("karpathy", "wds") and cmod not in qsrc.items:
         raise ValueError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
                          f"excluded) is known")
     pipe, store = _pipeline(cfg, [csrc, qsrc], echo, runner)
@@ -246,7 +291,10 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
     for src, mod in needed:
         it = src.items[mod]
         if it.entries is not None and (id(src), mod) not in rows:
-            rows[(id(src), mod)] = tables.of(mod).add_many(it.entries, it.ids)
+            known = it.known or [None] * len(it.entries)
+            t = tables.of(mod)
+            rows[(id(src), mod)] = np.array([t.add(e, i, k) for e, i, k in zip(it.entries, it.ids, known)],
+                                            dtype=np.int64)
     embed = {}
     if pipe is not None and (len(tables.images) or len(tables.texts)):
         stats = pipe.run(tables, progress=progress)
@@ -262,7 +310,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
             it.keys = [all_keys[r] if r not in table.failed else "" for r in rows[(id(src), mod)]]
 
     for src in {id(s): s for s in (csrc, qsrc)}.values():
-        if src.kind == "karpathy":
+        if src.kind in ("karpathy", "wds"):
             _karpathy_groups(src, tables, rows)
 
     def read(src: _Source, mod: str, sel: list[int]) -> np.ndarray:
@@ -298,7 +346,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         if not k:
             continue
         pos = members.get(int(qit.group[i]), []) if pos_items is not None else []
-        if qsrc.kind != "karpathy" and qmod != cmod:
+        if qsrc.kind not in ("karpathy", "wds") and qmod != cmod:
             pos = []  # no grouping across modalities outside Karpathy files
         keys = {pos_items.keys[p] for p in pos} | {gkey(qit, i), k}
         j = order.setdefault(qit.ids[i], len(q_rows))
