@@ -329,3 +329,37 @@ def test_mine_from_shards_equals_mining_the_karpathy_file(tmp_path, model, world
     assert a["negative_key"] == b["negative_key"] and np.allclose(a["score"], b["score"])
     assert b["negative_id"][0].startswith("0000") and ".tar#" in b["negative_id"][0]
     assert s3.exists("bucket/mined/summary.json")
+
+
+# -- RoCOCO on shards: perturb writes shards back, the wds suite reads them --------------------------------
+def test_perturb_shards_and_rococo_on_shards_equal_the_folders(tmp_path, model, world):
+    """perturb images/texts on shards write variant shards beside them; --suite wds with --image-variants and
+    --text-variants gives the metrics of the same perturbations made from the folder and the Karpathy file."""
+    import shutil
+
+    cfg, ck = model
+    pat = write_wds_shards(world["clean"], world["images"], tmp_path / "shards", per_shard=5)
+    images = tmp_path / "images"
+    shutil.copytree(world["images"], images)
+    ann = tmp_path / "ann"
+    m = ["--model", cfg, "--checkpoint", ck, "--device", "cpu"]
+    assert main(["perturb", "images", "--method", "mix", "--images", str(images), "--annotations", world["file"],
+                 "--out", str(images)]) == 0
+    assert main(["perturb", "images", "--method", "mix", "--images", pat, "--out", str(tmp_path / "shards")]) == 0
+    assert main(["perturb", "texts", *m, "--annotations", world["file"], "--kinds", "same_concept",
+                 "--out", str(ann)]) == 0
+    assert main(["perturb", "texts", *m, "--annotations", pat, "--captions", "json:captions",
+                 "--kinds", "same_concept", "--out", str(tmp_path / "shards")]) == 0
+    assert sorted(p.name for p in (tmp_path / "shards" / "mix_0.9_s1").iterdir()) == ["00000.tar", "00001.tar",
+                                                                                       "00002.tar"]
+    store = str(tmp_path / "store")
+    ref = _eval(model, tmp_path / "o1", suites=["rococo"], annotations=str(ann / "coco_karpathy_test.json"),
+                images=str(images), image_variants=["mix_0.9"], store=store)
+    got = _eval(model, tmp_path / "o2", suites=["wds"], images=pat, captions="json:captions",
+                image_variants=["mix_0.9"], store=store)
+    assert set(got.results[0]["metrics"]) == {"original", "same_concept", "mix_0.9_s1"}
+    assert _metrics(got) == _metrics(ref)
+    assert got.embed_stats["image"]["encoded"] == 0  # the altered shards hold the folder's altered bytes
+    with pytest.raises(FileNotFoundError, match=r"variant danger: shard .*danger/00000.tar does not exist"):
+        _eval(model, tmp_path / "o3", suites=["wds"], images=pat, captions="json:captions", text_variants=["danger"],
+              store=store)

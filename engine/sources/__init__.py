@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 from .wds import (
-           IMAGE_EXTS,
-           Sample,
-           SampleSet,
-           ShardScan,
-           is_sample_source,
-           parse_captions,
-           read_samples,
-           sample_captions,
-           scan_shard,
-           scan_with,
-           write_shard,
+    IMAGE_EXTS,
+    Sample,
+    SampleSet,
+    ShardScan,
+    is_sample_source,
+    parse_captions,
+    read_samples,
+    read_shards,
+    sample_captions,
+    scan_shard,
+    scan_with,
+    write_shard,
 )
 
 __all__ = ["IMAGE_EXTS", "Sample", "SampleSet", "ShardScan", "is_sample_source", "parse_captions", "read_samples",
-           "sample_captions", "scan_shard", "scan_with", "write_shard"]
+           "read_shards", "sample_captions", "scan_shard", "scan_with", "write_shard"]

@@ -48,7 +48,7 @@ from .. import urls
 from ..errors import DataError, UsageError
 from ..items import bytes_key, parquet_uri
 
-__all__ = ["Sample", "ShardScan", "SampleSet", "IMAGE_EXTS", "scan_shard", "read_samples", "scan_with",
+__all__ = ["Sample", "ShardScan", "SampleSet", "IMAGE_EXTS", "scan_shard", "read_samples", "read_shards", "scan_with",
            "parse_captions", "sample_captions", "is_sample_source", "write_shard"]
 
 log = logging.getLogger("hardrank.wds")
@@ -252,16 +252,7 @@ def read_samples(spec: str, *, hash_images: bool = True) -> SampleSet:
     spec = urls.local_path(os.fspath(spec))
     first = urls.brace_expand(spec)[0]
     if first.endswith((".tar", ".tar.gz", ".tgz")):
-        shards = [s if urls.is_url(s) else os.path.abspath(s) for s in urls.expand(spec)]
-        scans = _scan_all(shards, hash_images)
-        root = _common_dir(shards)
-        samples = []
-        for sc in scans:
-            name = _rel(sc.shard, root)
-            for s in sc.samples:
-                s.id = f"{name}#{s.key}"
-                samples.append(s)
-        return SampleSet("webdataset", spec, samples, shards, [sc.error for sc in scans if sc.error])
+        return read_shards(urls.expand(spec), hash_images=hash_images, source=spec)
     if first.endswith(".parquet"):
         files = urls.expand(spec, what="parquet files")
         return _parquet_samples(spec, files)
@@ -273,6 +264,20 @@ def read_samples(spec: str, *, hash_images: bool = True) -> SampleSet:
     raise DataError(f"{spec}: not a sample source; expected tar shards (dir/{{00000..00009}}.tar), an img2dataset "
                     f"output folder (files layout: 00000/000000001.jpg + .txt + .json), or img2dataset .parquet "
                     f"files with image bytes")
+
+
+def read_shards(shards: list[str], *, hash_images: bool = True, source: str | None = None) -> SampleSet:
+    """The samples of these tar shards, in order (ids ``<shard relative to their common folder>#<key>``)."""
+    shards = [s if urls.is_url(s) else os.path.abspath(s) for s in shards]
+    scans = _scan_all(shards, hash_images)
+    root = _common_dir(shards)
+    samples = []
+    for sc in scans:
+        name = _rel(sc.shard, root)
+        for s in sc.samples:
+            s.id = f"{name}#{s.key}"
+            samples.append(s)
+    return SampleSet("webdataset", source or ",".join(shards), samples, shards, [sc.error for sc in scans if sc.error])
 
 
 def _files_samples(folder: str) -> SampleSet:

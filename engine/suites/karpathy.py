@@ -76,6 +76,7 @@ def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[
                     text_variants: dict[str, list[list[str]]] | None = None,
                     image_variants: list[str] = (), normalise=pre_caption,
                     refs: list[ImageRef] | None = None, image_keys: list[str | None] | None = None,
+                    variant_refs: dict[str, list[tuple[ImageRef, str | None]]] | None = None,
                     ) -> tuple[RankingTask, RankingTask]:
     """i2t and t2i ranking tasks. Gallery groups: ``original`` then one per variant; views:
     ``original`` and ``original + variant``. Ground truth = originals only: every perturbed caption
@@ -115,6 +116,10 @@ def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[
     gal_rows, gal_ids = [img_rows], list(image_ids)
     for v in image_variants:
         v_ids = [f"{v}/{im}" for im in image_ids]
+        if variant_refs is not None:
+            gal_rows.append(np.array([tables.images.add(r, i, k) for (r, k), i in zip(variant_refs[v], v_ids)],
+                                     dtype=np.int64))
+            continue
         gal_rows.append(tables.images.add_many((ImageRef(urls.join(images_root, v, im)) for im in image_ids), v_ids))
         gal_ids.extend(v_ids)
     n_img = len(clean)
