@@ -363,3 +363,44 @@ def test_perturb_shards_and_rococo_on_shards_equal_the_folders(tmp_path, model, 
     with pytest.raises(FileNotFoundError, match=r"variant danger: shard .*danger/00000.tar does not exist"):
         _eval(model, tmp_path / "o3", suites=["wds"], images=pat, captions="json:captions", text_variants=["danger"],
               store=store)
+
+
+# -- Ray: the workers read the shards --------------------------------------------------------------------
+@pytest.mark.slow
+def test_ray_workers_read_s3_shards_and_the_driver_reads_none(tmp_path, model, world, s3, monkeypatch):
+    """--executor ray with shards on s3://: shard scans run as Ray tasks and images are read by the decode
+    actors (range requests), so the driver reads no shard byte; metrics equal the local executor's, and with
+    --key-by id the actors hash what they decode, so the store holds the same content keys."""
+    ray = pytest.importorskip("ray")
+    from hardrank.jobs.ray_executor import RayRunner
+    from hardrank.sources import wds as wds_mod
+
+    pat = write_wds_shards(world["clean"], world["images"], tmp_path / "shards", per_shard=5)
+    for f in sorted((tmp_path / "shards").glob("*.tar")):
+        s3.put_file(str(f), f"bucket/ray/{f.name}")
+    remote = "s3://bucket/ray/" + Path(pat).name
+    ref = _eval(model, tmp_path / "local", suites=["wds"], images=remote, captions="json:captions",
+                store=str(tmp_path / "s-local"), batch_size=5)
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, logging_level=logging.WARNING)
+    try:
+        monkeypatch.setenv("HARDRANK_CACHE", str(tmp_path / "driver-cache"))  # no cached scan in the driver
+
+        def no_read(*a, **k):
+            raise AssertionError(f"the driver read shard bytes: {a}")
+
+        monkeypatch.setattr(wds_mod, "_open_stream", no_read)
+        monkeypatch.setattr(urls, "read_bytes", no_read)
+        got = _eval(model, tmp_path / "ray", suites=["wds"], images=remote, captions="json:captions",
+                    store=str(tmp_path / "s-ray"), batch_size=5, executor="ray", key_by="id",
+                    runner=RayRunner(decode_actors=1))
+    finally:
+        ray.shutdown()
+    assert _metrics(got) == _metrics(ref)
+    assert got.embed_stats["image"]["encoded"] == 12
+    local_keys = sorted(p.name for p in (tmp_path / "s-local").rglob("shard-*.arrow"))
+    assert len(local_keys) == len(sorted(p.name for p in (tmp_path / "s-ray").rglob("shard-*.arrow")))
+    from hardrank.store import open_store
+
+    (a,) = [p for p in (tmp_path / "s-local").iterdir() if p.name != IDS_FOLDER]
+    (b,) = [p for p in (tmp_path / "s-ray").iterdir() if p.name != IDS_FOLDER]
+    assert sorted(open_store(a).keys("image")) == sorted(open_store(b).keys("image"))  # content keys either way

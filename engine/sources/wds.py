@@ -401,3 +401,4 @@ def write_shard(url: str, samples: list[tuple[str, dict[str, bytes]]]) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
