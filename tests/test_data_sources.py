@@ -131,8 +131,8 @@ def test_corrupt_sample_is_recorded_and_a_damaged_shard_keeps_its_first_samples(
     raw = bytearray(shard0.read_bytes())
     raw[m.offset_data:m.offset_data + m.size] = b"\x00" * m.size
     shard0.write_bytes(bytes(raw))
-    # a truncated last shard, cut inside the 2nd sample's first header: the 1st sample may be incomplete
-    # (a short member is only noticed at the next header), so both are dropped, and the loss is reported
+    # a truncated last shard, cut inside the 2nd sample's first header: the sample being read when the damage
+    # shows is dropped too (its last member may be the cut one), and the loss is reported
     shard2 = tmp_path / "shards" / "00002.tar"
     with tarfile.open(shard2) as tf:
         cut = tf.getmember("000000011.jpg").offset + 100
@@ -143,7 +143,8 @@ def test_corrupt_sample_is_recorded_and_a_damaged_shard_keeps_its_first_samples(
     assert r["failed_items"] == 1 and r["failures"][0]["source"].endswith("00000.tar#000000001.jpg")
     assert "not an image" in r["failures"][0]["reason"]
     (err,) = r["suite_meta"]["shard_errors"]
-    assert "00002.tar: truncated" in err and "0 complete sample(s) are used, sample 000000010 is lost" in err
+    assert "00002.tar: damaged after 0 complete sample(s)" in err and "truncated header" in err
+    assert "sample 000000010 and any after it are lost" in err
     assert r["suite_meta"]["samples"] == 10  # 12 written, 2 in the damaged shard lost; the bad image skipped below
     assert r["counts"]["original"]["i2t"]["queries"] == 9
 
@@ -404,3 +405,28 @@ def test_ray_workers_read_s3_shards_and_the_driver_reads_none(tmp_path, model, w
     (a,) = [p for p in (tmp_path / "s-local").iterdir() if p.name != IDS_FOLDER]
     (b,) = [p for p in (tmp_path / "s-ray").iterdir() if p.name != IDS_FOLDER]
     assert sorted(open_store(a).keys("image")) == sorted(open_store(b).keys("image"))  # content keys either way
+
+
+def test_tar_reader_handles_long_names_pax_and_a_cut_at_a_member_boundary(tmp_path):
+    """Long member names (GNU and pax headers, as Python's tarfile writes them) are read; a shard cut between
+    two members (no end-of-archive marker) is reported as truncated, its whole samples kept."""
+    from hardrank.sources import scan_shard
+
+    long_key = "d" * 120 + "/000000001"
+    for fmt in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        path = tmp_path / f"{fmt}.tar"
+        with tarfile.open(path, "w", format=fmt) as tf:
+            for key, ext, data in ((long_key, "jpg", b"\xff\xd8bytes"), (long_key, "txt", "é caption".encode()),
+                                   ("000000002", "jpg", b"\xff\xd8more"), ("000000002", "txt", b"two")):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+        scan = scan_shard(str(path), cache=False)
+        assert [s.key for s in scan.samples] == [long_key, "000000002"] and scan.error is None
+        assert scan.samples[0].texts["txt"] == "é caption"
+        assert urls.read_source(scan.samples[1].image) == b"\xff\xd8more"
+    with tarfile.open(path) as tf:
+        cut = tf.getmember("000000002.jpg").offset
+    (tmp_path / "cut.tar").write_bytes(path.read_bytes()[:cut])
+    scan = scan_shard(str(tmp_path / "cut.tar"), cache=False)
+    assert [s.key for s in scan.samples] == [] and "truncated" in scan.error  # the sample in hand is dropped too

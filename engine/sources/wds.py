@@ -164,27 +164,25 @@ def _scan(shard: str, hash_images: bool, size: int) -> ShardScan:
             if shard.endswith((".gz", ".tgz")):
                 raise UsageError(f"{shard}: compressed tar shards cannot be read by range; decompress them "
                                  f"(gunzip) so each image is one range of the .tar")
-            tf = tarfile.open(fileobj=f, mode="r|")
-            for m in tf:
-                if not m.isfile():
-                    continue
-                base = m.name[2:] if m.name.startswith("./") else m.name
+            tr = _TarReader(f)
+            for name, off, msize in tr.members():
+                base = name[2:] if name.startswith("./") else name
                 km = _KEY_EXT.match(base)
                 if km is None or Path(base).name.startswith("."):
                     continue
                 key, ext = km.group(1), km.group(2).lower()
-                end = m.offset_data + m.size
+                end = off + msize
                 if cur is None or cur["key"] != key:
                     close(cur)
                     cur = {"key": key, "members": {}, "texts": {}}
                 if ext in IMAGE_EXTS:
                     ikey = None
                     if hash_images:
-                        data = tf.extractfile(m).read()
+                        data = tr.data()
                         ikey = bytes_key(data) if data else None
-                    cur["members"][ext] = (urls.member_uri(shard, m.offset_data, m.size, base), ikey)
-                elif ext in _TEXT_EXTS and m.size <= _MAX_TEXT:
-                    cur["texts"][ext] = tf.extractfile(m).read().decode("utf-8", "replace")
+                    cur["members"][ext] = (urls.member_uri(shard, off, msize, base), ikey)
+                elif ext in _TEXT_EXTS and msize <= _MAX_TEXT:
+                    cur["texts"][ext] = tr.data().decode("utf-8", "replace")
     except (tarfile.TarError, EOFError, OSError, ValueError, DataError) as exc:
         if isinstance(exc, (FileNotFoundError, UsageError)) or (isinstance(exc, DataError) and not samples
                                                                   and cur is None):
@@ -204,6 +202,97 @@ def _scan(shard: str, hash_images: bool, size: int) -> ShardScan:
         cur = None
     close(cur)
     return ShardScan(shard, samples, error)
+
+
+class _TarReader:
+    """A forward-only reader of a tar stream's regular members (ustar, GNU long names, pax paths and sizes):
+    ``members()`` yields (name, data offset, size); ``data()`` reads the current member's bytes, and what is
+    not read is skipped (a seek on seekable files). tarfile's own stream mode copies its buffer on every
+    header, which made a scan CPU-bound at ~130 MB/s; this one reads at disk speed."""
+
+    def __init__(self, f):
+        self.f = f
+        self.pos = 0
+        self._left = 0  # bytes of the current member's data (and padding) not read yet
+        self._size = 0
+        self._seek = getattr(f, "seekable", lambda: False)()
+
+    def _read(self, n: int) -> bytes:
+        b = self.f.read(n)
+        while len(b) < n:
+            more = self.f.read(n - len(b))
+            if not more:
+                break
+            b += more
+        self.pos += len(b)
+        return b
+
+    def _skip(self, n: int) -> None:
+        if n <= 0:
+            return
+        if self._seek:
+            self.f.seek(n, 1)
+            self.pos += n
+        else:
+            while n > 0:
+                got = len(self._read(min(n, 1 << 20)))
+                if not got:
+                    raise EOFError(f"truncated member data at byte {self.pos}")
+                n -= got
+
+    def data(self) -> bytes:
+        """The current member's bytes (call once, before the next member)."""
+        b = self._read(self._size)
+        if len(b) < self._size:
+            raise EOFError(f"truncated member data at byte {self.pos} ({len(b)} of {self._size} bytes)")
+        self._left -= self._size
+        self._size = 0
+        return b
+
+    def members(self):
+        long_name, pax = None, {}
+        while True:
+            self._skip(self._left)
+            self._left = self._size = 0
+            start = self.pos
+            hdr = self._read(512)
+            if not hdr:
+                return  # (a missing end-of-archive marker is judged by the caller from the shard's size)
+            if len(hdr) < 512:
+                raise EOFError(f"truncated header at byte {start}")
+            if hdr == bytes(512):
+                return  # end-of-archive
+            info = tarfile.TarInfo.frombuf(hdr, "utf-8", "surrogateescape")  # checks the header checksum
+            size, padded = info.size, -(-info.size // 512) * 512
+            if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE, tarfile.XGLTYPE):
+                body = self._read(padded)[:size]
+                if len(body) < size:
+                    raise EOFError(f"truncated extended header at byte {start}")
+                if info.type == tarfile.GNUTYPE_LONGNAME:
+                    long_name = body.rstrip(b"\0").decode("utf-8", "surrogateescape")
+                elif info.type == tarfile.XHDTYPE:
+                    pax = _pax(body)
+                continue
+            name = pax.get("path") or long_name or info.name
+            size = int(pax.get("size", size))
+            padded = -(-size // 512) * 512
+            long_name, pax = None, {}
+            self._left, self._size = padded, 0
+            if info.type in tarfile.REGULAR_TYPES:
+                self._size = size
+                yield name, start + 512, size
+
+
+def _pax(body: bytes) -> dict:
+    """A pax extended header's records (``<length> <key>=<value>\\n``)."""
+    out, i = {}, 0
+    while i < len(body):
+        sp = body.index(b" ", i)
+        n = int(body[i:sp])
+        key, _, value = body[sp + 1:i + n - 1].partition(b"=")
+        out[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        i += n
+    return out
 
 
 @contextlib.contextmanager
