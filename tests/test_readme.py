@@ -26,7 +26,7 @@ def test_python_api_example_runs(tmp_path):
 
 
 # -- every command the README and --help show, that needs no data of your own, runs as written after the demo --
-EXTERNAL = (" /data", "logs/", "a.pt", "ckpt/", ".toml", "data/rococo", "amodal/", "preds/", "~", "coco_karpathy",
+EXTERNAL = (" /data", "logs/", "a.pt", "ckpt/", ".toml", "data/rococo", "amodal/", "preds/", "~", "coco_karpathy", "s3://",
             "my_model", "b32.parquet", "finetuned/", "captions.json", "images/ ", "STORE/", "<", "$")
 
 
