@@ -82,7 +82,7 @@ def _measure(refs: list[ImageRef], shards: list[str] | None, threads: int, repea
     store = Path(os.environ["HARDRANK_CACHE"]) / f"ids-{'tar' if shards else 'folder'}"
     t = ItemTable("image")
     t.add_many(refs)
-    table_keys(t, "content", IdIndex(store))  # records identities
+    table_keys(t, "content", IdIndex(store, ["bench"]))  # records identities
 
     def id_keys():
         t2 = ItemTable("image")

@@ -8,7 +8,10 @@ duplicates under any name, but the driver must read every image before it knows 
 - a tar member: the shard's identity (one ``stat`` per shard) + the member's name and offset;
 - a Parquet cell: the file's identity + row and column.
 
-``IdIndex`` (``<store root>/_ids/``, shared by every model of the store) records identity -> bytes key.
+``IdIndex`` records identity -> bytes key in ``<store root>/<fingerprint>/ids/`` of every model a run writes,
+and reads the records of every fingerprint folder of the store root (an identity's content does not depend
+on the model, so another model's records serve too; keeping them inside the fingerprint folders leaves
+the store root a folder of fingerprints, and a folder copied alone keeps its records).
 An image whose identity is recorded gets its content key without a read, so store hits are decided from
 ``stat`` calls alone. An image whose identity is new gets a provisional key (``?<identity key>``) that no
 store holds; the workers that decode it hash the bytes they decode anyway (``DecodeStage``), its
@@ -47,7 +50,7 @@ __all__ = ["IdIndex", "KEY_BY", "identity_key", "table_keys", "is_provisional", 
 log = logging.getLogger("hardrank.idkeys")
 
 KEY_BY = ("content", "id")
-IDS_FOLDER = "_ids"
+IDS_FOLDER = "ids"  # inside each fingerprint folder
 _PROVISIONAL = "?"
 _SCHEMA = pa.schema([pa.field("id_key", pa.string(), nullable=False), pa.field("key", pa.string(), nullable=False)])
 
@@ -79,21 +82,23 @@ def identity_key(uri: str, cache: dict | None = None) -> str:
 
 
 class IdIndex:
-    """identity key -> bytes key records of one store root (``<root>/_ids/``); ``add`` buffers, ``commit``
-    writes one atomic shard. ``readonly``: never create the folder (dry runs)."""
+    """identity key -> bytes key records of one store root: read from ``<root>/*/ids/``, written (``commit``:
+    one atomic shard per folder) to ``<root>/<fingerprint>/ids/`` of each of ``fingerprints``; ``add``
+    buffers. ``readonly``: write nothing (dry runs)."""
 
-    def __init__(self, root: str | os.PathLike, readonly: bool = False):
-        self.dir = Path(root) / IDS_FOLDER
-        self.readonly = readonly
+    def __init__(self, root: str | os.PathLike, fingerprints=(), readonly: bool = False):
+        self.root = Path(root)
+        self.dirs = [self.root / fp / IDS_FOLDER for fp in fingerprints]
+        self.readonly = readonly or not self.dirs
         self._map: dict[str, str] = {}
         self._seen: set[str] = set()
         self._pending: dict[str, str] = {}
         self.refresh()
 
     def refresh(self) -> None:
-        if not self.dir.is_dir():
+        if not self.root.is_dir():
             return
-        for p in sorted(self.dir.glob("ids-*.arrow")):
+        for p in sorted(self.root.glob(f"*/{IDS_FOLDER}/ids-*.arrow")):
             if p.name in self._seen:
                 continue
             try:
@@ -119,13 +124,14 @@ class IdIndex:
         """Write the buffered records as one shard (atomic rename)."""
         if not self._pending or self.readonly:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
         ids, keys = list(self._pending), list(self._pending.values())
         table = pa.Table.from_arrays([pa.array(ids, pa.string()), pa.array(keys, pa.string())], schema=_SCHEMA)
         name = f"ids-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.arrow"
-        with atomic_path(self.dir / name) as tmp:
-            with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, _SCHEMA) as writer:
-                writer.write_table(table)
+        for d in self.dirs:  # the same records in each model's folder: a folder copied or kept alone has them
+            d.mkdir(parents=True, exist_ok=True)
+            with atomic_path(d / name) as tmp:
+                with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, _SCHEMA) as writer:
+                    writer.write_table(table)
         self._seen.add(name)
         self._map.update(self._pending)
         self._pending = {}

@@ -22,7 +22,7 @@ import numpy as np
 from .. import urls
 from ..config import DECODERS, EmbedOptions
 from ..errors import MissingExtra, UsageError
-from ..idkeys import IDS_FOLDER, IdIndex, table_keys
+from ..idkeys import IdIndex, table_keys
 from ..items import ItemTable, Tables
 from ..models import LoadedModel, ModelSpec, load_model
 from ..store import EmbeddingStore, is_store_folder
@@ -270,8 +270,7 @@ class EmbedPipeline:
         if self._mirror is None:
             self._mirror = urls.RemoteDir(root)
             for i in range(len(self.models)):
-                self._mirror.pull(self.fingerprint(i))
-            self._mirror.pull(IDS_FOLDER)
+                self._mirror.pull(self.fingerprint(i))  # (its id records included)
         return str(self._mirror.local)
 
     def push(self) -> None:
@@ -283,7 +282,7 @@ class EmbedPipeline:
     def ids(self) -> IdIndex:
         """The store root's identity -> content key records (``hardrank.idkeys``)."""
         if self._ids is None:
-            self._ids = IdIndex(self.store_root())
+            self._ids = IdIndex(self.store_root(), [self.fingerprint(i) for i in range(len(self.models))])
         return self._ids
 
     @property
