@@ -34,6 +34,7 @@ _POS_MASK = np.uint64((1 << _POS_BITS) - 1)
 _MAX_RUN = (1 << _POS_BITS) - 1  # rows a run can address (a bulk build splits larger sets into several runs)
 _M1, _M2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)  # murmur3 fmix64 constants
 _SEED = np.uint64(0x9E3779B97F4A7C15)
+_CHUNK = 1 << 20  # keys hashed / entries scanned per step: temporaries stay ~100 MB whatever the size
 _BYTE_MASKS = np.array([0] + [(1 << (8 * k)) - 1 for k in range(1, 8)] + [(1 << 64) - 1], dtype=np.uint64)
 
 
@@ -153,10 +154,12 @@ class KeyIndex:
         entries = np.empty(rows, np.uint64)
         at = 0
         for a in arrays:
-            n = len(a)
-            entries[at:at + n] = (hash_keys(a) >> np.uint64(_POS_BITS) << np.uint64(_POS_BITS)) | \
-                np.arange(at, at + n, dtype=np.uint64)
-            at += n
+            for s in range(0, len(a), _CHUNK):  # bounded temporaries whatever the block size
+                part = a.slice(s, _CHUNK)
+                n = len(part)
+                entries[at:at + n] = (hash_keys(part) >> np.uint64(_POS_BITS) << np.uint64(_POS_BITS)) | \
+                    np.arange(at, at + n, dtype=np.uint64)
+                at += n
         entries.sort()  # in place: (hash prefix, position); equal prefixes keep their position order
         earlier = self._count_present(arrays) if self._runs else 0
         for a in arrays:
@@ -191,9 +194,15 @@ class KeyIndex:
         e = run.entries
         if len(e) < 2:
             return 0
-        same = (e[1:] >> np.uint64(_POS_BITS)) == (e[:-1] >> np.uint64(_POS_BITS))
-        if not same.any():
+        pairs = []  # i where entries i and i + 1 share a prefix, found chunk by chunk (bounded temporaries)
+        for s in range(0, len(e) - 1, _CHUNK):
+            hi = e[s:s + _CHUNK + 1] >> np.uint64(_POS_BITS)
+            pairs.append(np.flatnonzero(hi[1:] == hi[:-1]) + s)
+        pairs = np.concatenate(pairs)
+        if not len(pairs):
             return 0
+        same = np.zeros(len(e) - 1, bool)
+        same[pairs] = True
         first = np.nonzero(same & ~np.concatenate([[False], same[:-1]]))[0]   # start of each equal-prefix group
         ends = np.nonzero(same & ~np.concatenate([same[1:], [False]]))[0] + 2  # one past its end
         members = np.concatenate([np.arange(s, t) for s, t in zip(first, ends)])

@@ -270,8 +270,15 @@ class EmbeddingStore:
         col = table.column("embedding")
         if table.num_rows == 0:
             return np.zeros((0, self.dim), dtype=self.dtype)
-        parts = [chunk.values.to_numpy(zero_copy_only=True).reshape(-1, self.dim)
-                 for chunk in col.chunks if len(chunk)]
+        # np.frombuffer, not Array.to_numpy: pyarrow copies float16 values to the heap even with
+        # zero_copy_only=True, which would pull a whole fp16 store into RAM when it is opened
+        dtype = np.dtype(self.dtype)
+        parts = []
+        for chunk in col.chunks:
+            if len(chunk):
+                v = chunk.flatten()  # (n * dim,) values, a zero-copy slice of the child array
+                parts.append(np.frombuffer(v.buffers()[1], dtype=dtype, count=len(v),
+                                           offset=v.offset * dtype.itemsize).reshape(-1, self.dim))
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _quarantine(self, path: Path, why: str) -> None:

@@ -118,3 +118,13 @@ def test_store_with_a_copied_shard_counts_each_key_once(tmp_path):
     assert again.contains("text", ["a", "z"]).tolist() == [True, False]
     st.refresh()  # the copy seen by a store already open: still 4 keys
     assert st.count("text") == 4 and st.key_index["text"].num_blocks == 3
+
+
+def test_opening_a_store_maps_its_vectors_instead_of_copying_them(tmp_path):
+    """fp16 vectors stay in the memory-mapped shard (pyarrow's to_numpy would copy them to the heap)."""
+    st = EmbeddingStore(tmp_path, "fp", dim=3, dtype="float16")
+    st.write("image", ["i1", "i2"], np.ones((2, 3)))
+    again = EmbeddingStore(tmp_path, "fp", dim=3, dtype="float16")
+    (shard,) = again._shards["image"]
+    assert shard.emb.dtype == np.float16 and not shard.emb.flags.writeable and not shard.emb.flags.owndata
+    assert again.read("image", ["i2"]).tolist() == [[1, 1, 1]]
