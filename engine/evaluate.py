@@ -296,6 +296,8 @@ def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites
             raise UsageError("the clip-regions baseline embeds region crops with --model; precomputed "
                              "--embeddings hold no crop embeddings")
         return [_byo_source(cfg, tables, report)]
+    for s in suites:  # a model reads the images: --images and the altered-image folders must be there
+        s.check_images()
     stats = pipe.run(tables, progress=progress)
     report.embed_stats = common["embed"] = {k: v.as_dict() for k, v in stats.items()}
     for mod, st in stats.items():
@@ -355,11 +357,13 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
         tasks += [f"{t.name}: {len(t.ids)} rows of {t.left.shape[1]}x{t.right.shape[1]} ({t.rule})" for t in s.choice]
         tasks += [f"{t.name}: {len(t.data.questions)} questions" for t in s.mask]
         out["suites"][s.name] = tasks
+    if cfg.embeddings or not any(s.needs_embeddings for s in suites):
+        return out  # no image is read (also when the toy suites, waiting for their world, were all there was)
+    for s in suites:
+        s.check_images()
     counts = item_counts(tables.images)
     tables.texts.keys()
     out["unreadable"], out["image_duplicates"] = counts["unreadable"], counts["duplicates"]
-    if cfg.embeddings or not any(s.needs_embeddings for s in suites):
-        return out  # (also when the toy suites, waiting for their world, were all there was)
     rows = EmbedPipeline(model_specs(cfg), cfg.embed).plan(tables)
     out["checkpoints"] = rows
     out["to_encode"] = {m: sum(r[f"{m}_to_encode"] for r in rows) for m in ("image", "text")}

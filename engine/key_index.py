@@ -34,7 +34,7 @@ _POS_MASK = np.uint64((1 << _POS_BITS) - 1)
 _MAX_RUN = (1 << _POS_BITS) - 1  # rows a run can address (a bulk build splits larger sets into several runs)
 _M1, _M2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)  # murmur3 fmix64 constants
 _SEED = np.uint64(0x9E3779B97F4A7C15)
-_CHUNK = 1 << 20  # keys hashed / entries scanned per step: temporaries stay ~100 MB whatever the size
+_CHUNK = 1 << 18  # keys hashed / entries scanned / queries looked up per step: bounded temporaries
 _BYTE_MASKS = np.array([0] + [(1 << (8 * k)) - 1 for k in range(1, 8)] + [(1 << 64) - 1], dtype=np.uint64)
 
 
@@ -215,6 +215,9 @@ class KeyIndex:
     def locate(self, keys) -> tuple[np.ndarray, np.ndarray]:
         """(block (N,) int32, row (N,) int64) of each key's first occurrence; -1 where absent."""
         q = as_string_array(keys)
+        if len(q) > _CHUNK:  # bounded temporaries (~200 bytes a query) whatever N
+            parts = [self.locate(q.slice(s, _CHUNK)) for s in range(0, len(q), _CHUNK)]
+            return np.concatenate([b for b, _ in parts]), np.concatenate([r for _, r in parts])
         n = len(q)
         pos = np.full(n, -1, np.int64)
         if n and self._runs:

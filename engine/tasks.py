@@ -158,6 +158,14 @@ class Suite:
     tie_rule: str = "index"
     meta: dict = field(default_factory=dict)        # counts, files found, protocol notes
     view_average: dict[str, list[str]] = field(default_factory=dict)  # e.g. "mix_0.9" -> seeds' views
+    # what stops a run that reads the images (no --images, an altered-image folder missing): raised by
+    # ``check_images`` before a model run reads any; bring-your-own embeddings read no image file
+    image_errors: list[Exception] = field(default_factory=list)
+
+    def check_images(self) -> None:
+        """Raise the first reason this suite's images cannot be read (see ``image_errors``)."""
+        if self.image_errors:
+            raise self.image_errors[0]
 
     @property
     def needs_embeddings(self) -> bool:

@@ -128,11 +128,11 @@ def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[s
 def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") -> Suite:
     """Plain Karpathy retrieval (COCO 5k, Flickr30k 1k, ...): the clean protocol alone."""
     ann = find_annotation(opts, "coco_karpathy_test.json", f"suite {name}")
-    if opts.images is None:
-        raise ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")
+    errors = [] if opts.images is not None else [
+        ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")]
     clean = read_karpathy(ann)
-    i2t, t2i = build_retrieval(tables, opts.images, clean)
-    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule,
+    i2t, t2i = build_retrieval(tables, opts.images or "", clean)  # no --images: paths as written (ids only)
+    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, image_errors=errors,
                  meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1])})
 
 
@@ -141,8 +141,8 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
     ann = find_annotation(opts, "coco_karpathy_test.json", f"suite {name}")
     # the perturbed-caption files sit next to the clean file unless --data names their folder
     folder = Path(opts.data) if opts.data and opts.annotations else ann.parent
-    if opts.images is None:
-        raise ValueError(f"suite {name} needs --images DIR (holding val2014/ and the altered image folders)")
+    errors = [] if opts.images is not None else [
+        ValueError(f"suite {name} needs --images DIR (holding val2014/ and the altered image folders)")]
     clean = read_karpathy(ann)
     wanted = opts.text_variants if opts.text_variants is not None else ROCOCO_TEXT_VARIANTS
     text_variants = {}
@@ -154,16 +154,17 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
             raise FileNotFoundError(f"{f} does not exist (asked for text variant {v!r})")
     img_variants = image_variant_names(opts.image_variants, opts.seeds)
     for v in img_variants:
-        d = Path(opts.images) / v
-        if not d.is_dir():
-            raise FileNotFoundError(f"altered images {d} do not exist; make them with "
-                                    f"`hardrank perturb images --method {v.split('_')[0]} ...`")
-    i2t, t2i = build_retrieval(tables, opts.images, clean, text_variants=text_variants, image_variants=img_variants)
+        d = Path(opts.images) / v if opts.images is not None else None
+        if d is not None and not d.is_dir():
+            errors.append(FileNotFoundError(f"altered images {d} do not exist; make them with "
+                                            f"`hardrank perturb images --method {v.split('_')[0]} ...`"))
+    i2t, t2i = build_retrieval(tables, opts.images or "", clean, text_variants=text_variants,
+                               image_variants=img_variants)
     averages = {}
     for v in opts.image_variants:
         members = [f"{v}_s{s}" for s in opts.seeds]
         if len(members) > 1:
             averages[v] = members
-    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages,
+    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages, image_errors=errors,
                  meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1]),
                        "text_variants": list(text_variants), "image_variants": img_variants})
