@@ -15,6 +15,7 @@ import pyarrow as pa
 import torch
 
 from .byo import embeddings_for_tables
+from .clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
 from .choice_macro import suite_aggregates
 from .config import EvalConfig, build, check_writable_dir, resolve_device
 from .counts import embed_line, item_counts
@@ -329,7 +330,9 @@ def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _Source:
     path = Path(cfg.embeddings)
     emb = embeddings_for_tables(path, tables)
     device = resolve_device(cfg.embed.device)
-    ident = {"checkpoint_path": str(path), "model_fingerprint": f"embeddings-{file_hash(path)[:16]}",
+    fingerprint = ClipRetrievalFolder(path).fingerprint if is_clip_retrieval_folder(path) else \
+        f"embeddings-{file_hash(path)[:16]}"
+    ident = {"checkpoint_path": str(path), "model_fingerprint": fingerprint,
              "provenance": {"architecture": "precomputed", "precision": "float32", "device": device,
                             "checkpoint_hash": None}}
     report.embed_stats = {m: {"total": len(tables.of(m)), "from_file": len(tables.of(m))} for m in ("image", "text")}
