@@ -211,7 +211,8 @@ def _child(args, method: str, rows: int) -> dict:
            "--queries", str(args.queries), "--shard-rows", str(args.shard_rows), "--workdir", str(args.workdir)]
     print(f"{method} at {rows:,} rows ...", file=sys.stderr, flush=True)
     # glibc keeps freed heap below its (growing) mmap threshold: fix the threshold so RssAnon is live memory
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "131072",
+           "MALLOC_TRIM_THRESHOLD_": "131072"}
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode:
         print(res.stderr, file=sys.stderr)

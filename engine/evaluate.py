@@ -15,8 +15,8 @@ import pyarrow as pa
 import torch
 
 from .byo import embeddings_for_tables
-from .clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
 from .choice_macro import suite_aggregates
+from .clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
 from .config import EvalConfig, build, check_writable_dir, resolve_device
 from .counts import embed_line, item_counts
 from .embed import EmbedPipeline

@@ -1,4 +1,4 @@
-"""Mining inputs: Karpathy JSON, image folder, Parquet listing, store or clip-retrieval folder -> embeddings, positives."""
+"""Mining inputs: Karpathy JSON, image folder, Parquet listing, store or clip-retrieval folder -> vectors, positives."""
 from __future__ import annotations
 
 import json
