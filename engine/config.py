@@ -359,7 +359,8 @@ class EvalConfig:
                           "some; --model names a custom architecture's config .json)", path=True)
     embeddings: str | None = opt(None, "score precomputed embeddings instead of a model: Parquet with columns "
                                  "kind (image|text), id (image path / caption as in the annotation file), "
-                                 "embedding", path=True)
+                                 "embedding; or a clip-retrieval output folder (img_emb/, text_emb/, metadata/); "
+                                 "no image file is read", path=True)
     search: str = opt("exhaustive", "ranking search: exhaustive (exact kernels) or faiss:<factory> "
                       "(per-group top-k; mean/median rank become lower bounds, see README)")
     budget_mb: int = opt(256, "kernel score-tile memory budget, MiB", minimum=1)

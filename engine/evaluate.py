@@ -17,6 +17,7 @@ import torch
 from . import urls
 from .byo import embeddings_for_tables
 from .choice_macro import suite_aggregates
+from .clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
 from .config import EvalConfig, build, check_writable_dir, resolve_device
 from .counts import embed_line, item_counts
 from .embed import EmbedPipeline, make_scan_mapper
@@ -326,6 +327,8 @@ def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites
             raise UsageError("the clip-regions baseline embeds region crops with --model; precomputed "
                              "--embeddings hold no crop embeddings")
         return [_byo_source(cfg, tables, report)]
+    for s in suites:  # a model reads the images: --images and the altered-image folders must be there
+        s.check_images()
     stats = pipe.run(tables, progress=progress)
     report.embed_stats = common["embed"] = {k: v.as_dict() for k, v in stats.items()}
     for mod, st in stats.items():
@@ -357,7 +360,9 @@ def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _Source:
     path = Path(cfg.embeddings)
     emb = embeddings_for_tables(path, tables)
     device = resolve_device(cfg.embed.device)
-    ident = {"checkpoint_path": str(path), "model_fingerprint": f"embeddings-{file_hash(path)[:16]}",
+    fingerprint = ClipRetrievalFolder(path).fingerprint if is_clip_retrieval_folder(path) else \
+        f"embeddings-{file_hash(path)[:16]}"
+    ident = {"checkpoint_path": str(path), "model_fingerprint": fingerprint,
              "provenance": {"architecture": "precomputed", "precision": "float32", "device": device,
                             "checkpoint_hash": None}}
     report.embed_stats = {m: {"total": len(tables.of(m)), "from_file": len(tables.of(m))} for m in ("image", "text")}
@@ -385,14 +390,16 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
         tasks += [f"{t.name}: {len(t.ids)} rows of {t.left.shape[1]}x{t.right.shape[1]} ({t.rule})" for t in s.choice]
         tasks += [f"{t.name}: {len(t.data.questions)} questions" for t in s.mask]
         out["suites"][s.name] = tasks
+    if cfg.embeddings or not any(s.needs_embeddings for s in suites):
+        return out  # no image is read (also when the toy suites, waiting for their world, were all there was)
+    for s in suites:
+        s.check_images()
     if cfg.embed.key_by == "content":  # (with --key-by id the plan reads no image either)
         counts = item_counts(tables.images)
         out["unreadable"], out["image_duplicates"] = counts["unreadable"], counts["duplicates"]
     else:  # duplicates are unknown until the new images are hashed by the workers
         out["unreadable"], out["image_duplicates"] = 0, 0
     tables.texts.keys()
-    if cfg.embeddings or not any(s.needs_embeddings for s in suites):
-        return out  # (also when the toy suites, waiting for their world, were all there was)
     rows = EmbedPipeline(model_specs(cfg), cfg.embed).plan(tables)
     if cfg.embed.key_by == "id":
         out["unreadable"] = len(tables.images.failed)  # missing files (a stat failed)

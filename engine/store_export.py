@@ -110,6 +110,8 @@ def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, 
     store = _store_for(cfg, folder)
     tables = Tables.empty()
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+    for s in suites:  # content keys hash the image files
+        s.check_images()
     roots = _roots(cfg, suites)
     kinds, ids, keys, parts = [], [], [], []
     counts = {}

@@ -16,6 +16,7 @@ from hardrank.toyworld.train import train_toy
 
 from .bench import add_bench_parser
 from .demo import add_demo_parser
+from .export import add_export_parser
 from .flags import Formatter, add_options, expand_globs, options_from_args
 from .grid import add_run_parser, print_plan
 from .mine import add_mine_parser
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_report_parser(sub)
     add_store_parser(sub)
+    add_export_parser(sub)
     add_bench_parser(sub)
     add_watch_parser(sub)
     return ap

@@ -1,4 +1,4 @@
-"""Mining inputs: Karpathy JSON, image folder, Parquet listing or store folder -> embeddings and positives."""
+"""Mining inputs: Karpathy JSON, image folder, Parquet listing, store or clip-retrieval folder -> vectors, positives."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from .. import urls
 from ..byo import load_embedding_file
+from ..clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
 from ..config import DIRECTIONS, MineConfig
 from ..counts import embed_line
 from ..embed import EmbedPipeline
@@ -43,7 +44,7 @@ class _Items:
 
 @dataclass
 class _Source:
-    kind: str                 # karpathy | folder | parquet | store
+    kind: str                 # karpathy | folder | parquet | embeddings | store | clip_retrieval
     path: str
     items: dict[str, _Items]
     store: EmbeddingStore | None = None
@@ -83,8 +84,9 @@ class _FileEmbeddings:
 def _source_error(path, what: str) -> DataError:
     return DataError(f"{path}: {what}. A corpus or query set is a Karpathy-format .json (with --images), an "
                       f"image folder, a .parquet listing with columns id + path (images) or id + text, an "
-                      f"embeddings .parquet (kind, id, embedding: `hardrank store export` writes one), or an "
-                      f"embedding store fingerprint folder (holding manifest.json)")
+                      f"embeddings .parquet (kind, id, embedding: `hardrank store export` writes one), an "
+                      f"embedding store fingerprint folder (holding manifest.json), or a clip-retrieval output "
+                      f"folder (img_emb/, text_emb/, metadata/)")
 
 
 def _sample_source(path: str, captions: str) -> _Source:
@@ -132,6 +134,8 @@ def _load_source(path: str, images: str | None, captions: str = "txt") -> _Sourc
             if keys:
                 items[mod] = _Items(ids=keys, entries=None, group=np.arange(len(keys)), keys=keys)
         return _Source("store", path, items, store)
+    if is_clip_retrieval_folder(p):
+        return _clip_retrieval_source(p)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
         if not files:
@@ -179,6 +183,22 @@ def _remote_folder(url: str) -> _Source:
     root = url.rstrip("/") + "/"
     ids = [f[len(root):] if f.startswith(root) else f for f in files]
     return _Source("folder", url, {"image": _Items(ids, [ImageRef(f) for f in files], np.arange(len(files)))})
+
+
+def _clip_retrieval_source(p: Path) -> _Source:
+    """A clip-retrieval folder: ids from its metadata (image_path, caption), vectors read lazily from
+    its .npy parts. Row i's image and caption are one sample, so they are each other's positives (as
+    a Karpathy image and its captions are): the group of both is the image's key."""
+    cr = ClipRetrievalFolder(p)
+    items: dict[str, _Items] = {}
+    for mod in cr.kinds:
+        ids = cr.ids(mod)
+        keys = [text_key(pre_caption(i)) for i in ids] if mod == "text" else [f"id:{i}" for i in ids]
+        items[mod] = _Items(ids=ids, entries=None, group=np.arange(len(ids)), keys=keys)
+    if "image" in items:
+        for it in items.values():
+            it.group_key = items["image"].keys
+    return _Source("clip_retrieval", str(p), items, cr)
 
 
 def _pipeline(cfg: MineConfig, sources: list[_Source], echo, runner) -> tuple[EmbedPipeline | None, EmbeddingStore]:
@@ -313,7 +333,9 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         if src.kind in ("karpathy", "wds"):
             _karpathy_groups(src, tables, rows)
 
-    def read(src: _Source, mod: str, sel: list[int]) -> np.ndarray:
+    def read(src: _Source, mod: str, sel) -> np.ndarray:
+        if src.kind == "clip_retrieval":  # a lazy view: rows are read block by block when searched
+            return src.store.vectors(mod).select(sel)
         it = src.items[mod]
         return (src.store or store).read(mod, [it.keys[i] for i in sel])
 
@@ -329,7 +351,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         g = gkey(cit, i)
         if g != cit.keys[i]:
             by_key.setdefault(g, []).append(j)
-    if lazy_corpus:  # shard actors read their own slices from the store
+    if lazy_corpus and csrc.kind != "clip_retrieval":  # shard actors read their own slices from the store
         xb = StoreRows.of(csrc.store or store, cmod, [cit.keys[i] for i in c_rows])
     else:
         xb = read(csrc, cmod, c_rows)
@@ -346,8 +368,8 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         if not k:
             continue
         pos = members.get(int(qit.group[i]), []) if pos_items is not None else []
-        if qsrc.kind not in ("karpathy", "wds") and qmod != cmod:
-            pos = []  # no grouping across modalities outside Karpathy files
+        if qsrc.kind not in ("karpathy", "wds", "clip_retrieval") and qmod != cmod:
+            pos = []  # no grouping across modalities outside Karpathy files and samples (shards, clip-retrieval)
         keys = {pos_items.keys[p] for p in pos} | {gkey(qit, i), k}
         j = order.setdefault(qit.ids[i], len(q_rows))
         if j == len(q_rows):
@@ -357,14 +379,18 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         else:
             q_pos[j] = sorted(set(q_pos[j]) | set(pos))
             q_excl[j] |= keys
-    xq = read(qsrc, qmod, q_rows).astype(np.float32)
+    xq = read(qsrc, qmod, q_rows)
+    if isinstance(xq, np.ndarray):
+        xq = xq.astype(np.float32)
     excl = [sorted({r for key in keys for r in by_key.get(key, ())}) for keys in q_excl]
     exclude_ptr = np.zeros(len(q_rows) + 1, np.int64)
     np.cumsum([len(e) for e in excl], out=exclude_ptr[1:])
     pos_ptr = np.zeros(len(q_rows) + 1, np.int64)
     np.cumsum([len(p) for p in q_pos], out=pos_ptr[1:])
     flat_pos = [p for ps in q_pos for p in ps]
-    if pos_items is not None and flat_pos:
+    if pos_items is not None and flat_pos and qsrc.kind == "clip_retrieval":
+        pos_emb = read(qsrc, cmod, flat_pos)  # lazy, like the corpus
+    elif pos_items is not None and flat_pos:
         uniq, inv = np.unique(flat_pos, return_inverse=True)
         pos_emb = read(qsrc, cmod, uniq.tolist())[inv]
     else:

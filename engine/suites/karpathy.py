@@ -119,8 +119,9 @@ def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[
         if variant_refs is not None:
             gal_rows.append(np.array([tables.images.add(r, i, k) for (r, k), i in zip(variant_refs[v], v_ids)],
                                      dtype=np.int64))
-            continue
-        gal_rows.append(tables.images.add_many((ImageRef(urls.join(images_root, v, im)) for im in image_ids), v_ids))
+        else:
+            gal_rows.append(tables.images.add_many((ImageRef(urls.join(images_root, v, im)) for im in image_ids),
+                                                   v_ids))
         gal_ids.extend(v_ids)
     n_img = len(clean)
     t2i = RankingTask(
@@ -138,11 +139,11 @@ def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[
 def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") -> Suite:
     """Plain Karpathy retrieval (COCO 5k, Flickr30k 1k, ...): the clean protocol alone."""
     ann = find_annotation(opts, "coco_karpathy_test.json", f"suite {name}")
-    if opts.images is None:
-        raise ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")
+    errors = [] if opts.images is not None else [
+        ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")]
     clean = read_karpathy(ann)
-    i2t, t2i = build_retrieval(tables, opts.images, clean)
-    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule,
+    i2t, t2i = build_retrieval(tables, opts.images or "", clean)  # no --images: paths as written (ids only)
+    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, image_errors=errors,
                  meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1])})
 
 
@@ -151,8 +152,8 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
     ann = find_annotation(opts, "coco_karpathy_test.json", f"suite {name}")
     # the perturbed-caption files sit next to the clean file unless --data names their folder
     folder = Path(opts.data) if opts.data and opts.annotations else ann.parent
-    if opts.images is None:
-        raise ValueError(f"suite {name} needs --images DIR (holding val2014/ and the altered image folders)")
+    errors = [] if opts.images is not None else [
+        ValueError(f"suite {name} needs --images DIR (holding val2014/ and the altered image folders)")]
     clean = read_karpathy(ann)
     wanted = opts.text_variants if opts.text_variants is not None else ROCOCO_TEXT_VARIANTS
     text_variants = {}
@@ -164,16 +165,17 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
             raise FileNotFoundError(f"{f} does not exist (asked for text variant {v!r})")
     img_variants = image_variant_names(opts.image_variants, opts.seeds)
     for v in img_variants:
-        d = urls.join(opts.images, v)
-        if not urls.is_dir(d):
-            raise FileNotFoundError(f"altered images {d} do not exist; make them with "
-                                    f"`hardrank perturb images --method {v.split('_')[0]} ...`")
-    i2t, t2i = build_retrieval(tables, opts.images, clean, text_variants=text_variants, image_variants=img_variants)
+        d = urls.join(opts.images, v) if opts.images is not None else None
+        if d is not None and not urls.is_dir(d):
+            errors.append(FileNotFoundError(f"altered images {d} do not exist; make them with "
+                                            f"`hardrank perturb images --method {v.split('_')[0]} ...`"))
+    i2t, t2i = build_retrieval(tables, opts.images or "", clean, text_variants=text_variants,
+                               image_variants=img_variants)
     averages = {}
     for v in opts.image_variants:
         members = [f"{v}_s{s}" for s in opts.seeds]
         if len(members) > 1:
             averages[v] = members
-    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages,
+    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages, image_errors=errors,
                  meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1]),
                        "text_variants": list(text_variants), "image_variants": img_variants})
