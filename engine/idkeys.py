@@ -25,7 +25,9 @@ so switching to ``id`` later starts with every image known.
 
 Records are Arrow IPC shards (``ids-<time>-<uuid>.arrow``: ``id_key``, ``key``), each written atomically
 and never rewritten; several writers may add shards at once, and a record two shards share is the same
-fact (the first read wins).
+fact (the first read wins; a writer commits only identities it does not hold yet). They are looked up
+with the store's key index (``hardrank.key_index``) over the memory-mapped shards, in batches: no Python
+dict of identities, 8 bytes of heap a record.
 """
 from __future__ import annotations
 
@@ -38,12 +40,14 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from . import urls
 from .atomic import atomic_path
 from .items import _PARQUET_SCHEME, ImageRef, ItemTable, failure_reason
+from .key_index import KeyIndex, as_string_array
 
 __all__ = ["IdIndex", "KEY_BY", "identity_key", "table_keys", "is_provisional", "IDS_FOLDER"]
 
@@ -84,47 +88,88 @@ def identity_key(uri: str, cache: dict | None = None) -> str:
 class IdIndex:
     """identity key -> bytes key records of one store root: read from ``<root>/*/ids/``, written (``commit``:
     one atomic shard per folder) to ``<root>/<fingerprint>/ids/`` of each of ``fingerprints``; ``add``
-    buffers. ``readonly``: write nothing (dry runs)."""
+    buffers. ``readonly``: write nothing (dry runs).
+
+    Lookups use the store's key index (``hardrank.key_index.KeyIndex``: sorted 8-byte hash-prefix
+    entries, each candidate verified against the stored string), one block per record shard, over the
+    shards' memory-mapped Arrow columns: 8 bytes of heap a record and no Python object per record, so a
+    store root with 100M recorded identities is looked up in under 1 GB of RAM (page cache aside)."""
 
     def __init__(self, root: str | os.PathLike, fingerprints=(), readonly: bool = False):
         self.root = Path(root)
         self.dirs = [self.root / fp / IDS_FOLDER for fp in fingerprints]
         self.readonly = readonly or not self.dirs
-        self._map: dict[str, str] = {}
+        self._index = KeyIndex()             # block b: the id_key column of record shard b
+        self._values: list[pa.Array] = []    # block b: its key column
         self._seen: set[str] = set()
         self._pending: dict[str, str] = {}
         self.refresh()
 
     def refresh(self) -> None:
+        """Read the record shards not read yet (written since by this or another process). Shards are
+        read in name (= time) order, so a record two shards share resolves to the earlier one."""
         if not self.root.is_dir():
             return
-        for p in sorted(self.root.glob(f"*/{IDS_FOLDER}/ids-*.arrow")):
-            if p.name in self._seen:
+        for p in sorted(self.root.glob(f"*/{IDS_FOLDER}/ids-*.arrow"), key=lambda q: (q.name, str(q))):
+            if p.name in self._seen:  # (the same shard in another fingerprint folder: the same records)
                 continue
             try:
-                t = ipc.open_file(pa.memory_map(str(p), "r")).read_all()
-                for i, k in zip(t.column("id_key").to_pylist(), t.column("key").to_pylist()):
-                    self._map.setdefault(i, k)
-            except (pa.ArrowInvalid, OSError, KeyError) as exc:  # a record is a cache: an unreadable one is skipped
+                self._open(p)
+            except (pa.ArrowInvalid, OSError, KeyError, ValueError, TypeError) as exc:
+                # a record is a cache: an unreadable one is skipped
                 log.warning("id index shard %s is unreadable (%s); its images will be read again", p, exc)
             self._seen.add(p.name)
 
+    def _open(self, path: Path) -> None:
+        source = pa.memory_map(str(path), "r")
+        try:
+            t = ipc.open_file(source).read_all()
+        finally:
+            source.close()  # the mapped buffers stay valid; no file descriptor is held per shard
+        ids, keys = as_string_array(t.column("id_key")), as_string_array(t.column("key"))
+        self._index.add(ids)
+        self._values.append(keys)
+
     def __len__(self) -> int:
-        return len(self._map)
+        """Identities recorded in the shards read (pending records not included)."""
+        return len(self._index)
+
+    def lookup(self, id_keys) -> list[str | None]:
+        """The recorded bytes key of each identity key (None where unknown): one batched search."""
+        id_keys = list(id_keys)
+        out: list[str | None] = [None] * len(id_keys)
+        if self._values and id_keys:
+            block, row = self._index.locate(id_keys)
+            found = np.flatnonzero(block >= 0)
+            for b in np.unique(block[found]):
+                sel = found[block[found] == b]
+                for i, k in zip(sel.tolist(), self._values[int(b)].take(pa.array(row[sel])).to_pylist()):
+                    out[i] = k
+        if self._pending:
+            for i, k in enumerate(out):
+                if k is None:
+                    out[i] = self._pending.get(id_keys[i])
+        return out
 
     def get(self, id_key: str) -> str | None:
-        return self._map.get(id_key) or self._pending.get(id_key)
+        return self.lookup([id_key])[0]
 
     def add(self, id_key: str, key: str) -> None:
-        """Record that the bytes of ``id_key`` hash to ``key`` (a bytes key, without recipe)."""
-        if self._map.get(id_key) != key:
-            self._pending[id_key] = key
+        """Record that the bytes of ``id_key`` hash to ``key`` (a bytes key, without recipe); identities
+        recorded already are dropped when committing."""
+        self._pending.setdefault(id_key, key)
 
     def commit(self) -> None:
-        """Write the buffered records as one shard (atomic rename)."""
+        """Write the buffered records not recorded yet as one shard (atomic rename)."""
         if not self._pending or self.readonly:
             return
-        ids, keys = list(self._pending), list(self._pending.values())
+        ids = list(self._pending)
+        new = ~self._index.contains(ids) if self._values else np.ones(len(ids), bool)
+        ids = [i for i, n in zip(ids, new) if n]
+        keys = [self._pending[i] for i in ids]
+        self._pending = {}
+        if not ids:
+            return
         table = pa.Table.from_arrays([pa.array(ids, pa.string()), pa.array(keys, pa.string())], schema=_SCHEMA)
         name = f"ids-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.arrow"
         for d in self.dirs:  # the same records in each model's folder: a folder copied or kept alone has them
@@ -133,8 +178,7 @@ class IdIndex:
                 with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, _SCHEMA) as writer:
                     writer.write_table(table)
         self._seen.add(name)
-        self._map.update(self._pending)
-        self._pending = {}
+        self._open(self.dirs[0] / name)  # re-opened memory-mapped: the records leave the heap
 
 
 def _recipe(key_or_ref) -> str:
@@ -161,25 +205,28 @@ def table_keys(table: ItemTable, key_by: str, index: IdIndex | None, threads: in
     def one(row_ref):
         row, ref = row_ref
         if row in known:
-            return known[row], None
+            return None, None
         try:
-            idk = identity_key(ref.uri, cache)
+            return identity_key(ref.uri, cache), None
         except (OSError, ValueError) as exc:
-            return "", failure_reason(exc)
-        base = index.get(idk) if index is not None else None
-        return (base if base else _PROVISIONAL + idk) + _recipe(ref), None
+            return None, failure_reason(exc)
 
     with ThreadPoolExecutor(threads) as pool:
         out = list(pool.map(one, enumerate(table.entries), chunksize=64))
-    keys = [k for k, _ in out]
+    asked = [r for r, (idk, _) in enumerate(out) if idk is not None]
+    recorded = index.lookup(out[r][0] for r in asked) if index is not None else [None] * len(asked)
+    keys = [known.get(r, "") for r in range(len(out))]
+    for r, base in zip(asked, recorded):
+        keys[r] = (base or _PROVISIONAL + out[r][0]) + _recipe(table.entries[r])
     table.set_keys(keys)
     table.failed = {row: why for row, (_, why) in enumerate(out) if why}
     return keys
 
 
-def _record(table: ItemTable, keys: list[str], index: IdIndex, threads: int) -> None:
+def _record(table: ItemTable, keys: list[str], index: IdIndex, threads: int, chunk: int = 1 << 18) -> None:
     """Record the identity of every readable image whose content key is known (content runs), so a later
-    ``--key-by id`` run knows them without a read. Costs one ``stat`` per file (per shard for tar members)."""
+    ``--key-by id`` run knows them without a read. Costs one ``stat`` per file (per shard for tar members);
+    committed ``chunk`` rows at a time (bounded buffers); identities recorded already write nothing."""
     cache: dict = {}
 
     def one(row):
@@ -191,7 +238,8 @@ def _record(table: ItemTable, keys: list[str], index: IdIndex, threads: int) -> 
         return None
 
     with ThreadPoolExecutor(threads) as pool:
-        for pair in pool.map(one, range(len(keys)), chunksize=64):
-            if pair is not None:
-                index.add(*pair)
-    index.commit()
+        for lo in range(0, len(keys), chunk):
+            for pair in pool.map(one, range(lo, min(len(keys), lo + chunk)), chunksize=64):
+                if pair is not None:
+                    index.add(*pair)
+            index.commit()

@@ -247,8 +247,12 @@ class EmbeddingStore:
     def _open_shard(self, path: Path) -> _Shard | None:
         try:
             file_id = _file_id(path)
-            reader = ipc.open_file(pa.memory_map(str(path), "r"))
-            table = reader.read_all()
+            source = pa.memory_map(str(path), "r")
+            try:
+                reader = ipc.open_file(source)
+                table = reader.read_all()
+            finally:
+                source.close()  # the mapped buffers stay valid: no file descriptor held per shard
             emb_type = table.schema.field("embedding").type
             keys = as_string_array(table.column("key"))
         except FileNotFoundError:  # moved to quarantine by another process meanwhile

@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import shutil
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pytest
 
 from hardrank import key_index
+from hardrank.idkeys import IdIndex
 from hardrank.key_index import KeyIndex, hash_keys
 from hardrank.store import EmbeddingStore, _digest
 
@@ -128,3 +131,118 @@ def test_opening_a_store_maps_its_vectors_instead_of_copying_them(tmp_path):
     (shard,) = again._shards["image"]
     assert shard.emb.dtype == np.float16 and not shard.emb.flags.writeable and not shard.emb.flags.owndata
     assert again.read("image", ["i2"]).tolist() == [[1, 1, 1]]
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc")
+def test_store_shards_hold_no_file_descriptor(tmp_path):
+    st = EmbeddingStore(tmp_path, "fp", dim=2, dtype="float32")
+    for i in range(40):
+        st.write("text", [f"k{i}"], np.ones((1, 2)))
+    before = _open_fds()
+    again = EmbeddingStore(tmp_path, "fp", dim=2, dtype="float32")
+    assert again.count("text") == 40 and _open_fds() - before < 5  # 40 shards mapped, not 40 files open
+    assert again.read("text", ["k39"]).tolist() == [[1, 1]]
+
+
+# -- the --key-by id records (hardrank.idkeys.IdIndex): the same key index, over record shards --------------
+def _id_twin(shards):
+    first = {}
+    for records in shards:
+        for i, k in records:
+            first.setdefault(i, k)
+    return first
+
+
+def _write_records(index: IdIndex, records) -> None:
+    for i, k in records:
+        index.add(i, k)
+    index.commit()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_id_index_equals_a_dict_of_first_records(tmp_path, seed, monkeypatch):
+    """Records committed by two writers (each its own fingerprint folders), read back by a third: every
+    lookup equals the dict of first records; duplicates across shards, shared hash prefixes, ids absent."""
+    if seed:  # every id hashed alike: each lookup compares strings
+        monkeypatch.setattr(key_index, "hash_keys",
+                            lambda keys: np.zeros(len(key_index.as_string_array(keys)), np.uint64))
+    rng = random.Random(seed)
+    ids = [f"d{rng.getrandbits(64):016x}" for _ in range(300)] + ["", "€", "d" + "0" * 32]
+    shards = []
+    a, b = IdIndex(tmp_path, ["fpA"]), IdIndex(tmp_path, ["fpB", "fpC"])
+    for n in range(12):
+        picked = rng.sample(ids, rng.randint(0, 40))
+        records = [(i, f"h{rng.getrandbits(32):08x}") for i in picked]
+        _write_records(a if n % 2 else b, records)
+        shards.append(records)
+    # each writer committed only records it did not hold: the twin is the first record written
+    reader = IdIndex(tmp_path, readonly=True)
+    first = _id_twin(_committed(reader, tmp_path))
+    queries = ids + ["absent", "d" + "f" * 32]
+    assert reader.lookup(queries) == [first.get(q) for q in queries]
+    assert [reader.get(q) for q in queries[:20]] == [first.get(q) for q in queries[:20]]
+    assert len(reader) == len(first)
+    a.refresh()  # sees b's shards too (read after its own: an identity recorded differently by the two
+    # writers, which identities that include size and mtime never are, resolves to a's record there)
+    told = {}
+    for records in _committed(reader, tmp_path):
+        for i, k in records:
+            told.setdefault(i, set()).add(k)
+    got = a.lookup(queries)
+    assert [g in told.get(q, {None}) for q, g in zip(queries, got)] == [True] * len(queries)
+    assert [g for q, g in zip(queries, got) if len(told.get(q, ())) < 2] == \
+        [first.get(q) for q in queries if len(told.get(q, ())) < 2]
+    # the first record of an identity is the one kept: a later, different record changes no lookup
+    known = next(q for q in ids if first.get(q))
+    _write_records(a, [(known, "hother")])
+    assert IdIndex(tmp_path, readonly=True).get(known) == first[known]
+
+
+def _committed(reader: IdIndex, root):
+    """The records of every shard under root, in the order IdIndex reads them (by name; one copy each)."""
+    seen, out = set(), []
+    for p in sorted(root.glob("*/ids/ids-*.arrow"), key=lambda q: (q.name, str(q))):
+        if p.name in seen:
+            continue
+        seen.add(p.name)
+        t = ipc.open_file(p).read_all()
+        out.append(list(zip(t.column("id_key").to_pylist(), t.column("key").to_pylist())))
+    return out
+
+
+def test_id_index_pending_records_commit_once_and_copy_into_each_folder(tmp_path):
+    ix = IdIndex(tmp_path, ["m1", "m2"])
+    assert ix.lookup([]) == [] and ix.get("x") is None and len(ix) == 0
+    ix.add("x", "h1")
+    ix.add("x", "h2")  # the first record of a batch wins too
+    assert ix.get("x") == "h1" and len(ix) == 0  # pending: looked up, not yet written
+    ix.commit()
+    assert len(ix) == 1 and ix.get("x") == "h1"
+    names = [sorted(p.name for p in (tmp_path / m / "ids").iterdir()) for m in ("m1", "m2")]
+    assert names[0] == names[1] and len(names[0]) == 1
+    ix.add("x", "h1")
+    ix.commit()  # nothing new: no shard written
+    assert len(list((tmp_path / "m1" / "ids").iterdir())) == 1
+    dry = IdIndex(tmp_path, ["m3"], readonly=True)
+    dry.add("y", "h3")
+    dry.commit()
+    assert dry.get("y") == "h3" and not (tmp_path / "m3").exists()
+    assert IdIndex(tmp_path / "absent").lookup(["x"]) == [None]
+
+
+def test_id_index_skips_an_unreadable_shard_and_holds_no_file_open(tmp_path, caplog):
+    ix = IdIndex(tmp_path, ["m"])
+    for n in range(30):
+        _write_records(ix, [(f"i{n}", f"h{n}")])
+    (tmp_path / "m" / "ids" / "ids-00000000000000000000-broken.arrow").write_bytes(b"not arrow")
+    before = _open_fds() if os.path.isdir("/proc/self/fd") else 0
+    again = IdIndex(tmp_path, readonly=True)
+    if before:
+        assert _open_fds() - before < 5
+    assert "ids-00000000000000000000-broken.arrow" in caplog.text and "read again" in caplog.text
+    assert again.lookup([f"i{n}" for n in range(30)]) == [f"h{n}" for n in range(30)]
+    assert again._index.nbytes == 8 * 30  # the store's key index: 8 bytes a record
