@@ -1,7 +1,7 @@
 """Store key lookups at scale: 1M keys against a synthetic 50M-row store, key index vs the old Python dict.
 
 Usage: python benchmarks/bench_key_index.py [--rows 50000000] [--queries 1000000] [--shard-rows 8192]
-           [--dict-rows 1000000,4000000,10000000] [--workdir /tmp/hardrank-bench-keys] [--keep]
+           [--dict-rows 1000000,4000000,10000000] [--ids] [--workdir /tmp/hardrank-bench-keys] [--keep]
 
 Writes a store folder of ``--rows`` text keys (``t`` + 32 hex digits, as ``text_key`` makes them) in
 shards of ``--shard-rows`` (the embed pipeline's flush size), in the store's own format (checksummed
@@ -14,7 +14,11 @@ its memory is its own:
 - ``dict``: the store's index before this one (``to_pylist`` of each shard's keys into one dict of
   key -> (shard, row)), at ``--dict-rows`` (a prefix of the shards; at 50M it needs ~10 GB, more than
   this shared machine should give one benchmark), and the same lookups;
-- ``index`` again at the ``--dict-rows`` sizes, for a like-for-like row.
+- ``index`` again at the ``--dict-rows`` sizes, for a like-for-like row;
+- with ``--ids``: the ``--key-by id`` records (``hardrank.idkeys.IdIndex``, the same key index over
+  record shards ``ids/ids-*.arrow`` of ``--rows`` identities, ``d`` + 32 hex -> ``i`` + 32 hex),
+  ``lookup`` of ``--queries`` identities, against the dict of identity -> key it used before
+  (``ids-dict``, at ``--dict-rows``).
 
 Memory: the child's anonymous RSS (heap: ``RssAnon`` of /proc, sampled every 10 ms for the peak)
 above its baseline after imports; the memory-mapped shard pages are page cache (``RssFile``),
@@ -57,10 +61,12 @@ def key_bytes(g: np.ndarray) -> np.ndarray:
     return out
 
 
-def key_array(g: np.ndarray):
+def key_array(g: np.ndarray, first: str = "t"):
     import pyarrow as pa
 
-    data = key_bytes(g).reshape(-1)
+    b = key_bytes(g)
+    b[:, 0] = ord(first)
+    data = b.reshape(-1)
     offsets = np.arange(0, 33 * (len(g) + 1), 33, dtype=np.int32)
     return pa.StringArray.from_buffers(len(g), pa.py_buffer(offsets), pa.py_buffer(data))
 
@@ -94,6 +100,30 @@ def generate(folder: Path, rows: int, shard_rows: int) -> None:
         os.replace(tmp, path)
         if s % 500 == 0:
             print(f"  wrote {lo + len(g):,} rows ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+
+
+def generate_ids(folder: Path, rows: int, shard_rows: int) -> None:
+    """Identity records <folder>/ids-root/fp/ids/ids-*.arrow, as IdIndex.commit writes them."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from hardrank.idkeys import _SCHEMA
+
+    ids = folder / "ids-root" / "fp" / "ids"
+    ids.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    for s, lo in enumerate(range(0, rows, shard_rows)):
+        path = ids / f"ids-{s:020d}-bench.arrow"
+        if path.exists():
+            continue
+        g = np.arange(lo, min(rows, lo + shard_rows), dtype=np.uint64)
+        table = pa.Table.from_arrays([key_array(g, "d"), key_array(g, "i")], schema=_SCHEMA)
+        tmp = path.with_suffix(".tmp")
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, _SCHEMA) as w:
+            w.write_table(table)
+        os.replace(tmp, path)
+        if s % 500 == 0:
+            print(f"  wrote {lo + len(g):,} id records ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
 
 
 def queries(rows: int, total_rows: int, n: int, seed: int = 0) -> np.ndarray:
@@ -141,6 +171,8 @@ def worker(method: str, folder: Path, rows: int, total_rows: int, shard_rows: in
     from hardrank.key_index import KeyIndex
     from hardrank.store import EmbeddingStore
 
+    if method in ("ids", "ids-dict"):
+        return ids_worker(method, folder, rows, total_rows, shard_rows, n_queries)
     g = queries(rows, total_rows, n_queries)
     qarr = key_array(g)
     q = qarr.to_pylist()                          # what callers pass: a list of str
@@ -206,6 +238,58 @@ def worker(method: str, folder: Path, rows: int, total_rows: int, shard_rows: in
     return out
 
 
+def ids_worker(method: str, folder: Path, rows: int, total_rows: int, shard_rows: int, n_queries: int) -> dict:
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from hardrank.idkeys import IdIndex
+
+    g = queries(rows, total_rows, n_queries)
+    q = key_array(g, "d").to_pylist()
+    expect = [("i" + k[1:]) if stored else None for k, stored in zip(q, g < rows)]
+    mem = _Mem()
+    base = mem.reset()
+    out = {"method": method, "rows": rows, "queries": n_queries}
+    t0 = time.perf_counter()
+    root = folder / "ids-root"
+    if method == "ids" and rows == total_rows:  # IdIndex end to end: list, map, index the record shards
+        ix = IdIndex(root, readonly=True)
+        lookup, index_bytes, distinct = ix.lookup, ix._index.nbytes, len(ix)
+    else:
+        paths = sorted((root / "fp" / "ids").glob("ids-*.arrow"))[:-(-rows // shard_rows)]
+        if method == "ids":  # the same as IdIndex.refresh, over a prefix of the shards
+            ix = IdIndex(folder / "absent", readonly=True)
+            blocks = [ix._read(p) for p in paths]
+            ix._index.extend([i for i, _ in blocks])
+            ix._values.extend(k for _, k in blocks)
+            lookup, index_bytes, distinct = ix.lookup, ix._index.nbytes, len(ix)
+        else:  # IdIndex before: one dict of identity -> key
+            index: dict[str, str] = {}
+            for p in paths:
+                t = ipc.open_file(pa.memory_map(str(p), "r")).read_all()
+                for i, k in zip(t.column("id_key").to_pylist(), t.column("key").to_pylist()):
+                    index.setdefault(i, k)
+            lookup = lambda keys: [index.get(k) for k in keys]
+            index_bytes, distinct = None, len(index)
+    out["open_s"] = round(time.perf_counter() - t0, 3)
+    out["distinct"] = distinct
+    out["peak_open_mb"] = round((mem.peak - base) / 2**20, 1)
+    out["held_mb"] = round((mem.now() - base) / 2**20, 1)
+    out["index_bytes_per_row"] = round(index_bytes / rows, 2) if index_bytes is not None else None
+    lookup(q[:1000])
+    mem.reset()
+    before = mem.now()
+    t0 = time.perf_counter()
+    got = lookup(q)
+    out["contains_s"] = round(time.perf_counter() - t0, 3)
+    assert got == expect, "wrong answer"
+    out["peak_lookup_extra_mb"] = round((mem.peak - before) / 2**20, 1)
+    f = mem.fields()
+    out["rss_file_mb"] = round(f["RssFile"] / 2**20, 1)
+    out["vm_hwm_mb"] = round(f["VmHWM"] / 2**20, 1)
+    return out
+
+
 def _child(args, method: str, rows: int) -> dict:
     cmd = [sys.executable, __file__, "--worker", method, "--worker-rows", str(rows), "--rows", str(args.rows),
            "--queries", str(args.queries), "--shard-rows", str(args.shard_rows), "--workdir", str(args.workdir)]
@@ -220,6 +304,16 @@ def _child(args, method: str, rows: int) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def _extrapolate(dicts: list[dict], rows: int) -> dict | None:
+    """The dict grows linearly with the rows: least squares through the measured sizes, to ``rows``."""
+    if len(dicts) < 2:
+        return None
+    a, b = np.polyfit([r["rows"] for r in dicts], [r["held_mb"] for r in dicts], 1)
+    ta, tb = np.polyfit([r["rows"] for r in dicts], [r["open_s"] for r in dicts], 1)
+    return {"rows": rows, "held_mb": round(a * rows + b), "open_s": round(ta * rows + tb, 1),
+            "contains_s": dicts[-1]["contains_s"], "bytes_per_row": round(a * 2**20, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=50_000_000)
@@ -228,7 +322,8 @@ def main() -> None:
     ap.add_argument("--dict-rows", default="1000000,4000000,10000000")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/hardrank-bench-keys"))
     ap.add_argument("--keep", action="store_true", help="keep the generated store for the next run")
-    ap.add_argument("--worker", choices=["index", "dict"], help=argparse.SUPPRESS)
+    ap.add_argument("--ids", action="store_true", help="also the --key-by id records (IdIndex) against their old dict")
+    ap.add_argument("--worker", choices=["index", "dict", "ids", "ids-dict"], help=argparse.SUPPRESS)
     ap.add_argument("--worker-rows", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     folder = args.workdir / f"store-{args.rows}-{args.shard_rows}"
@@ -237,19 +332,17 @@ def main() -> None:
         return
     t0 = time.perf_counter()
     generate(folder, args.rows, args.shard_rows)
+    if args.ids:
+        generate_ids(args.workdir / f"store-{args.rows}-{args.shard_rows}", args.rows, args.shard_rows)
     gen_s = time.perf_counter() - t0
     small = [int(x) for x in args.dict_rows.split(",") if x]
-    rows = [_child(args, "index", args.rows)]
-    for n in small:
-        rows.append(_child(args, "index", n))
-        rows.append(_child(args, "dict", n))
-    dicts = [r for r in rows if r["method"] == "dict"]
-    # the dict grows linearly with the rows: least squares through the measured sizes, to the full size
-    a, b = np.polyfit([r["rows"] for r in dicts], [r["held_mb"] for r in dicts], 1) if len(dicts) > 1 else (0, 0)
-    ta, tb = np.polyfit([r["rows"] for r in dicts], [r["open_s"] for r in dicts], 1) if len(dicts) > 1 else (0, 0)
-    extrapolated = {"rows": args.rows, "held_mb": round(a * args.rows + b), "open_s": round(ta * args.rows + tb, 1),
-                    "contains_s": dicts[-1]["contains_s"] if dicts else None,
-                    "bytes_per_row": round(a * 2**20, 1)}
+    rows = []
+    for new, old in [("index", "dict")] + ([("ids", "ids-dict")] if args.ids else []):
+        rows.append(_child(args, new, args.rows))
+        for n in small:
+            rows.append(_child(args, new, n))
+            rows.append(_child(args, old, n))
+    extrapolated = {m: _extrapolate([r for r in rows if r["method"] == m], args.rows) for m in ("dict", "ids-dict")}
     print(f"\nkey lookups: {args.queries:,} keys (90% stored) against a store of N text keys in shards of "
           f"{args.shard_rows:,}; {platform.processor() or platform.machine()}, {os.cpu_count()} cpus")
     hdr = f"{'method':<8} {'N':>12} {'open s':>8} {'held MB':>9} {'B/row':>6} {'peak open MB':>13} " \
@@ -261,12 +354,14 @@ def main() -> None:
               f"{r.get('contains_arrow_s', float('nan')):>10.3f} "
               f"{r.get('read_s', r.get('locate_s', float('nan'))):>14.3f} {r['peak_lookup_extra_mb']:>16.1f} "
               f"{r['rss_file_mb']:>14.1f}")
-    if dicts:
-        print(f"dict     {args.rows:>12,} {extrapolated['open_s']:>8.1f} {extrapolated['held_mb']:>9,} "
-              f"{extrapolated['bytes_per_row']:>6.1f}   (extrapolated linearly from the measured dict sizes)")
+    for m, e in extrapolated.items():
+        if e is not None:
+            print(f"{m:<8} {args.rows:>12,} {e['open_s']:>8.1f} {e['held_mb']:>9,} "
+                  f"{e['bytes_per_row']:>6.1f}   (extrapolated linearly from the measured dict sizes)")
     out = {"rows": args.rows, "queries": args.queries, "shard_rows": args.shard_rows, "generate_s": round(gen_s, 1),
            "machine": {"processor": platform.processor(), "cpus": os.cpu_count(), "python": platform.python_version()},
-           "results": rows, "dict_extrapolated": extrapolated}
+           "results": rows, "dict_extrapolated": extrapolated["dict"],
+           "ids_dict_extrapolated": extrapolated["ids-dict"]}
     res = ROOT / "benchmarks" / "results"
     res.mkdir(parents=True, exist_ok=True)
     (res / "key_index.json").write_text(json.dumps(out, indent=1))

@@ -110,25 +110,27 @@ class IdIndex:
         read in name (= time) order, so a record two shards share resolves to the earlier one."""
         if not self.root.is_dir():
             return
+        new: list[tuple[pa.Array, pa.Array]] = []
         for p in sorted(self.root.glob(f"*/{IDS_FOLDER}/ids-*.arrow"), key=lambda q: (q.name, str(q))):
             if p.name in self._seen:  # (the same shard in another fingerprint folder: the same records)
                 continue
             try:
-                self._open(p)
+                new.append(self._read(p))
             except (pa.ArrowInvalid, OSError, KeyError, ValueError, TypeError) as exc:
                 # a record is a cache: an unreadable one is skipped
                 log.warning("id index shard %s is unreadable (%s); its images will be read again", p, exc)
             self._seen.add(p.name)
+        self._index.extend([ids for ids, _ in new])  # one sort for all of them
+        self._values.extend(keys for _, keys in new)
 
-    def _open(self, path: Path) -> None:
+    @staticmethod
+    def _read(path: Path) -> tuple[pa.Array, pa.Array]:
         source = pa.memory_map(str(path), "r")
         try:
             t = ipc.open_file(source).read_all()
         finally:
             source.close()  # the mapped buffers stay valid; no file descriptor is held per shard
-        ids, keys = as_string_array(t.column("id_key")), as_string_array(t.column("key"))
-        self._index.add(ids)
-        self._values.append(keys)
+        return as_string_array(t.column("id_key")), as_string_array(t.column("key"))
 
     def __len__(self) -> int:
         """Identities recorded in the shards read (pending records not included)."""
@@ -178,7 +180,9 @@ class IdIndex:
                 with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, _SCHEMA) as writer:
                     writer.write_table(table)
         self._seen.add(name)
-        self._open(self.dirs[0] / name)  # re-opened memory-mapped: the records leave the heap
+        ids, keys = self._read(self.dirs[0] / name)  # re-opened memory-mapped: the records leave the heap
+        self._index.add(ids)
+        self._values.append(keys)
 
 
 def _recipe(key_or_ref) -> str:

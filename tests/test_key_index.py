@@ -60,6 +60,11 @@ def test_locate_equals_first_occurrence_dict(seed):
     for b in blocks[9:]:
         half.add(pa.array(b, pa.large_string()))  # either Arrow string width
     _check(half, blocks, absent)
+    bulk = KeyIndex.build(blocks[:5])
+    bulk.extend(blocks[5:12])  # several blocks sorted as one run, then merged
+    bulk.extend([])
+    bulk.extend(blocks[12:])
+    _check(bulk, blocks, absent)
 
 
 def test_shared_hash_prefixes_are_told_apart_by_the_strings(monkeypatch):
