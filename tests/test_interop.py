@@ -268,3 +268,21 @@ def test_export_skips_mask_suites_and_names_them(tmp_path, capsys):
                                        "image_caption_selection.json").read_text())["metrics"]
     assert hp == {"acc": 0.91666667, "text_acc": 0.91666667, "image_acc": 1.0, "augmented_acc": 0.88333333,
                   "brittleness": 0.03333333}
+
+
+def test_clip_retrieval_folder_on_s3_mines_and_scores_like_the_local_one(world, tmp_path, s3):
+    """A clip-retrieval output folder uploaded to a local S3 server, as --corpus/--queries and --embeddings."""
+    for f in sorted(Path(world["cr"]).rglob("*")):
+        if f.is_file():
+            s3.put_file(str(f), f"bucket/cr/{f.relative_to(world['cr']).as_posix()}")
+    common = ["--direction", "t2i", "-k", "3", "--quiet"]
+    assert main(["mine", "--corpus", str(world["cr"]), "--queries", str(world["cr"]), "--out", str(tmp_path / "a"),
+                 *common]) == 0
+    assert main(["mine", "--corpus", "s3://bucket/cr", "--queries", "s3://bucket/cr/", "--out", str(tmp_path / "b"),
+                 *common]) == 0
+    a, b = _mined(tmp_path / "a"), _mined(tmp_path / "b")
+    assert a == b and len(a["query_id"]) > 0
+    opts = {**world["opts"], "suites": ["rococo"]}
+    local = evaluate(embeddings=str(world["cr"]), out=str(tmp_path / "l"), **opts)
+    remote = evaluate(embeddings="s3://bucket/cr", out=str(tmp_path / "r"), **opts)
+    assert remote.results[0]["metrics"] == local.results[0]["metrics"]

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from .. import urls
 from ..byo import load_embedding_file
+from ..clip_retrieval import KINDS as CLIP_RETRIEVAL_KINDS
 from ..clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
 from ..config import DIRECTIONS, MineConfig
 from ..counts import embed_line
@@ -113,13 +114,16 @@ def _sample_source(path: str, captions: str) -> _Source:
     return _Source("wds", path, items, group_names=ids)
 
 
+_EMB_FOLDERS = tuple(folder for folder, _, _ in CLIP_RETRIEVAL_KINDS.values())  # img_emb, text_emb
+
+
 def _load_source(path: str, images: str | None, captions: str = "txt") -> _Source:
     if is_sample_source(path):
         return _sample_source(path, captions)
     if urls.is_url(path):
-        if urls.is_dir(path) and not urls.exists(urls.join(path, "manifest.json")):
+        if urls.is_dir(path) and not any(urls.exists(urls.join(path, m)) for m in ("manifest.json", *_EMB_FOLDERS)):
             return _remote_folder(path)
-        path = urls.fetch_input(path, what="input")  # a file, or a store folder: a local copy
+        path = urls.fetch_input(path, what="input")  # a file, a store or clip-retrieval folder: a local copy
     p = Path(path)
     if is_store_folder(p):
         store = open_store(p)
