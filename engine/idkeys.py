@@ -143,10 +143,12 @@ class IdIndex:
         if self._values and id_keys:
             block, row = self._index.locate(id_keys)
             found = np.flatnonzero(block >= 0)
-            for b in np.unique(block[found]):
-                sel = found[block[found] == b]
-                for i, k in zip(sel.tolist(), self._values[int(b)].take(pa.array(row[sel])).to_pylist()):
-                    out[i] = k
+            found = found[np.argsort(block[found], kind="stable")]  # grouped by block: one take per block
+            for sel in np.split(found, np.flatnonzero(np.diff(block[found])) + 1):
+                if len(sel):
+                    values = self._values[int(block[sel[0]])].take(pa.array(row[sel])).to_pylist()
+                    for i, k in zip(sel.tolist(), values):
+                        out[i] = k
         if self._pending:
             for i, k in enumerate(out):
                 if k is None:

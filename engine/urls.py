@@ -116,6 +116,10 @@ def remote_error(url: str, exc: BaseException, doing: str = "reading") -> Except
     proto = _protocol(url)
     name = type(exc).__name__
     text = f"{name}: {exc}"
+    cause = exc.__cause__ or exc.__context__  # fsspec's http backend raises FileNotFoundError from the real one
+    if isinstance(exc, FileNotFoundError) and cause is not None and any(
+            m in type(cause).__name__ or m in str(cause) for m in _UNREACHABLE):
+        exc, name, text = cause, type(cause).__name__, f"{type(cause).__name__}: {cause}"
     if isinstance(exc, FileNotFoundError) or "NoSuchKey" in text or "NoSuchBucket" in text or "404" in text:
         return FileNotFoundError(f"{url} does not exist ({doing}; {exc})")
     if ("Credential" in name or "credential" in text.lower() or "AccessDenied" in text or "Forbidden" in text
@@ -124,7 +128,18 @@ def remote_error(url: str, exc: BaseException, doing: str = "reading") -> Except
         hint = _CREDENTIAL_HINTS.get("gs" if proto == "gcs" else "s3" if proto == "s3a" else proto,
                                      "configure the backend's credentials as its documentation says")
         return DataError(f"{url}: access refused or no credentials while {doing} ({text}); {hint}")
+    if any(m in name or m in text for m in _UNREACHABLE):
+        endpoint = (f"AWS_ENDPOINT_URL is {os.environ['AWS_ENDPOINT_URL']!r}: is that server running? "
+                    if proto in ("s3", "s3a") and os.environ.get("AWS_ENDPOINT_URL") else "")
+        return DataError(f"{url}: cannot reach the server while {doing} ({text}); {endpoint}check the URL's host "
+                         f"and this machine's network (a proxy, a firewall), then run again")
     return DataError(f"{url}: {doing} failed ({text})")
+
+
+# what backends raise when no server answers (botocore, aiohttp, requests, OSError)
+_UNREACHABLE = ("EndpointConnectionError", "ConnectTimeout", "ConnectionError", "ClientConnectorError",
+                "ConnectionRefused", "Cannot connect to host", "Name or service not known",
+                "Temporary failure in name resolution", "Could not connect")
 
 
 @contextlib.contextmanager
@@ -278,8 +293,12 @@ def expand(pattern: str, *, what: str = "shards") -> list[str]:
         raise FileNotFoundError(f"{what} pattern {pattern!r} matches no file ({missing[0]} has none)")
     absent = [n for n in out if not exists(n)]
     if absent:
+        if is_url(absent[0]):
+            stat(absent[0])  # raises what the backend says when it is not a missing object (no server, no access)
+        fix = ("check the range in braces (it names every shard, first..last)" if "{" in pattern
+               else "check the name (`ls` the folder, or `aws s3 ls` / `gsutil ls` the bucket)")
         raise FileNotFoundError(f"{what} pattern {pattern!r}: {len(absent)} of {len(out)} files do not exist, e.g. "
-                                f"{absent[:3]}; check the range in braces (it names every shard, first..last)")
+                                f"{absent[:3]}; {fix}")
     return list(dict.fromkeys(out))
 
 

@@ -72,6 +72,37 @@ def test_unknown_protocol_and_missing_backend_name_the_fix():
         urls.read_bytes("gs://bucket/x.tar")
 
 
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_server_is_named_with_the_fix(tmp_path, monkeypatch):
+    pytest.importorskip("s3fs")
+    import s3fs
+
+    port = _closed_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        with pytest.raises(DataError, match=rf"s3://b/00000.tar: cannot reach the server.*AWS_ENDPOINT_URL is "
+                                            rf"'http://127.0.0.1:{port}': is that server running\?"):
+            urls.expand("s3://b/{00000..00001}.tar")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    pytest.importorskip("aiohttp")
+    with pytest.raises(DataError, match=rf"http://127.0.0.1:{port}/x.tar: cannot reach the server"):
+        urls.expand(f"http://127.0.0.1:{port}/x.tar")
+    with pytest.raises(FileNotFoundError, match=r"do not exist.*check the name"):  # no braces: no range advice
+        urls.expand(str(tmp_path / "x.tar"))
+
+
 # -- WebDataset shards as a retrieval suite -----------------------------------------------------------------
 def test_wds_suite_equals_the_folder_and_shares_its_store(tmp_path, model, world):
     """Shards written by the webdataset package give the metrics of the same images and captions read from
