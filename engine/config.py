@@ -23,10 +23,12 @@ import torch
 
 from . import urls
 from .errors import UsageError
+from .kernels import PRECISIONS as RANK_PRECISIONS
 from .kernels import TIE_RULES
 
-__all__ = ["DATA_DIR", "PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES", "DIRECTIONS", "BASELINES",
-           "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir", "default_store",
+__all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES",
+           "DIRECTIONS", "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
+           "default_store",
            "default_decode_threads", "resolve_device", "check_writable_dir",
            "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
@@ -277,6 +279,11 @@ class SearchSpec:
 
 
 # -- the options ----------------------------------------------------------------------------------
+_RANK_PRECISION_HELP = ("first GEMM of the exact kernels (ranks, exact top-k): auto = bf16/fp16 where the "
+                        "hardware multiplies them fast (AMX, AVX512-BF16, CUDA tensor cores) and the problem is "
+                        "large, else fp32; results are identical either way (scores the low-precision bound leaves "
+                        "undecided are re-scored exactly); fp32 forces fp32")
+
 @dataclass(frozen=True)
 class EmbedOptions:
     """How items become embeddings: the store, the encoder's precision and device, the executor."""
@@ -364,8 +371,14 @@ class EvalConfig:
     search: str = opt("exhaustive", "ranking search: exhaustive (exact kernels) or faiss:<factory> "
                       "(per-group top-k; mean/median rank become lower bounds, see README)")
     budget_mb: int = opt(256, "kernel score-tile memory budget, MiB", minimum=1)
+    shard_gallery: int = opt(0, "split each ranking gallery over N Ray actors (per-shard counts add up to the "
+                             "exact ranks of the one-process pass); 0: only with --executor ray, for galleries "
+                             "above --shard-gallery-above-mb", minimum=0)
+    shard_gallery_above_mb: int = opt(8192, "with --executor ray: a ranking gallery whose fp32 matrix exceeds this "
+                                      "many MiB is sharded, one Ray actor per this many MiB", minimum=1)
     suite_options: SuiteOptions = SuiteOptions()
     embed: EmbedOptions = EmbedOptions()
+    rank_precision: str = opt("auto", _RANK_PRECISION_HELP, choices=RANK_PRECISIONS)
 
     def __post_init__(self):
         check_options(self)
@@ -378,6 +391,8 @@ class EvalConfig:
             raise UsageError("give --model (with --checkpoint/--pretrained), --run or --embeddings, not several")
         if self.run and self.pretrained:
             raise UsageError("--run reads the pretrained tag from the run's params.txt; drop --pretrained")
+        if self.shard_gallery and SearchSpec.parse(self.search).method == "faiss":
+            raise UsageError("--shard-gallery splits the exhaustive ranking pass; drop it or --search faiss:...")
 
     @property
     def search_spec(self) -> SearchSpec:
@@ -402,6 +417,7 @@ class MineOptions:
                              "on the recall sample)", minimum=1)
     recall_sample: int = opt(1000, "queries used to measure approximate recall against exact search", minimum=0)
     seed: int = opt(0, "sampling seed (recall sample, IVF training)")
+    rank_precision: str = opt("auto", _RANK_PRECISION_HELP, choices=RANK_PRECISIONS)
     shards: int | None = opt(None, "with --executor ray: corpus shards, each held by a Ray actor within "
                              "--budget-mb (default: one per CPU of the cluster)", minimum=1)
 

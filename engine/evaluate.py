@@ -1,6 +1,7 @@
 """Evaluate checkpoints on suites: load tasks, embed what the store lacks, score every task type, write."""
 from __future__ import annotations
 
+import importlib
 import logging
 import platform
 import time
@@ -21,7 +22,7 @@ from .clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
 from .config import EvalConfig, build, check_writable_dir, resolve_device
 from .counts import embed_line, item_counts
 from .embed import EmbedPipeline, make_scan_mapper
-from .errors import DataError, UsageError
+from .errors import DataError, MissingExtra, UsageError
 from .items import Tables
 from .mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
 from .metrics import add_drops, average_views, choice_metrics, ranking_metrics
@@ -90,13 +91,14 @@ def _drop_failed(suite: Suite, tables: Tables) -> Suite:
 
 
 # -- scoring, one function per task type -------------------------------------------------------------
-def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: EvalConfig) -> dict:
+def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: EvalConfig, ranker=None) -> dict:
     outcomes: list[pa.Table] = []
     timings, search_info, metrics, counts = {}, {}, {}, {}
     for task in suite.ranking:
         t0 = time.perf_counter()
         ranks = score_ranking(task, emb[task.query_modality], emb[task.gallery_modality], tie_rule=suite.tie_rule,
-                              device=device, budget_bytes=cfg.budget_mb << 20, search=cfg.search_spec)
+                              device=device, budget_bytes=cfg.budget_mb << 20, search=cfg.search_spec,
+                              precision=cfg.rank_precision, ranker=ranker)
         timings[f"rank_{task.name}"] = time.perf_counter() - t0
         if getattr(ranks, "info", None):
             search_info[task.name] = ranks.info
@@ -265,14 +267,35 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
                    scored["outcomes"])
     if any(s.needs_embeddings for s in suites):
         sources = _sources(cfg, pipe, tables, suites, report, common, progress, echo)
-        for src in sources:
-            emb = src.embeddings()
-            for suite in [s for s in suites if s.needs_embeddings]:
-                for scored in _score_suite(suite, src.device, emb, cfg, len(tables.images.failed)):
-                    _write(report, cfg, src.label, suite.name,
-                           _result(suite, src.label, scored, cfg, common, src.ident, src.embed), scored["outcomes"])
+        ranker = _sharded_ranker(cfg)
+        try:
+            for src in sources:
+                emb = src.embeddings()
+                for suite in [s for s in suites if s.needs_embeddings]:
+                    for scored in _score_suite(suite, src.device, emb, cfg, len(tables.images.failed), ranker):
+                        _write(report, cfg, src.label, suite.name,
+                               _result(suite, src.label, scored, cfg, common, src.ident, src.embed),
+                               scored["outcomes"])
+        finally:
+            if ranker is not None:
+                ranker.close()
     echo(f"done in {time.perf_counter() - t_start:.1f}s; results in {cfg.out}")
     return report
+
+
+def _sharded_ranker(cfg: EvalConfig):
+    """Ranking galleries sharded over Ray actors (``hardrank.jobs.ray_rank``: the engine never imports
+    Ray): with --shard-gallery N, or with --executor ray for galleries above --shard-gallery-above-mb."""
+    if cfg.search_spec.method != "exhaustive" or not (cfg.shard_gallery or cfg.embed.executor == "ray"):
+        return None
+    try:
+        ray_rank = importlib.import_module("hardrank.jobs.ray_rank")
+    except ImportError as exc:
+        if "ray" not in str(exc):
+            raise
+        raise MissingExtra("eval --shard-gallery", "ray", "ray[data]") from exc
+    return ray_rank.ShardedRanker(shards=cfg.shard_gallery, above_mb=cfg.shard_gallery_above_mb,
+                                  address=cfg.embed.ray_address)
 
 
 def _pending_world(cfg: EvalConfig) -> Path | None:
@@ -312,9 +335,10 @@ def _check_not_empty(suites: list[Suite], why: str) -> None:
                             f"{why}")
 
 
-def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_images: int) -> list[dict]:
+def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_images: int,
+                 ranker=None) -> list[dict]:
     if suite.ranking:
-        return [_score_ranking(suite, device, emb, cfg)]
+        return [_score_ranking(suite, device, emb, cfg, ranker)]
     if suite.choice:
         return [_score_choice(suite, device, emb)]
     return [_score_mask(t, device, emb, failed_images) for t in suite.mask if t.needs_embeddings]

@@ -12,9 +12,10 @@ __all__ = ["score_ranking", "score_choice", "RankArrays"]
 
 
 class RankArrays:
-    """GroupedRanks as numpy arrays (what metrics consume)."""
+    """GroupedRanks as numpy arrays (what metrics consume); ``info``: how the kernel scored them."""
 
     def __init__(self, r):
+        self.info = {"search": "exhaustive", "precision": r.info["precision"]}
         self.counts = r.counts.cpu().numpy()
         self.pos_score = r.pos_score.float().cpu().numpy()
         self.pos_index = r.pos_index.cpu().numpy()
@@ -30,10 +31,14 @@ def _as_tensor(x: np.ndarray, device: str) -> torch.Tensor:
 
 
 def score_ranking(task: RankingTask, query_emb: np.ndarray, gallery_emb: np.ndarray, *, tie_rule: str = "index",
-                  device: str = "cpu", budget_bytes: int = 256 << 20, search: SearchSpec | str = "exhaustive"):
+                  device: str = "cpu", budget_bytes: int = 256 << 20, search: SearchSpec | str = "exhaustive",
+                  precision: str = "auto", ranker=None):
     """One kernel pass over the union of all groups. ``*_emb`` are whole-table embeddings of the
-    query / gallery modality; rows are gathered by the task's item indices. ``search="faiss:<factory>"``
-    uses per-group FAISS top-k instead (``faiss_search.FaissRanks``: censored counts, ``info``)."""
+    query / gallery modality; rows are gathered by the task's item indices. ``precision``: the
+    kernel's first GEMM (``kernels.resolve_precision``; results do not depend on it).
+    ``search="faiss:<factory>"`` uses per-group FAISS top-k instead (``faiss_search.FaissRanks``:
+    censored counts, ``info``). ``ranker``: a sharded pass (``hardrank.jobs.ray_rank.ShardedRanker``)
+    used for the galleries it ``wants``; its ranks equal the kernel's."""
     search = SearchSpec.parse(search)
     if search.method == "faiss":
         from .faiss_search import faiss_grouped_ranks  # faiss: imported by that module alone
@@ -41,11 +46,17 @@ def score_ranking(task: RankingTask, query_emb: np.ndarray, gallery_emb: np.ndar
         return faiss_grouped_ranks(query_emb[task.query_items], gallery_emb[task.gallery_items], task.group_bounds,
                                    task.pos_ptr, task.pos_idx, tie_rule=tie_rule, factory=search.factory,
                                    gpu="auto" if device.startswith("cuda") else False, budget_bytes=budget_bytes)
+    if ranker is not None and ranker.wants(len(task.gallery_items), gallery_emb.shape[1]):
+        r = ranker(query_emb[task.query_items], gallery_emb[task.gallery_items], task.group_bounds, task.pos_ptr,
+                   task.pos_idx, tie_rule=tie_rule, precision=precision, budget_bytes=budget_bytes)
+        out = RankArrays(r)
+        out.info["sharded"] = r.info["sharded"]  # recorded in the result's provenance
+        return out
     xq = _as_tensor(query_emb[task.query_items], device)      # (nq, d)
     xb = _as_tensor(gallery_emb[task.gallery_items], device)  # (nb, d)
     r = grouped_ranks(xq, xb, torch.from_numpy(task.group_bounds).to(device),
                       torch.from_numpy(task.pos_ptr).to(device), torch.from_numpy(task.pos_idx).to(device),
-                      tie_rule=tie_rule, budget_bytes=budget_bytes)
+                      tie_rule=tie_rule, precision=precision, budget_bytes=budget_bytes)
     return RankArrays(r)
 
 

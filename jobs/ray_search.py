@@ -76,7 +76,9 @@ class _Shard:
         return search(xq, kk, excl)
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
-        return f32(self.xb[idx])
+        """Rows ``idx`` (local) in the stored dtype: fp16 rows travel at half the bytes, and the driver's
+        fp16 -> fp32 conversion is exact, so the filter sees the same values."""
+        return np.ascontiguousarray(self.xb[idx])
 
     def set_nprobe(self, nprobe: int) -> None:
         if self.search is not None and getattr(self.search, "index", None) is not None:
@@ -124,7 +126,7 @@ class ShardedSearch:
         ref = ray.put(f32(xq))
         calls = []
         for s, (lo, hi) in enumerate(zip(self.bounds[:-1], self.bounds[1:])):
-            calls.append(self.actors[s].top.remote(ref, kk, _local_csr(excl, lo, hi), exact))
+            calls.append(self.actors[s].top.remote(ref, kk, local_csr(excl, lo, hi), exact))
         parts = []
         for (lo, _), (D, I) in zip(zip(self.bounds[:-1], self.bounds[1:]), ray.get(calls)):
             parts.append((D, np.where(I >= 0, I + lo, -1)))
@@ -147,7 +149,7 @@ class ShardedSearch:
             sel = np.nonzero((owner == s) & (flat >= 0))[0]
             calls[int(s)] = (sel, self.actors[s].rows.remote(flat[sel] - self.bounds[s]))
         for sel, ref in calls.values():
-            out[sel] = ray.get(ref)
+            out[sel] = ray.get(ref)  # (store dtype -> float32: exact)
         return out.reshape(*I.shape, self.d)
 
     def peak_rss(self) -> list[int]:
@@ -160,7 +162,7 @@ class ShardedSearch:
         self.actors = []
 
 
-def _local_csr(excl, lo: int, hi: int):
+def local_csr(excl, lo: int, hi: int):
     """The exclusions (CSR over queries, corpus indices) that fall in [lo, hi), as local indices."""
     if excl is None:
         return None

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 import torch
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
-# Bytes per score-tile element the planner reserves: the fp32 tile itself plus temporaries of the
-# same size (boolean compare masks, row gathers). What is left of the budget caches score tiles.
-_WORK_BYTES_PER_SCORE = 8
+# Bytes per score-tile element the planner reserves: the fp32 tile, a low-precision GEMM output (2) and
+# same-size temporaries (compare buffers, row gathers).
+_WORK_BYTES_PER_SCORE = 12
 _DEFAULT_G_BLOCK = 1024  # gallery columns per tile: ~1k keeps a 2k x 1k fp32 tile near the L2/L3 sweet spot
 _DEFAULT_Q_BLOCK = 2048  # queries per block
 
@@ -90,10 +89,10 @@ def _check_pos_int(name: str, v) -> int:
 
 def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | None,
                nb: int = 0) -> Plan:
-    """Pick block sizes: one score tile + same-size temporaries fit ``budget_bytes``; half the
-    budget (by default) is left to cache tiles that would otherwise be computed twice. Planned
-    blocks never go below 1 x 1; blocks the caller gives must fit the budget. A planned tile
-    width is a multiple of 128 chosen to waste the fewest columns on the last (shifted) window."""
+    """Pick block sizes: one score tile + same-size temporaries fit ``budget_bytes``, half of it by
+    default (re-scored rows and candidate lists take the rest). Planned blocks never go below 1 x 1;
+    blocks the caller gives must fit the budget. A planned tile width is a multiple of 128 chosen to
+    waste the fewest columns on the last (shifted) window."""
     budget = _check_pos_int("budget_bytes", budget_bytes)
     if q_block is not None:
         _check_pos_int("q_block", q_block)
@@ -104,7 +103,7 @@ def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | N
     q = q_block if q_block is not None else max(1, min(_DEFAULT_Q_BLOCK, elems // (2 * g)))
     if (q_block is not None or g_block is not None) and q * g * _WORK_BYTES_PER_SCORE > budget:
         raise ValueError(f"q_block * g_block = {q} * {g} scores need {q * g * _WORK_BYTES_PER_SCORE} bytes "
-                         f"(fp32 tile + same-size temporaries), more than budget_bytes={budget}; "
+                         f"(score tiles + same-size temporaries), more than budget_bytes={budget}; "
                          "lower q_block/g_block or raise budget_bytes")
     if nq > 0:
         q = min(q, nq)
@@ -122,9 +121,7 @@ def gallery_tiles(nb: int, g_block: int) -> list[tuple[int, int, int]]:
     [n0, c1). The last window is shifted left to keep its width (n0 > c0 then: its first columns
     belong to the previous tile and are ignored).
 
-    Why one width: BLAS kernels round differently for different tile shapes (small widths take
-    other code paths), so two identical gallery rows scored in tiles of different widths can get
-    scores one ulp apart, and an exact duplicate of a positive would stop tying with it.
+    One width: every GEMM has the same shape (buffers are reused, BLAS stays on one code path).
     """
     if nb == 0:
         return []
@@ -152,90 +149,6 @@ def tile_group_segments(tiles: list[tuple[int, int, int]], bounds: list[int]) ->
             a = b
         out.append(segs)
     return out
-
-
-def operand_dtype(xq: torch.Tensor, xb: torch.Tensor, device: torch.device) -> torch.dtype:
-    """GEMM operand dtype: fp32 on CPU (fp16/bf16 upcast); on CUDA the shared fp16/bf16 dtype
-    (accumulated into fp32 output), else fp32."""
-    if device.type == "cuda" and xq.dtype == xb.dtype and xq.dtype in _LOW_PRECISION:
-        return xq.dtype
-    return torch.float32
-
-
-_OUT_DTYPE_OK: dict[tuple[str, torch.dtype], bool] = {}
-
-
-def _mm_out_fp32_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``torch.mm(..., out_dtype=torch.float32)`` takes ``dtype`` operands on ``device``
-    (probed once; older torch has no such overload)."""
-    key = (str(device), dtype)
-    if key not in _OUT_DTYPE_OK:
-        try:
-            a = torch.ones(2, 2, dtype=dtype, device=device)
-            ok = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
-        except (TypeError, RuntimeError, NotImplementedError):
-            ok = False
-        _OUT_DTYPE_OK[key] = ok
-    return _OUT_DTYPE_OK[key]
-
-
-def mm_fp32(a: torch.Tensor, b_t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """a (m, d) @ b_t (d, n) -> (m, n) float32, accumulating in fp32 for fp16/bf16 operands
-    (cuBLAS fp16 GEMMs with an fp16 output would round every score to 11 bits). ``out``
-    (fp32 operands only) receives the result."""
-    if a.dtype == torch.float32:
-        return torch.mm(a, b_t, out=out) if out is not None else torch.mm(a, b_t)
-    if a.device.type == "cuda" and _mm_out_fp32_supported(a.device, a.dtype):
-        return torch.mm(a, b_t, out_dtype=torch.float32)
-    return torch.mm(a.float(), b_t.float())
-
-
-def query_block(xq: torch.Tensor, r0: int, r1: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Rows r0:r1 of the queries as contiguous GEMM operands on ``device``.
-
-    A 1-row block is given a copy of its row: BLAS libraries switch to a GEMV kernel for one row,
-    whose rounding depends on the gallery rows' memory alignment, so identical gallery rows could
-    score differently. Two rows keep every tile on the same GEMM kernel.
-    """
-    a = xq[r0:r1].to(device=device, dtype=dtype).contiguous()  # (nqb, d)
-    if a.shape[0] == 1:
-        a = a.repeat(2, 1)
-    return a
-
-
-# GEMM windows are computed this many columns wide at least (rounded up): BLAS kernels handle the
-# columns past the last full register block on another code path that rounds differently (seen with
-# MKL on AMD EPYC: in one GEMM of width 13, two identical gallery rows scored one ulp apart), so an
-# exact duplicate of a positive at another column offset would stop tying with it. Whole blocks of
-# 16 columns take the main path for every column (tests/test_kernels.py pins it on this machine).
-GEMM_ALIGN = 16
-
-
-def gemm_width(w: int) -> int:
-    """Columns a ``score_tile`` of ``w`` gallery rows computes (and its ``out`` buffer holds)."""
-    return -(-w // GEMM_ALIGN) * GEMM_ALIGN
-
-
-def score_tile(a: torch.Tensor, xb: torch.Tensor, c0: int, c1: int, nqb: int,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-    """Scores (nqb, c1 - c0) float32 of the query block ``a`` against gallery rows c0:c1.
-
-    Deterministic for a given (a, c0, c1): the same call recomputes bitwise the same tile, and a
-    gallery row scores the same at any column offset (the GEMM runs ``gemm_width`` columns wide,
-    on neighbouring rows or zero padding, and the tile is a view into it).
-    ``out`` (a.shape[0], gemm_width(c1 - c0)) float32 is an optional destination: writing every
-    tile into the same cache-hot buffer instead of a fresh allocation makes the GEMM ~10% faster on CPU.
-    """
-    w, nb = c1 - c0, xb.shape[0]
-    W = gemm_width(w)
-    e0 = min(c0, max(0, nb - W))  # window [e0, e0 + W) covers [c0, c1)
-    b = xb[e0:e0 + W].to(device=a.device, dtype=a.dtype)  # (W, d), fewer rows only if nb < W
-    if b.shape[0] < W:
-        b = torch.cat([b, b.new_zeros(W - b.shape[0], b.shape[1])])
-    s = mm_fp32(a, b.T, out if a.dtype == torch.float32 else None)  # (nqb or 2, W) float32
-    if s.shape[0] != nqb or W != w:
-        s = s[:nqb, c0 - e0:c0 - e0 + w]
-    return s
 
 
 def csr_block(ptr: list[int], idx: torch.Tensor, r0: int, r1: int, device: torch.device
@@ -272,3 +185,41 @@ def order_keys(vals: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     v = (vals + 0.0).contiguous().view(torch.int32).long()
     v = torch.where(v < 0, v ^ 0x7FFFFFFF, v)
     return v * (1 << 32) + ((1 << 32) - 1 - idx)
+
+
+CHUNK = 128  # columns per chunk of the chunk maxima that let sparse searches skip most of a tile
+
+
+def chunked(s: torch.Tensor) -> bool:
+    """Whether s (k, w) can be viewed as (k, w / CHUNK, CHUNK) chunks."""
+    return s.is_contiguous() and s.shape[1] % CHUNK == 0 and s.shape[1] > CHUNK
+
+
+def entries_above(v: torch.Tensor, thr: torch.Tensor, rows: torch.Tensor | None = None,
+                  cm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pos, cols, vals) of the entries v[rows[pos], cols] > thr[pos], row-major; ``rows`` (n,) rows of
+    v (all when None), thr (n,). With ``cm`` (v's chunk maxima, v chunked) whole chunks whose max does
+    not pass are skipped, so only the passing chunks are read again."""
+    k = v.shape[0]
+    if cm is not None:
+        v3 = v.view(k, -1, CHUNK)
+        cmr = cm if rows is None else cm[rows]
+        rr, cc = torch.nonzero(cmr > thr[:, None], as_tuple=True)  # passing chunks, row-major
+        sub = v3[rr if rows is None else rows[rr], cc]  # (n_chunks, CHUNK)
+        r2, j2 = torch.nonzero(sub > thr[rr, None], as_tuple=True)
+        return rr[r2], cc[r2] * CHUNK + j2, sub[r2, j2]
+    sub = v if rows is None else v[rows]
+    r, c = torch.nonzero(sub > thr[:, None], as_tuple=True)
+    return r, c, sub[r, c]
+
+
+def count_gt(s: torch.Tensor, thr: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:
+    """(m,) int32 count of s[i] > thr[i]. On CPU, summing a bool mask makes torch first cast it to
+    the sum's dtype (an extra pass); comparing straight into a float32 buffer and summing that is
+    ~2x faster, and exact (counts are integers far below 2**24)."""
+    if s.device.type != "cpu" or s.shape[1] >= 1 << 24:
+        return (s > thr[:, None]).sum(1, dtype=torch.int32)
+    if buf is None or buf.shape != s.shape:
+        buf = torch.empty(s.shape, dtype=torch.float32, device=s.device)
+    torch.gt(s, thr[:, None], out=buf)
+    return buf.sum(1).to(torch.int32)

@@ -2,26 +2,28 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ._common import (
+    CHUNK,
     check_csr,
     check_embeddings,
     check_int_tensor,
+    chunked,
+    count_gt,
     csr_block,
+    entries_above,
     gallery_tiles,
-    gemm_width,
-    operand_dtype,
     plan_tiles,
-    query_block,
-    score_tile,
     tile_group_segments,
     tile_segments,
 )
+from ._exact import exact_dot
+from ._levels import CAND_LIMIT, PRECISIONS, BlockScorer, Escalation, Levels, crowd_limit, first_level
 
-__all__ = ["TIE_RULES", "GroupedRanks", "grouped_ranks"]
+__all__ = ["TIE_RULES", "GroupedRanks", "grouped_ranks", "best_positives"]
 
 # How an item with exactly the best positive's score is counted (BENCHMARKS.md, "Tie rules"):
 TIE_RULES = (
@@ -41,6 +43,7 @@ class GroupedRanks:
     pos_index: torch.Tensor  # (nq,) int64: gallery index of the best positive (score desc, then lowest index)
     neg_score: torch.Tensor  # (nq, G) float32: best non-positive score in group g (-inf if the group has none)
     neg_index: torch.Tensor  # (nq, G) int64: its gallery index, lowest among ties (-1 if none)
+    info: dict = field(default_factory=dict)  # how it was computed: precision, rows scored per level, ...
 
     def rank(self, groups=None) -> torch.Tensor:
         """(nq,) int64 rank over the union of ``groups`` (indices into G; all groups by default)."""
@@ -48,38 +51,31 @@ class GroupedRanks:
         return c.sum(1)
 
 
-# --- the per-tile reduction: count of scores above a per-row threshold, and chunk maxima ---------
-# Row maxima are kept per 128-column chunk: as cheap as the plain row max, and they locate the
-# first maximal column later without a row-wide argmax (slow on CPU, ~1.4 ns/score).
-_CHUNK = 128
+# --- the per-piece reduction: counts against two thresholds and chunk maxima -----------------------
+# Row maxima are kept per 128-column chunk: as cheap as the plain row max, and they let the sparse
+# searches for undecided items skip chunks without reading them again.
 
-
-def _chunked(s: torch.Tensor) -> bool:
-    return s.is_contiguous() and s.shape[1] % _CHUNK == 0 and s.shape[1] > _CHUNK
-
-
-def _count_cmax(s: torch.Tensor, thr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """s (m, w) float32 (w a multiple of _CHUNK), thr (m,) -> count of s[i] > thr[i] (m,) int32,
-    chunk maxima (m, w / _CHUNK) float32."""
+def _count2_cmax(s: torch.Tensor, t_up: torch.Tensor, t_sure: torch.Tensor):
+    """s (m, w) float32 (w a multiple of CHUNK) -> counts of s > t_up and s > t_sure (m,) int32, chunk
+    maxima (m, w / CHUNK)."""
     m, w = s.shape
-    v = s.view(m, w // _CHUNK, _CHUNK)
+    v = s.view(m, w // CHUNK, CHUNK)
     # per-chunk float counts (exact: integers <= 128), then per row: the form inductor vectorises best
-    cnt = (v > thr[:, None, None]).to(torch.float32).sum(2).sum(1)
-    return cnt.to(torch.int32), v.amax(2)
+    up = (v > t_up[:, None, None]).to(torch.float32).sum(2).sum(1)
+    sure = (v > t_sure[:, None, None]).to(torch.float32).sum(2).sum(1)
+    return up.to(torch.int32), sure.to(torch.int32), v.amax(2)
 
 
-# torch.compile can fuse the compare, the count and the chunk maxima into one pass over the tile
-# (CPU: ~0.4 ns/score against ~0.7 ns eager, next to a GEMM of ~5 ns/score/core at d=512). End to
-# end that measured only 0-5% faster on a 2-core AVX-512 box, while compiling costs seconds (tens
-# on a cold cache), so it is opt-in: HARDRANK_COMPILE=1. CPU only; GPU runs stay eager.
+# torch.compile can fuse both compares, the counts and the chunk maxima into one pass over the tile.
+# Compiling costs seconds (tens on a cold cache), so it is opt-in: HARDRANK_COMPILE=1. CPU only.
 _compiled = None   # the compiled function once built; False when compiling failed
 
 
-def _compiled_count_cmax():
+def _compiled_count2_cmax():
     global _compiled
     if _compiled is None:
         try:
-            _compiled = torch.compile(_count_cmax, dynamic=True)
+            _compiled = torch.compile(_count2_cmax, dynamic=True)
         except Exception:  # no compiler toolchain, unsupported platform, ...
             _compiled = False
     return _compiled
@@ -89,71 +85,37 @@ def _use_compiled(device: torch.device) -> bool:
     return device.type == "cpu" and os.environ.get("HARDRANK_COMPILE", "0") == "1" and _compiled is not False
 
 
-def _count_gt(s: torch.Tensor, thr: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:
-    """(m,) int32 count of s[i] > thr[i]. On CPU, summing a bool mask makes torch first cast it to
-    the sum's dtype (an extra pass); comparing straight into a float32 buffer and summing that is
-    ~2x faster, and exact (counts are integers far below 2**24)."""
-    if s.device.type != "cpu" or s.shape[1] >= 1 << 24:
-        return (s > thr[:, None]).sum(1, dtype=torch.int32)
-    if buf is None or buf.shape != s.shape:
-        buf = torch.empty(s.shape, dtype=torch.float32, device=s.device)
-    torch.gt(s, thr[:, None], out=buf)
-    return buf.sum(1).to(torch.int32)
-
-
-def _tile_count_amax(s: torch.Tensor, thr: torch.Tensor, fused: bool, buf: torch.Tensor | None = None):
-    """(count (m,) int32, row max (m,) float32, chunk maxima (m, w / _CHUNK) or None) of s (m, w);
-    ``buf`` is optional float32 scratch of s's shape."""
+def _piece_stats(v, sure_below, up, fused: bool, buf):
+    """For a piece v (k, w) of a tile: counts of v > sure_below (proved above the threshold) and of
+    v > up (possibly above), the row max and chunk maxima (None unless v is chunked). CPU: rows whose
+    max does not pass ``up`` count 0; with a good model that is nearly every row of nearly every tile."""
     global _compiled
-    m = s.shape[0]
-    chunked = _chunked(s)
-    if fused and chunked and m >= 2:  # size 1 would force an extra specialised compile
-        fn = _compiled_count_cmax()
+    k = v.shape[0]
+    ch = chunked(v)
+    if fused and ch and k >= 2:  # size 1 would force an extra specialised compile
+        fn = _compiled_count2_cmax()
         if fn:
             try:
-                cnt, cm = fn(s, thr)
-                return cnt, cm.amax(1), cm
+                n_up, n_sure, cm = fn(v, up, sure_below)
+                return n_sure, n_up, cm.amax(1), cm
             except Exception:  # compile failed at first call: stay eager from now on
                 _compiled = False
-    if chunked:
-        cm = s.view(m, -1, _CHUNK).amax(2)  # (m, w / _CHUNK)
-        mx = cm.amax(1)
-    else:
-        cm, mx = None, s.amax(1)
-    if s.device.type != "cpu":
-        return _count_gt(s, thr), mx, cm
-    # CPU: rows whose max does not pass the threshold count 0; with a good model that is nearly
-    # every row of nearly every tile, so count only the rows that can score.
-    active = mx > thr
+    cm = v.view(k, -1, CHUNK).amax(2) if ch else None
+    mx = cm.amax(1) if ch else v.amax(1)
+    if v.device.type != "cpu":
+        return count_gt(v, sure_below), count_gt(v, up), mx, cm
+    active = mx > up
     n_active = int(active.sum())
-    if 2 * n_active >= m:
-        return _count_gt(s, thr, buf), mx, cm
-    cnt = torch.zeros(m, dtype=torch.int32, device=s.device)
+    if 2 * n_active >= k:
+        return count_gt(v, sure_below, buf), count_gt(v, up, buf), mx, cm
+    n_sure = torch.zeros(k, dtype=torch.int32, device=v.device)
+    n_up = torch.zeros(k, dtype=torch.int32, device=v.device)
     if n_active:
         rows = torch.nonzero(active).squeeze(1)
-        cnt[rows] = _count_gt(s[rows], thr[rows])
-    return cnt, mx, cm
-
-
-def _first_max_index(v: torch.Tensor, cm, rows=None) -> torch.Tensor:
-    """First column of each row of v (or of v[rows]) holding the row max: the first chunk whose
-    max is the row max, then the first max inside it (``max(dim)`` returns the first maximal index)."""
-    if cm is None:
-        return (v if rows is None else v[rows]).max(1).indices
-    m = v.shape[0]
-    v3 = v.view(m, -1, _CHUNK)
-    if rows is None:
-        rows = torch.arange(m, device=v.device)
-    else:
-        cm = cm[rows]
-    j = cm.max(1).indices  # (r,) first chunk holding the row max
-    return j * _CHUNK + v3[rows, j].max(1).indices
-
-
-def _flushes_denormals(device: torch.device) -> bool:
-    """True when comparisons on ``device`` treat denormals as zero (e.g. torch.set_flush_denormal)."""
-    tiny = torch.tensor([torch.finfo(torch.float32).smallest_normal / 4], device=device)
-    return not bool((tiny > 0).item())
+        sub = v[rows]
+        n_sure[rows] = count_gt(sub, sure_below[rows])
+        n_up[rows] = count_gt(sub, up[rows])
+    return n_sure, n_up, mx, cm
 
 
 def _check_bounds(group_bounds, nb: int) -> list[int]:
@@ -171,33 +133,55 @@ def _check_bounds(group_bounds, nb: int) -> list[int]:
     return b.tolist()
 
 
+def check_precision(precision) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision
+
+
 def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos_idx, *,
-                  tie_rule: str = "index", budget_bytes: int = 64 << 20,
-                  q_block: int | None = None, g_block: int | None = None) -> GroupedRanks:
+                  tie_rule: str = "index", precision: str = "auto", budget_bytes: int = 64 << 20,
+                  q_block: int | None = None, g_block: int | None = None, threshold=None) -> GroupedRanks:
     """Exact ranks of every query's best positive, counted per gallery group, in one streamed pass.
 
-    xq (nq, d) queries and xb (nb, d) gallery (L2-normalised by the caller; scores are ``xq @ xb.T``).
-    Group g is the gallery slice ``[group_bounds[g], group_bounds[g + 1])``. Query i's positives are
-    ``pos_idx[pos_ptr[i]:pos_ptr[i + 1]]`` (gallery indices, any order, duplicates allowed); each query
-    needs one. The best positive p* has the highest score, then the lowest index. A non-positive item
-    j beats it per ``tie_rule``: ``index``: s_j > s* or (s_j == s* and j < p*); ``optimistic``:
-    s_j > s*; ``pessimistic``: s_j >= s*.
+    xq (nq, d) queries and xb (nb, d) gallery (L2-normalised by the caller). The score of query i and
+    item j is their exact dot product rounded once to fp32 (both rows taken as fp32; ties to even):
+    a property of the two vectors alone, so an exact duplicate of an item scores exactly like it, and
+    the result does not depend on the precision, tiling, device or BLAS (``reference.py`` computes
+    the same bits). Group g is the gallery slice ``[group_bounds[g], group_bounds[g + 1])``. Query
+    i's positives are ``pos_idx[pos_ptr[i]:pos_ptr[i + 1]]`` (gallery indices, any order, duplicates
+    allowed); each query needs one. The best positive p* has the highest score, then the lowest
+    index. A non-positive item j beats it per ``tie_rule``: ``index``: s_j > s* or (s_j == s* and
+    j < p*); ``optimistic``: s_j > s*; ``pessimistic``: s_j >= s*.
 
-    Runs on xq's device; scores are fp32 (fp16/bf16 upcast on CPU, fp32 accumulation on CUDA).
-    Memory: never (nq, nb); queries go in blocks of ``q_block`` rows against gallery tiles of
-    at most ``g_block`` columns (all the same width; a tile straddling groups is counted per
-    piece), sized from ``budget_bytes`` unless given. The positives' scores are read from the very tiles the
-    counting pass uses (cached within the budget, otherwise recomputed bitwise identically), and
-    every tile has the same GEMM shape, so an exact duplicate of a positive ties with it.
+    ``precision`` is the GEMM that scores the tiles first: ``fp32``, ``bf16``/``fp16`` (several times
+    faster where the hardware has low-precision matrix units), or ``auto`` (``resolve_precision``).
+    Each tile score comes with a rigorous error bound (``_levels``); items the bound cannot place
+    against the threshold are re-scored exactly, and rows with too many of them are scored again in
+    fp32 (then fp64). ``info`` says what ran. Runs on xq's device.
+
+    ``threshold=(s_star, p_star)`` (one gallery shard of a larger one, ``best_positives``): each
+    query's best positive is given instead of found: s_star (nq,) float32 its exact score, p_star
+    (nq,) int64 its index in this gallery's frame, which may lie outside [0, nb) when it is held by
+    another shard (under ``index`` an item scoring exactly s_star then beats it iff its index <
+    p_star: every such item when p_star >= nb, none when p_star < 0). The positives are not scored,
+    queries may have none here, the positives present are still excluded from the counts and best
+    negatives, and pos_score / pos_index echo the threshold. Per-shard counts then add up to the
+    whole gallery's.
+    Memory: never (nq, nb); queries go in blocks of ``q_block`` rows against gallery tiles of at most
+    ``g_block`` columns (all the same width; a tile straddling groups is counted per piece), sized
+    from ``budget_bytes`` unless given.
     """
     if tie_rule not in TIE_RULES:
         raise ValueError(f"tie_rule must be one of {TIE_RULES}, got {tie_rule!r}")
+    check_precision(precision)
     check_embeddings("xq", xq)
     check_embeddings("xb", xb, d=xq.shape[1])
     nq, nb = xq.shape[0], xb.shape[0]
     bounds = _check_bounds(group_bounds, nb)
     ptr, pidx = check_csr("pos_ptr", "pos_idx", pos_ptr, pos_idx, nq, nb, "a gallery")
-    for i in range(nq):
+    given = None if threshold is None else _check_threshold(threshold, nq, xq.device)
+    for i in range(nq if given is None else 0):
         if ptr[i + 1] == ptr[i]:
             raise ValueError(f"query {i} has no positive (pos_ptr[{i}] == pos_ptr[{i + 1}] == {ptr[i]}); "
                              "every query needs at least one positive in the gallery")
@@ -211,197 +195,299 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
         neg_score=torch.full((nq, G), float("-inf"), dtype=torch.float32, device=device),
         neg_index=torch.full((nq, G), -1, dtype=torch.long, device=device),
     )
-    if nq == 0:
+    first = first_level(precision, device, xq, xb)
+    out.info.update(precision=first, q_block=plan.q_block, g_block=plan.g_block)
+    if given is not None:
+        out.pos_score.copy_(given[0])
+        out.pos_index.copy_(given[1])
+    if nq == 0 or nb == 0:
         return out
-    rp = _RankPass(xq, xb, bounds, ptr, pidx.to(device), plan.g_block, tie_rule, out)
-    pos_tile = torch.searchsorted(rp.tile_starts.cpu(), pidx, right=True) - 1  # owner tile per positive
-    for r0, r1, cache_tiles in _query_blocks(nq, ptr, pos_tile, plan.q_block, budget_bytes, rp.width,
-                                             adaptive=q_block is None):
-        rp.block(r0, r1, cache_tiles)
+    rp = _RankPass(xq, Levels(xb, device, first), bounds, ptr, pidx.to(device), plan.g_block, tie_rule, out, given)
+    for r0 in range(0, nq, plan.q_block):
+        rp.block(r0, min(r0 + plan.q_block, nq))
+    out.info.update(rp.stats)
     return out
 
 
-_Q_MIN = 256  # adaptive blocks stop shrinking here: smaller GEMMs lose more than recomputing
+def _check_threshold(threshold, nq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``threshold=(s_star, p_star)``: (nq,) float32 scores (not NaN) and (nq,) integer indices."""
+    try:
+        s_star, p_star = threshold
+    except (TypeError, ValueError) as e:
+        raise ValueError("threshold must be a pair (s_star, p_star) of (nq,) tensors: the best positive's "
+                         "exact score (float32) and gallery index (int64) per query") from e
+    if not isinstance(s_star, torch.Tensor) or s_star.dtype != torch.float32 or tuple(s_star.shape) != (nq,):
+        what = f"{s_star.dtype} {tuple(s_star.shape)}" if isinstance(s_star, torch.Tensor) else type(s_star).__name__
+        raise ValueError(f"threshold s_star must be a float32 tensor of shape ({nq},) (exact scores, as "
+                         f"best_positives returns them), got {what}")
+    if bool(torch.isnan(s_star).any()):
+        i = int(torch.nonzero(torch.isnan(s_star))[0])
+        raise ValueError(f"threshold s_star[{i}] is NaN; every query needs its best positive's score")
+    p_star = check_int_tensor("threshold p_star", p_star, 1)
+    if p_star.numel() != nq:
+        raise ValueError(f"threshold p_star must have shape ({nq},), got {tuple(p_star.shape)}")
+    return s_star.to(device), p_star.to(device)
 
 
-def _query_blocks(nq, ptr, pos_tile, q_block, budget, width, adaptive):
-    """[(r0, r1, cache_tiles)] query blocks. A block's tiles holding positives are computed before
-    its counting pass and kept for it when the budget allows; past that they are computed twice.
-    When the caller left q_block to us, a block whose positive tiles would not fit is shrunk by
-    1/8 steps (down to _Q_MIN rows): smaller tiles and fewer positive tiles per block (COCO-like
-    data has each block's positives in one contiguous run of the gallery, so the cache a block
-    needs grows with q_block squared). Big blocks run the GEMM faster, so shrink no further."""
-    out, r0 = [], 0
-    while r0 < nq:
-        q = q_block
-        while True:
-            r1 = min(r0 + q, nq)
-            tile_bytes = (r1 - r0) * width * 4
-            cap = max(0, (budget - 2 * tile_bytes) // tile_bytes)  # beyond the tile + its temporaries
-            if not adaptive or q <= _Q_MIN:
-                break
-            if torch.unique(pos_tile[ptr[r0]:ptr[r1]]).numel() <= cap:
-                break
-            q = max(_Q_MIN, q * 7 // 8)
-        out.append((r0, r1, cap))
-        r0 = r1
-    return out
+def best_positives(xq: torch.Tensor, xb: torch.Tensor, pos_ptr, pos_idx) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's best positive in this gallery: (score (nq,) float32, index (nq,) int64).
+
+    The score is the exact one ``grouped_ranks`` uses (the dot product of the fp32 rows rounded once
+    to fp32), the highest over the query's positives ``pos_idx[pos_ptr[i]:pos_ptr[i + 1]]``, ties to
+    the lowest index: ``grouped_ranks``'s pos_score / pos_index. A query without a positive here gets
+    (-inf, -1). For a gallery split into shards, the best over shards (highest score, then lowest
+    global index) is the whole gallery's, and goes back to each shard as ``grouped_ranks``'s
+    ``threshold``. Runs on xq's device; only the positive pairs are scored."""
+    check_embeddings("xq", xq)
+    check_embeddings("xb", xb, d=xq.shape[1])
+    nq, nb = xq.shape[0], xb.shape[0]
+    ptr, pidx = check_csr("pos_ptr", "pos_idx", pos_ptr, pos_idx, nq, nb, "a gallery")
+    device = xq.device
+    rows, cols = csr_block(ptr, pidx, 0, nq, device)
+    score = torch.full((nq,), float("-inf"), dtype=torch.float32, device=device)
+    index = torch.full((nq,), -1, dtype=torch.long, device=device)
+    if rows.numel() == 0:
+        return score, index
+    a = xq.to(dtype=torch.float32)
+    vals = torch.empty(rows.numel(), dtype=torch.float32, device=device)
+    step = max(64, (1 << 19) // max(1, xq.shape[1]))  # ~4 MiB of fp64 per step: gathers stay in cache
+    for s0 in range(0, rows.numel(), step):
+        r, c = rows[s0:s0 + step], cols[s0:s0 + step]
+        vals[s0:s0 + step] = exact_dot(a[r], xb[c.to(xb.device)].to(device=device, dtype=torch.float32))
+    score.scatter_reduce_(0, rows, vals, "amax")
+    best = torch.where(vals == score[rows], cols, nb)
+    first = torch.full((nq,), nb, dtype=torch.long, device=device).scatter_reduce_(0, rows, best, "amin")
+    has = first < nb
+    index[has] = first[has]
+    return score, index
 
 
 class _RankPass:
     """State shared by the query blocks of one grouped_ranks call; ``block`` fills rows r0:r1."""
 
-    def __init__(self, xq, xb, bounds, ptr, pidx, g_block, tie_rule, out: GroupedRanks):
-        self.xq, self.xb, self.ptr, self.pidx, self.tie_rule, self.out = xq, xb, ptr, pidx, tie_rule, out
+    def __init__(self, xq, levels: Levels, bounds, ptr, pidx, g_block, tie_rule, out: GroupedRanks, given=None):
+        self.xq, self.levels, self.ptr, self.pidx, self.tie_rule, self.out = xq, levels, ptr, pidx, tie_rule, out
+        self.given = given  # (s_star, p_star) of every query, or None: found from the positives
         self.device = device = xq.device
-        self.tiles = gallery_tiles(xb.shape[0], g_block)  # (c0, n0, c1), all c1 - c0 == width
-        self.width = self.tiles[0][2] - self.tiles[0][0]
+        self.nb = levels.xb.shape[0]
+        self.G = len(bounds) - 1
+        self.tiles = gallery_tiles(self.nb, g_block)  # (c0, n0, c1), all c1 - c0 == width
         self.tile_starts = torch.tensor([t[1] for t in self.tiles], dtype=torch.long, device=device)
         self.pieces = tile_group_segments(self.tiles, bounds)  # per tile: (lo, hi, group)
-        self.piece_starts = torch.tensor([p[0] for ps in self.pieces for p in ps], dtype=torch.long,
-                                         device=device)
-        self.op_dtype = operand_dtype(xq, xb, device)
         self.fused = _use_compiled(device)
-        self.flush_denormals = tie_rule != "optimistic" and _flushes_denormals(device)
-        self.neg_inf = torch.tensor(float("-inf"), device=device)
-        self.pool: list[torch.Tensor] = []  # tile buffers reused by every block of the call
+        self.stats = {"row_tiles": {}, "rescored_pairs": 0}
 
-    def _buffers(self, n: int, rows: int) -> list[torch.Tensor]:
-        """n (rows, gemm_width(width)) float32 tile buffers. Reused across blocks: fresh multi-MB allocations
-        are page-faulted in again every time (on CPU that costs ~10% of the GEMM). None where the
-        GEMM cannot write into a given buffer (fp16/bf16 operands)."""
-        if self.op_dtype != torch.float32:
-            return [None] * n
-        while len(self.pool) < n:
-            self.pool.append(torch.empty(self.pool[0].shape if self.pool else (rows, gemm_width(self.width)),
-                                         dtype=torch.float32, device=self.device))
-        if self.pool[0].shape[0] < rows:
-            self.pool = [torch.empty(rows, gemm_width(self.width), dtype=torch.float32, device=self.device)
-                         for _ in range(n)]
-        return [b[:rows] for b in self.pool[:n]]
-
-    def block(self, r0: int, r1: int, cache_tiles: int) -> None:
-        device, xb, tiles, nb = self.device, self.xb, self.tiles, self.xb.shape[0]
-        nqb = r1 - r0
-        a = query_block(self.xq, r0, r1, self.op_dtype, device)  # (nqb, d), 2 rows if nqb == 1
-        prow, pcol = csr_block(self.ptr, self.pidx, r0, r1, device)  # (m,) positives, sorted by column
-        psegs = tile_segments(pcol, self.tile_starts)  # tile id -> slice of the positives it owns
-
-        # Pass 1: the tiles holding positives give the positives' scores, as the very floats the
-        # counting pass will compare against. Keep them (within the budget) for pass 2.
-        n_keep = min(cache_tiles, len(psegs))
-        work, *spare = self._buffers(1 + n_keep, a.shape[0])  # (rows, width) float32 each
-        pval = torch.empty(pcol.numel(), dtype=torch.float32, device=device)  # (m,) float32
-        cache: dict[int, torch.Tensor] = {}
-        for t, (pa, pb) in psegs.items():
-            c0, _, c1 = tiles[t]
-            keep = len(cache) < n_keep
-            s = score_tile(a, xb, c0, c1, nqb, spare[len(cache)] if keep else work)  # (nqb, w) float32
-            pval[pa:pb] = s[prow[pa:pb], pcol[pa:pb] - c0]
-            if keep:
-                cache[t] = s
-        s_star = torch.full((nqb,), float("-inf"), device=device).scatter_reduce_(0, prow, pval, "amax")
-        best = torch.where(pval == s_star[prow], pcol, nb)
-        p_star = torch.full((nqb,), nb, dtype=torch.long, device=device).scatter_reduce_(0, prow, best, "amin")
-        self.out.pos_score[r0:r1] = s_star
-        self.out.pos_index[r0:r1] = p_star
-
-        # "s >= s*" is evaluated as "s > nextafter(s*, -inf)" so one compare serves every row of a
-        # tile; only when denormals are flushed and some s* is exactly 0 does that identity fail.
-        th = _Thresholds(self.tie_rule, s_star, torch.nextafter(s_star, self.neg_inf.expand_as(s_star)),
-                         p_star, self.flush_denormals and bool((s_star == 0).any()))
-        holds_p: dict[int, torch.Tensor] = {}
-        if self.tie_rule == "index":
-            # rows whose p* falls in a piece have that piece's ties after p* taken off its count
-            piece_of = torch.searchsorted(self.piece_starts, p_star, right=True) - 1
-            order = torch.argsort(piece_of, stable=True)
-            up, uc = torch.unique_consecutive(piece_of[order], return_counts=True)
-            o = 0
-            for k, c in zip(up.tolist(), uc.tolist()):
-                holds_p[k] = order[o:o + c]
-                o += c
-
-        # float32 scratch for the eager CPU count, reused by every tile (fresh ones cost page faults)
-        scratch = None
-        if device.type == "cpu" and not self.fused:
-            scratch = torch.empty(nqb, self.width, dtype=torch.float32, device=device)
-        cnt_blk = self.out.counts[r0:r1]  # (nqb, G) views into the outputs
-        nsc_blk = self.out.neg_score[r0:r1]
-        nix_blk = self.out.neg_index[r0:r1]
-        k = -1  # running piece id
-        for t, (c0, _, c1) in enumerate(tiles):
-            s = cache.pop(t, None)
-            if s is None:
-                s = score_tile(a, xb, c0, c1, nqb, work)  # (nqb, w) float32
-            if t in psegs:
-                pa, pb = psegs[t]
-                s.index_put_((prow[pa:pb], pcol[pa:pb] - c0), self.neg_inf)  # positives never count
-            for lo, hi, g in self.pieces[t]:
-                k += 1
-                whole = lo == c0 and hi == c1
-                v = s if whole else s[:, lo - c0:hi - c0]  # (nqb, hi - lo) piece of group g
-                cnt, mx, cm = th.count(v, lo, self.fused and whole, scratch if whole else None)
-                rows = holds_p.get(k)
-                if rows is not None:
-                    # these rows were counted with >= (p* >= lo); ties after p* do not beat it
-                    after = torch.arange(lo, hi, device=device)[None, :] > p_star[rows, None]
-                    cnt[rows] -= ((v[rows] == s_star[rows, None]) & after).sum(1, dtype=torch.int32)
-                cnt_blk[:, g] += cnt
-                _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g)
+    def block(self, r0: int, r1: int) -> None:
+        sc = self.levels.block(self.xq, r0, r1)
+        blk = _RankBlock(self, sc, r0, r1)
+        esc = Escalation(sc)
+        for t, (c0, _, c1) in enumerate(self.tiles):
+            esc.run(c0, c1, lambda i, rows, r: blk.visit(t, i, rows, r))
+        blk.finish()
+        for name, n in esc.stats().items():
+            self.stats["row_tiles"][name] = self.stats["row_tiles"].get(name, 0) + n
+        self.stats["rescored_pairs"] += blk.rescored
 
 
-@dataclass
-class _Thresholds:
-    """Per-row comparison against s* for one query block under a tie rule."""
+class _RankBlock:
+    """One query block: the exact best positives, then each tile's counts (proved ones at once,
+    undecided ones kept for one exact re-scoring at the end) and best-negative candidates."""
 
-    tie_rule: str
-    s_star: torch.Tensor        # (nqb,) float32 best positive score
-    s_below: torch.Tensor       # (nqb,) float32 nextafter(s*, -inf): "> s_below" is ">= s*"
-    p_star: torch.Tensor        # (nqb,) int64 best positive index
-    two_compares: bool          # evaluate ">=" literally (flushed denormals and some s* == 0)
-
-    def count(self, v, lo, fused, scratch):
-        """Per row: items of the piece v (columns from gallery index lo) that beat s* (ties before
-        p* included), plus the piece's row max and chunk maxima. Under ``index`` the rows whose p*
-        lies in the piece are counted with >= here; the caller takes off the ties after p*."""
-        if self.tie_rule == "optimistic":
-            ge = None
-        elif self.tie_rule == "pessimistic":
-            ge = True
+    def __init__(self, rp: _RankPass, sc: BlockScorer, r0: int, r1: int):
+        self.rp, self.sc = rp, sc
+        device, nb, out = rp.device, rp.nb, rp.out
+        m = self.m = r1 - r0
+        self.prow, self.pcol = csr_block(rp.ptr, rp.pidx, r0, r1, device)  # (p,) positives, sorted by column
+        self.psegs = tile_segments(self.pcol, rp.tile_starts)  # tile id -> slice of the positives it owns
+        if rp.given is not None:  # the threshold of a gallery shard (it may hold none of the positives)
+            self.s_star, self.p_star = rp.given[0][r0:r1], rp.given[1][r0:r1]
+            s_star = self.s_star
+            self.rescored = 0
         else:
-            ge = self.p_star >= lo  # piece before (or holding) p*: ties come first in gallery order
-        if self.two_compares and ge is not None:
-            ge_rows = ge if isinstance(ge, torch.Tensor) else torch.ones_like(self.p_star, dtype=torch.bool)
-            s_star = self.s_star[:, None]
-            cnt = torch.where(ge_rows, (v >= s_star).sum(1, dtype=torch.int32), (v > s_star).sum(1, dtype=torch.int32))
-            return cnt, v.amax(1), None
-        if ge is None:
-            thr = self.s_star
-        elif ge is True:
-            thr = self.s_below
-        else:
-            thr = torch.where(ge, self.s_below, self.s_star)
-        return _tile_count_amax(v, thr, fused, scratch)
+            pval = sc.exact(self.prow, self.pcol)  # (p,) float32 exact scores
+            self.s_star = s_star = torch.full((m,), float("-inf"), device=device).scatter_reduce_(
+                0, self.prow, pval, "amax")
+            best = torch.where(pval == s_star[self.prow], self.pcol, nb)
+            self.p_star = torch.full((m,), nb, dtype=torch.long, device=device).scatter_reduce_(
+                0, self.prow, best, "amin")
+            out.pos_score[r0:r1] = s_star
+            out.pos_index[r0:r1] = self.p_star
+            self.rescored = int(self.prow.numel())
+        inf = torch.full_like(s_star, float("inf"))
+        above, below = torch.nextafter(s_star, inf), torch.nextafter(s_star, -inf)
+        self.sure, self.up = [], []  # per non-exact level: r > sure proves e > s*; r <= up proves e < s*
+        for i in range(sc.n_levels - 1):
+            g = sc.ge(i, above)  # r >= g proves e >= next(s*) > s*
+            self.sure.append(torch.nextafter(g, -inf))
+            self.up.append(sc.le(i, below))
+        # best negative per (row, group): tau is a lower bound of the exact best so far (-inf: none yet);
+        # cand_floor[i] the level-i tile value below which an item surely scores under tau
+        self.tau = torch.full((m, rp.G), float("-inf"), device=device)
+        self.cand_floor = [torch.full((m, rp.G), float("-inf"), device=device) for _ in range(sc.n_levels - 1)]
+        self.band: list[tuple] = []  # (rows, group, cols): undecided against s*
+        self.cand: list[tuple] = []  # (rows, group, cols, upper bound, exact?): best-negative candidates
+        self.cnt = out.counts[r0:r1]  # (m, G) views into the outputs
+        self.nsc = out.neg_score[r0:r1]
+        self.nix = out.neg_index[r0:r1]
+        self.scratch = torch.empty(m, rp.tiles[0][2] - rp.tiles[0][0], device=device) if device.type == "cpu" \
+            else None
+        self.inf = inf
 
+    def _mask_positives(self, t: int, rows, r: torch.Tensor) -> None:
+        seg = self.psegs.get(t)
+        if seg is None:
+            return
+        pa, pb = seg
+        prow, pcol = self.prow[pa:pb], self.pcol[pa:pb] - self.rp.tiles[t][0]
+        if rows is not None:
+            pos = torch.full((self.m,), -1, dtype=torch.long, device=r.device)
+            pos[rows] = torch.arange(rows.numel(), device=r.device)
+            prow = pos[prow]
+            keep = prow >= 0
+            prow, pcol = prow[keep], pcol[keep]
+        r.index_put_((prow, pcol), self.inf[:1].neg())  # positives never count
 
-def _update_best(v, lo, mx, cm, nsc_blk, nix_blk, g) -> None:
-    """Fold the piece's max into the group's running best non-positive. Later pieces hold higher
-    indices, so only a strictly greater max replaces the running one; the index (first maximal
-    column) is looked up for those rows only."""
-    run = nsc_blk[:, g]
-    better = mx > run  # (nqb,) bool
-    nqb = v.shape[0]
-    if v.device.type != "cpu":  # no host syncs on GPUs: index every row
-        nsc_blk[:, g] = torch.where(better, mx, run)
-        nix_blk[:, g] = torch.where(better, v.argmax(1) + lo, nix_blk[:, g])
-        return
-    n_better = int(better.sum())
-    if n_better == 0:
-        return
-    if 2 * n_better >= nqb:
-        nsc_blk[:, g] = torch.where(better, mx, run)
-        nix_blk[:, g] = torch.where(better, _first_max_index(v, cm) + lo, nix_blk[:, g])
-    else:
-        rows = torch.nonzero(better).squeeze(1)
-        nsc_blk[rows, g] = mx[rows]
-        nix_blk[rows, g] = _first_max_index(v, cm, rows) + lo
+    def _set_tau(self, rows: torch.Tensor, g: int, tau: torch.Tensor) -> None:
+        self.tau[rows, g] = tau
+        below = torch.nextafter(tau, -self.inf[:tau.numel()])
+        for i, floor in enumerate(self.cand_floor):
+            floor[rows, g] = self.sc.le(i, below, rows)
+
+    def visit(self, t: int, i: int, rows, r: torch.Tensor):
+        """Level-i tile values r (k, w) of block rows ``rows`` (None: all): count and collect; return
+        the positions of rows left to the next level (too many undecided items to re-score each)."""
+        self._mask_positives(t, rows, r)
+        sc, rp = self.sc, self.rp
+        c0, _, c1 = rp.tiles[t]
+        if i == sc.n_levels - 1:
+            self._visit_exact(t, rows, r)
+            return None, None
+        k = r.shape[0]
+        sel = (lambda x: x) if rows is None else (lambda x: x[rows])
+        brow = torch.arange(k, device=r.device) if rows is None else rows  # block row of each tile row
+        sure, up = sel(self.sure[i]), sel(self.up[i])
+        limit = crowd_limit(i, sc, c1 - c0)
+        dense = torch.zeros(k, dtype=torch.bool, device=r.device)  # too many undecided counts
+        flood = torch.zeros(k, dtype=torch.bool, device=r.device)  # too many best-negative candidates
+        found = []
+        for lo, hi, g in rp.pieces[t]:
+            whole = lo == c0 and hi == c1
+            v = r if whole else r[:, lo - c0:hi - c0]  # (k, hi - lo) piece of group g
+            buf = self.scratch[:k] if whole and self.scratch is not None else None
+            n_sure, n_up, mx, cm = _piece_stats(v, sure, up, rp.fused and whole, buf)
+            n_band = n_up - n_sure
+            dense |= n_band > limit
+            band = None
+            band_rows = torch.nonzero(n_band > 0).squeeze(1)
+            if band_rows.numel():  # the undecided items: above up, not above sure
+                pos, cols, vals = entries_above(v, up[band_rows], band_rows, cm)
+                und = vals <= sure[band_rows][pos]
+                band = (band_rows[pos[und]], cols[und] + lo)
+            # rows whose piece may hold a new best negative, and the items that may be it
+            cand = None
+            imp = torch.nonzero(mx > sel(self.cand_floor[i][:, g])).squeeze(1)
+            if imp.numel():
+                nb_rows = brow[imp]
+                nb_tau = torch.maximum(self.tau[nb_rows, g], sc.lo(i, mx[imp], nb_rows))
+                nb_thr = sc.le(i, torch.nextafter(nb_tau, -self.inf[:imp.numel()]), nb_rows)
+                pos, cols, vals = entries_above(v, nb_thr, imp, cm)
+                flood[imp] |= torch.bincount(pos, minlength=imp.numel()) > CAND_LIMIT
+                cand = (imp, nb_tau, imp[pos], cols + lo, vals)
+            found.append((g, n_sure, band, cand))
+        crowd = dense | flood
+        esc = torch.nonzero(crowd).squeeze(1) if bool(crowd.any()) else None
+        for g, n_sure, band, cand in found:
+            if esc is None:
+                if rows is None:
+                    self.cnt[:, g] += n_sure
+                else:
+                    self.cnt[rows, g] += n_sure
+            else:
+                kr = torch.nonzero(~crowd).squeeze(1)
+                self.cnt[brow[kr], g] += n_sure[kr]
+            if band is not None:
+                brows, bcols = band
+                if esc is not None:
+                    ok = ~crowd[brows]
+                    brows, bcols = brows[ok], bcols[ok]
+                self.band.append((brow[brows], g, bcols))
+            if cand is not None:
+                imp, nb_tau, cpos, ccols, cvals = cand
+                if esc is not None:
+                    ok, cok = ~crowd[imp], ~crowd[cpos]
+                    imp, nb_tau, cpos, ccols, cvals = imp[ok], nb_tau[ok], cpos[cok], ccols[cok], cvals[cok]
+                if imp.numel():
+                    self._set_tau(brow[imp], g, nb_tau)
+                    crow = brow[cpos]
+                    self.cand.append((crow, g, ccols, sc.hi(i, cvals, crow), False))
+        if esc is not None:  # rows whose fp32 scores here are exact (coarse-grid data) need no next level
+            ex = sc.exact_rows(i, brow[esc], c0, c1)
+            if bool(ex.any()):
+                self._visit_exact(t, brow[esc[ex]], r[esc[ex]])
+                esc = esc[~ex]
+        return esc, (None if esc is None else torch.nonzero(dense).squeeze(1))
+
+    def _visit_exact(self, t: int, rows, e: torch.Tensor) -> None:
+        """Exact scores e (k, w): count by the tie rule, take each piece's best and its first index."""
+        rp = self.rp
+        c0 = rp.tiles[t][0]
+        brow = torch.arange(e.shape[0], device=e.device) if rows is None else rows
+        s_star, p_star = self.s_star[brow][:, None], self.p_star[brow][:, None]
+        for lo, hi, g in rp.pieces[t]:
+            v = e[:, lo - c0:hi - c0]
+            beats = v > s_star
+            if self.rp.tie_rule == "pessimistic":
+                beats |= v == s_star
+            elif self.rp.tie_rule == "index":
+                cols = torch.arange(lo, hi, device=e.device)[None, :]
+                beats |= (v == s_star) & (cols < p_star)
+            self.cnt.index_put_((brow, torch.full_like(brow, g)), beats.sum(1), accumulate=True)
+            mx, arg = v.max(1)  # first maximal column
+            fin = torch.nonzero(mx > float("-inf")).squeeze(1)
+            if fin.numel():
+                fr = brow[fin]
+                better = mx[fin] >= self.tau[fr, g]
+                fr, fin = fr[better], fin[better]
+                if fin.numel():
+                    self._set_tau(fr, g, mx[fin])
+                    self.cand.append((fr, g, arg[fin] + lo, mx[fin], True))
+
+    def finish(self) -> None:
+        """Exact re-scoring of the undecided items: the band's counts, each group's best negative."""
+        sc, rp, device = self.sc, self.rp, self.rp.device
+        G = rp.G
+        if self.band:
+            rows = torch.cat([b[0] for b in self.band])
+            gs = torch.cat([torch.full_like(b[0], b[1]) for b in self.band])
+            cols = torch.cat([b[2] for b in self.band])
+            e = sc.exact(rows, cols)
+            self.rescored += int(rows.numel())
+            s = self.s_star[rows]
+            beats = e > s
+            if rp.tie_rule == "pessimistic":
+                beats |= e == s
+            elif rp.tie_rule == "index":
+                beats |= (e == s) & (cols < self.p_star[rows])
+            self.cnt.index_put_((rows, gs), beats.long(), accumulate=True)
+        if not self.cand:
+            return
+        rows = torch.cat([c[0] for c in self.cand])
+        gs = torch.cat([torch.full_like(c[0], c[1]) for c in self.cand])
+        cols = torch.cat([c[2] for c in self.cand])
+        ub = torch.cat([c[3] for c in self.cand])
+        known = torch.cat([torch.full_like(c[0], c[4], dtype=torch.bool) for c in self.cand])
+        live = ub >= self.tau[rows, gs]  # below tau: surely under the best
+        rows, gs, cols, ub, known = rows[live], gs[live], cols[live], ub[live], known[live]
+        e = ub.clone()
+        todo = torch.nonzero(~known).squeeze(1)
+        if todo.numel():
+            e[todo] = sc.exact(rows[todo], cols[todo])
+            self.rescored += int(todo.numel())
+        key = rows * G + gs
+        best = torch.full((self.m * G,), float("-inf"), device=device).scatter_reduce_(0, key, e, "amax")
+        top = e == best[key]
+        first = torch.full((self.m * G,), rp.nb, dtype=torch.long, device=device).scatter_reduce_(
+            0, key[top], cols[top], "amin")
+        has = first < rp.nb
+        self.nsc.view(-1)[has] = best[has]
+        self.nix.view(-1)[has] = first[has]

@@ -1,20 +1,59 @@
 """Slow, obviously correct twins of the kernels (full score matrix, per-query loops): test oracles, bench baselines."""
 from __future__ import annotations
 
+from fractions import Fraction
+
+import numpy as np
 import torch
 
 from .ranking import TIE_RULES, GroupedRanks
 
-__all__ = ["grouped_ranks_reference", "topk_reference", "choice_scores_reference", "naive_rank"]
+__all__ = ["grouped_ranks_reference", "best_positives_reference", "topk_reference", "choice_scores_reference",
+           "naive_rank"]
+
+
+def _nearest_fp32(q: Fraction) -> float:
+    """The fp32 value nearest the rational q, ties to the even significand."""
+    c = np.float32(float(q))  # within one fp32 step of the answer
+    cands = [c, np.nextafter(c, np.float32(-np.inf)), np.nextafter(c, np.float32(np.inf))]
+    cands = [x for x in cands if np.isfinite(x)]
+    return float(min(cands, key=lambda x: (abs(Fraction(float(x)) - q), int(np.array(x).view(np.int32)) & 1))) + 0.0
 
 
 def _scores(xq: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
-    """Full (nq, nb) float32 scores: the fp64 product rounded once, so equal rows score equal."""
-    return (xq.double().cpu() @ xb.double().cpu().T).float()
+    """Full (nq, nb) float32 scores: each the exact dot product of the two rows (taken as fp32) rounded
+    once to the nearest fp32 value. The fp64 matrix product is within d * 2^-52 * sum|x_k y_k| of the
+    exact value; where that interval holds an fp32 rounding boundary, the products are summed exactly."""
+    x, y = xq.float().double().cpu(), xb.float().double().cpu()
+    s = x @ y.T  # (nq, nb) float64
+    err = 2 * x.shape[1] * 2.0 ** -52 * (x.abs() @ y.abs().T) + 2.0 ** -1000
+    lo, hi = (s - err).float(), (s + err).float()
+    out = lo + 0.0  # -0.0 -> +0.0
+    for i, j in torch.nonzero(lo != hi).tolist():
+        exact = sum((Fraction(a) * Fraction(b) for a, b in zip(x[i].tolist(), y[j].tolist())), Fraction(0))
+        out[i, j] = _nearest_fp32(exact)
+    return out
 
 
-def grouped_ranks_reference(xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule="index") -> GroupedRanks:
-    """``grouped_ranks`` by its definition, one query and one group at a time."""
+def best_positives_reference(xq, xb, pos_ptr, pos_idx) -> tuple[torch.Tensor, torch.Tensor]:
+    """``best_positives`` by its definition: the full score matrix, one query at a time."""
+    S = _scores(xq, xb)  # (nq, nb) float32
+    ptr = [int(p) for p in torch.as_tensor(pos_ptr)]
+    pidx = [int(j) for j in torch.as_tensor(pos_idx)]
+    score = torch.full((len(xq),), float("-inf"), dtype=torch.float32)
+    index = torch.full((len(xq),), -1, dtype=torch.long)
+    for i in range(len(xq)):
+        pos = sorted(set(pidx[ptr[i]:ptr[i + 1]]))
+        if pos:
+            s = max(float(S[i, j]) for j in pos)
+            score[i], index[i] = s, min(j for j in pos if float(S[i, j]) == s)
+    return score.to(xq.device), index.to(xq.device)
+
+
+def grouped_ranks_reference(xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule="index",
+                            threshold=None) -> GroupedRanks:
+    """``grouped_ranks`` by its definition, one query and one group at a time (``threshold``: the
+    given (s_star, p_star) replace each query's best positive, as in ``grouped_ranks``)."""
     if tie_rule not in TIE_RULES:
         raise ValueError(f"tie_rule must be one of {TIE_RULES}, got {tie_rule!r}")
     S = _scores(xq, xb)  # (nq, nb) float32
@@ -30,11 +69,14 @@ def grouped_ranks_reference(xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule=
     neg_index = torch.full((nq, G), -1, dtype=torch.long)
     for i in range(nq):
         pos = sorted(set(pidx[ptr[i]:ptr[i + 1]]))
-        if not pos:
-            raise ValueError(f"query {i} has no positive")
         row = S[i].tolist()
-        s_star = max(row[j] for j in pos)
-        p_star = min(j for j in pos if row[j] == s_star)
+        if threshold is not None:
+            s_star, p_star = float(threshold[0][i]), int(threshold[1][i])
+        elif not pos:
+            raise ValueError(f"query {i} has no positive")
+        else:
+            s_star = max(row[j] for j in pos)
+            p_star = min(j for j in pos if row[j] == s_star)
         pos_score[i], pos_index[i] = s_star, p_star
         pos_set = set(pos)
         for g in range(G):

@@ -11,16 +11,17 @@ from hardrank.kernels.reference import grouped_ranks_reference
 
 @pytest.fixture(scope="module")
 def compiled():
-    ranking._compiled_count_cmax()
-    s, thr = torch.randn(4, 256), torch.zeros(4)
+    ranking._compiled_count2_cmax()
+    s, up, sure = torch.randn(4, 256), torch.zeros(4), torch.full((4,), 0.5)
     try:
-        got = ranking._compiled(s, thr) if ranking._compiled else None
+        got = ranking._compiled(s, up, sure) if ranking._compiled else None
     except Exception as e:  # no C++ toolchain or an unsupported platform: eager is the fallback
         pytest.skip(f"torch.compile unavailable here: {type(e).__name__}: {e}")
     if got is None:
         pytest.skip("torch.compile unavailable here")
     assert torch.equal(got[0], (s > 0).sum(1, dtype=torch.int32))
-    assert torch.equal(got[1], s.view(4, 2, 128).amax(2))
+    assert torch.equal(got[1], (s > 0.5).sum(1, dtype=torch.int32))
+    assert torch.equal(got[2], s.view(4, 2, 128).amax(2))
     return ranking._compiled
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..config import MineOptions
-from ..kernels import topk
+from ..kernels import resolve_precision, topk
 from .problem import MineProblem, f32
 
 __all__ = ["build_searcher", "searcher_for", "merge_topk", "measure_recall"]
@@ -28,17 +28,21 @@ class _KernelSearch:
 
     exact = True
 
-    def __init__(self, xb, budget_bytes: int):
+    def __init__(self, xb, budget_bytes: int, precision: str = "auto", block: int = 8192):
         self.xb = torch.from_numpy(f32(xb))
         self.budget = budget_bytes
+        self.precision = precision
         self.q_block = max(1, min(2048, budget_bytes // (16 * 1024)))  # a 1024-wide tile and its temporaries
-        self.info = {"method": "exact", "backend": "kernels.topk"}
+        # the kernel's first GEMM on a block of queries (results do not depend on it)
+        self.info = {"method": "exact", "backend": "kernels.topk",
+                     "precision": resolve_precision(precision, "cpu", work=block * self.xb.numel())}
 
     def __call__(self, xq, kk, excl):
         kw = {}
         if excl is not None:
             kw = {"exclude_ptr": torch.from_numpy(excl[0]), "exclude_idx": torch.from_numpy(excl[1])}
-        D, I = topk(torch.from_numpy(xq), self.xb, kk, budget_bytes=self.budget, q_block=self.q_block, **kw)
+        D, I = topk(torch.from_numpy(xq), self.xb, kk, precision=self.precision, budget_bytes=self.budget,
+                    q_block=self.q_block, **kw)
         return D.float().numpy(), I.numpy().astype(np.int64)
 
 
@@ -117,16 +121,18 @@ def _method(shape: tuple[int, int], opts: MineOptions) -> tuple[str, str | None]
 
 
 def build_searcher(problem: MineProblem, opts: MineOptions):
-    return searcher_for(problem.xb, opts)
+    return searcher_for(problem.xb, opts, len(problem.xq))
 
 
-def searcher_for(xb, opts: MineOptions):
+def searcher_for(xb, opts: MineOptions, nq: int | None = None):
     """The searcher ``opts.search`` asks for over the corpus rows ``xb`` (n, d): exact while the fp32
-    rows fit ``opts.budget_mb``, else a FAISS index (also one shard of a sharded corpus)."""
+    rows fit ``opts.budget_mb``, else a FAISS index (also one shard of a sharded corpus). ``nq``: the
+    queries it will see (when known), for the exact kernel's precision record."""
     method, factory = _method(xb.shape, opts)
     budget = opts.budget_mb << 20
     if method == "exact":
-        return _KernelSearch(xb, budget // 4)  # corpus (<= budget) + score tiles
+        block = opts.block_size if nq is None else max(1, min(opts.block_size, nq))
+        return _KernelSearch(xb, budget // 4, opts.rank_precision, block)  # corpus (<= budget) + score tiles
     return _FaissSearch(xb, factory, opts, budget)
 
 
