@@ -40,9 +40,13 @@ class _MemmapSlice:
         self.offset = int(xb.offset) + lo * d * xb.dtype.itemsize
 
     def __array__(self, dtype=None, copy=None):
-        rows = np.memmap(self.filename, self.dtype, "r", self.offset, self.shape) if self.shape[0] else \
-            np.zeros(self.shape, self.dtype)
-        return np.array(rows, dtype=dtype)
+        """The rows memory-mapped, not copied: the actor's resident memory then holds the pages its
+        index build and re-scoring touch (reclaimable page cache), as the local path's does, not a heap
+        copy of the whole slice."""
+        if not self.shape[0]:
+            return np.zeros(self.shape, dtype or self.dtype)
+        rows = np.memmap(self.filename, self.dtype, "r", self.offset, self.shape)
+        return rows if dtype is None or np.dtype(dtype) == self.dtype else np.array(rows, dtype=dtype)
 
 
 def _slice(xb, lo: int, hi: int):

@@ -152,3 +152,26 @@ def test_mine_cli_with_the_ray_executor_equals_local(ray_cluster, tmp_path):
     assert main([*base, "--out", str(tmp_path / "local")]) == 0
     assert main([*base, "--out", str(tmp_path / "ray"), "--executor", "ray", "--shards", "3"]) == 0
     assert _negatives(tmp_path / "local").equals(_negatives(tmp_path / "ray"))
+
+
+@pytest.mark.slow
+def test_actors_open_a_memory_mapped_corpus_themselves(ray_cluster, tmp_path):
+    """A memory-mapped corpus (what a corpus too large for the driver is) travels to the actors as
+    (file, offset, shape): each maps its own rows; the output equals local mining."""
+    from hardrank.jobs.ray_search import ShardedSearchFactory, _slice
+
+    prob = _tied_case(seed=3, nb=29)
+    np.save(tmp_path / "corpus.npy", prob.xb.astype(np.float16))
+    xb = np.load(tmp_path / "corpus.npy", mmap_mode="r")
+    assert isinstance(_slice(xb, 3, 9), type(_slice(xb, 0, 1))) and not isinstance(_slice(xb, 3, 9), np.ndarray)
+    view = np.asarray(_slice(xb, 3, 9))
+    assert not view.flags.owndata and not view.flags.writeable and np.array_equal(view, xb[3:9])  # mapped, not copied
+    prob.xb = xb
+    opts = MineOptions(k=4, dup_threshold=0.9, search="exact", block_size=16)
+    mine_arrays(prob, opts, tmp_path / "local")
+    factory = ShardedSearchFactory(shards=4)
+    try:
+        mine_arrays(prob, opts, tmp_path / "sharded", searcher=factory)
+    finally:
+        factory.close()
+    assert _negatives(tmp_path / "local").equals(_negatives(tmp_path / "sharded"))
