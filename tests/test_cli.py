@@ -90,7 +90,7 @@ def test_job_file_parses_resolves_and_expands(tmp_path):
 @pytest.mark.parametrize("body, message", [
     ('out = "r"\nsuite = ["toy"]\n', "unknown key 'suite' in the top level (did you mean 'suites'?)"),
     ('out = "r"\nsuites = ["toy"]\n[options]\nbatchsize = 3\n[[model]]\nmodel = "m"\n',
-     "unknown key 'batchsize' in [options] (did you mean 'batch_size'?); known keys: search, budget_mb, data"),
+     "unknown key 'batchsize' in [options] (did you mean 'batch_size'?); known keys: search, budget_mb, shard_gallery"),
     ('out = "r"\nsuites = ["toy"]\n[[model]]\nmodel = "m"\ncheckpoint = ["a"]\n',
      "unknown key 'checkpoint' in [[model]] #1 (did you mean 'checkpoints'?)"),
     ('out = "r"\nsuites = ["toy"]\n[options]\nbatch_size = "64"\n[[model]]\nmodel = "m"\n',
