@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder, match_tables
 from .errors import DataError
 from .items import Tables
 
@@ -24,7 +25,10 @@ def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarr
 
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"embeddings file {path} does not exist")
+        what = "is a folder, but not clip-retrieval's output (img_emb/, text_emb/, metadata/)" if path.is_dir() \
+            else "does not exist"
+        raise DataError(f"embeddings file {path} {what}; pass a Parquet file (kind, id, embedding) or a "
+                        f"clip-retrieval output folder")
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
@@ -113,7 +117,10 @@ def embeddings_for_tables(path: str | Path, tables: Tables) -> dict[str, np.ndar
     """Whole-table embedding arrays in row order. Rows are matched by the id the annotation file
     writes (image path / raw caption); images may also match by the longest path suffix of their
     file (a cropped region: that suffix plus ``@crop:x,y,w,h``, as ``hardrank store export`` writes
-    it, else the path alone). Missing ids fail, listing the first few."""
+    it, else the path alone). Missing ids fail, listing the first few. ``path`` may also be a
+    clip-retrieval output folder, streamed part by part (``clip_retrieval.match_tables``)."""
+    if is_clip_retrieval_folder(path):
+        return match_tables(ClipRetrievalFolder(path), tables)
     data = load_embedding_file(path)
     out = {}
     for modality in ("image", "text"):

@@ -21,12 +21,14 @@ from pathlib import Path
 
 import torch
 
+from . import urls
 from .errors import UsageError
 from .kernels import PRECISIONS as RANK_PRECISIONS
 from .kernels import TIE_RULES
 
-__all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "TIE_RULES", "DIRECTIONS",
-           "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir", "default_store",
+__all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES",
+           "DIRECTIONS", "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
+           "default_store",
            "default_decode_threads", "resolve_device", "check_writable_dir",
            "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
@@ -35,6 +37,7 @@ DATA_DIR = Path(__file__).resolve().parent / "data"  # bundled model configs, to
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 EXECUTORS = ("local", "ray")
 DECODERS = ("pillow", "dali", "pillow-draft")
+KEY_BY = ("content", "id")  # = hardrank.idkeys.KEY_BY
 DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text"), "i2i": ("image", "image")}
 BASELINES = ("clip-regions",)  # mask suites: answer with the candidate region most similar to the question
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
@@ -82,10 +85,14 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
-def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
+def check_writable_dir(path: str | os.PathLike, option: str) -> Path | str:
     """``path`` as a folder this process can write, created if missing; otherwise a UsageError naming
-    ``option`` (e.g. ``out (--out)``), raised before any work is done."""
-    p = Path(path).expanduser()
+    ``option`` (e.g. ``out (--out)``), raised before any work is done. A URL (``s3://...``) is checked
+    by writing and removing a probe object (credentials fail here) and returned as it is."""
+    if urls.is_url(os.fspath(path)):
+        urls.check_writable_url(os.fspath(path), option)
+        return os.fspath(path)
+    p = Path(urls.local_path(path)).expanduser()
     if p.exists() and not p.is_dir():
         raise UsageError(f"option {option} is {str(p)!r}, which is a file, not a folder; pass a folder "
                          f"(it is created if missing)")
@@ -301,6 +308,10 @@ class EmbedOptions:
                        choices=DECODERS)
     ray_address: str | None = opt(None, "Ray cluster to join with --executor ray (default: $RAY_ADDRESS, "
                                   "else a local cluster)")
+    key_by: str = opt("content", "how store hits are decided: content (hash every image's bytes first: finds "
+                      "duplicates before encoding) or id (path + size + mtime, URL + ETag, or shard sample: no "
+                      "image is read to decide; new images are hashed by the workers that decode them)",
+                      choices=KEY_BY)
 
     def __post_init__(self):
         check_options(self)
@@ -318,7 +329,9 @@ class SuiteOptions:
     """Where a suite's files are and how its protocol is configured."""
 
     data: str | None = opt(None, "suite data folder (annotations, Parquet shards, ...)", path=True)
-    images: str | None = opt(None, "image root the annotation paths are relative to", path=True)
+    images: str | None = opt(None, "image root the annotation paths are relative to (a folder or URL); suite wds: "
+                             "tar shards ('dir/{00000..00099}.tar'), an img2dataset folder or .parquet files",
+                             path=True)
     annotations: str | None = opt(None, "Karpathy/RoCOCO annotation file or folder", path=True)
     image_variants: tuple[str, ...] = opt((), "RoCOCO altered galleries, e.g. mix_0.9 patch_0.9")
     seeds: tuple[int, ...] = opt((1,), "seeds of the image variants (results averaged over them)")
@@ -328,6 +341,8 @@ class SuiteOptions:
     predictions: str | None = opt(None, "mask suites (amodal): folder of mask predictions to score", path=True)
     baseline: str | None = opt(None, "mask suites (amodal): answer each question with the candidate region "
                                "most similar to it, embedded by the model", choices=BASELINES)
+    captions: str = opt("txt", "suite wds: where each sample's captions are: txt (the .txt member or Parquet "
+                        "caption column, one caption per line) or json:KEY (a string or list in the .json member)")
 
     def __post_init__(self):
         check_options(self)
@@ -355,7 +370,8 @@ class EvalConfig:
                           "some; --model names a custom architecture's config .json)", path=True)
     embeddings: str | None = opt(None, "score precomputed embeddings instead of a model: Parquet with columns "
                                  "kind (image|text), id (image path / caption as in the annotation file), "
-                                 "embedding", path=True)
+                                 "embedding; or a clip-retrieval output folder (img_emb/, text_emb/, metadata/); "
+                                 "no image file is read", path=True)
     search: str = opt("exhaustive", "ranking search: exhaustive (exact kernels) or faiss:<factory> "
                       "(per-group top-k; mean/median rank become lower bounds, see README)")
     budget_mb: int = opt(256, "kernel score-tile memory budget, MiB", minimum=1)
@@ -428,7 +444,8 @@ class MineOptions:
 class MineConfig:
     """One mining run: queries against a corpus, negatives written to ``out``."""
 
-    corpus: str = opt("", "where negatives come from: a Karpathy-format .json (with --images), an image folder, "
+    corpus: str = opt("", "where negatives come from: WebDataset tar shards ('dir/{00000..00099}.tar', local or a "
+                      "URL: images and their captions), a Karpathy-format .json (with --images), an image folder, "
                       "a .parquet listing (id + path, or id + text), an embeddings .parquet (kind, id, embedding: "
                       "hardrank store export), or an embedding store fingerprint folder (ids: content keys)",
                       path=True)
@@ -442,6 +459,7 @@ class MineConfig:
                                  "weights from the local cache")
     random_init: bool = opt(False, "mine with random weights on purpose")
     images: str | None = opt(None, "root of the relative image paths in .json/.parquet inputs", path=True)
+    captions: str = opt("txt", "tar shard / img2dataset inputs: where each sample's captions are: txt or json:KEY")
     export_training: str | None = opt(None, "also write training data: FILE.tsv / .csv, a NegCLIP-style table "
                                       "(filepath, title, neg_caption, neg_image) for open_clip hard-negative "
                                       'training; FILE.jsonl, one line per query {"query", "positives", '

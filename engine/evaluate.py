@@ -6,7 +6,7 @@ import logging
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -15,11 +15,13 @@ import open_clip
 import pyarrow as pa
 import torch
 
+from . import urls
 from .byo import embeddings_for_tables
 from .choice_macro import suite_aggregates
+from .clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
 from .config import EvalConfig, build, check_writable_dir, resolve_device
 from .counts import embed_line, item_counts
-from .embed import EmbedPipeline
+from .embed import EmbedPipeline, make_scan_mapper
 from .errors import DataError, MissingExtra, UsageError
 from .items import Tables
 from .mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
@@ -28,6 +30,7 @@ from .models import file_hash
 from .results import outcome_schema, summary_row, write_result
 from .runs import model_specs
 from .search import score_choice, score_ranking
+from .sources import scan_with
 from .suites import expand_suites, load_suites
 from .suites.toy import TOY_SUITES, pending_world
 from .tasks import MaskTask, Suite
@@ -212,6 +215,28 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     if not cfg.out:
         raise UsageError("option out (the results folder) is required")
     _check_usage(cfg)
+    with urls.staged_dir(cfg.out) as local_out:
+        report = _evaluate(replace(cfg, out=local_out), progress, echo, runner)
+    if local_out != cfg.out:
+        echo(f"results uploaded to {cfg.out}")
+    return report
+
+
+def local_inputs(cfg: EvalConfig) -> EvalConfig:
+    """Annotation files, suite data, embeddings and predictions given as URLs, as local copies (cached by
+    size and version); image roots and shards stay remote: their bytes are read by the workers."""
+    so = cfg.suite_options
+    fetched = {k: urls.fetch_input(getattr(so, k), what=f"--{k}") for k in ("annotations", "data", "predictions")
+               if urls.is_url(getattr(so, k) or "")}
+    if fetched:
+        cfg = replace(cfg, suite_options=replace(so, **fetched))
+    if urls.is_url(cfg.embeddings or ""):
+        cfg = replace(cfg, embeddings=urls.fetch_input(cfg.embeddings, what="--embeddings"))
+    return cfg
+
+
+def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
+    cfg = local_inputs(cfg)
     t_start = time.perf_counter()
     pipe = None  # the models first: a bad checkpoint or tag fails before any data is read
     if cfg.embeddings is None and (cfg.model is not None or cfg.run is not None) and _needs_model(cfg):
@@ -221,7 +246,13 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     world = _pending_world(cfg)
     if world is not None:
         echo(f"building the toy world in {world} (once, about 30 s; --data DIR names another folder)")
-    suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+    mapper = make_scan_mapper(cfg.embed)
+    try:
+        with scan_with(mapper):  # with --executor ray, workers read the tar shards, not this process
+            suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+    finally:
+        if hasattr(mapper, "close"):
+            mapper.close()
     _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
     t_load = time.perf_counter() - t0
     echo(f"loaded {len(suites)} suite(s): {len(tables.images)} images (distinct paths), {len(tables.texts)} texts "
@@ -320,6 +351,8 @@ def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites
             raise UsageError("the clip-regions baseline embeds region crops with --model; precomputed "
                              "--embeddings hold no crop embeddings")
         return [_byo_source(cfg, tables, report)]
+    for s in suites:  # a model reads the images: --images and the altered-image folders must be there
+        s.check_images()
     stats = pipe.run(tables, progress=progress)
     report.embed_stats = common["embed"] = {k: v.as_dict() for k, v in stats.items()}
     for mod, st in stats.items():
@@ -351,7 +384,9 @@ def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _Source:
     path = Path(cfg.embeddings)
     emb = embeddings_for_tables(path, tables)
     device = resolve_device(cfg.embed.device)
-    ident = {"checkpoint_path": str(path), "model_fingerprint": f"embeddings-{file_hash(path)[:16]}",
+    fingerprint = ClipRetrievalFolder(path).fingerprint if is_clip_retrieval_folder(path) else \
+        f"embeddings-{file_hash(path)[:16]}"
+    ident = {"checkpoint_path": str(path), "model_fingerprint": fingerprint,
              "provenance": {"architecture": "precomputed", "precision": "float32", "device": device,
                             "checkpoint_hash": None}}
     report.embed_stats = {m: {"total": len(tables.of(m)), "from_file": len(tables.of(m))} for m in ("image", "text")}
@@ -362,7 +397,7 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
     """What ``evaluate`` would do, encoding and writing nothing: the suites and their tasks, the
     unique items, and per checkpoint how many items its store already holds. Loads the models
     (for their fingerprints) and reads every image once (for its content key)."""
-    cfg = _config(cfg, options)
+    cfg = local_inputs(_config(cfg, options))
     tables = Tables.empty()
     names, world = expand_suites(list(cfg.suites)), _pending_world(cfg)
     if world is not None:  # a plan builds nothing: the toy suites are counted once their world exists
@@ -379,12 +414,19 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
         tasks += [f"{t.name}: {len(t.ids)} rows of {t.left.shape[1]}x{t.right.shape[1]} ({t.rule})" for t in s.choice]
         tasks += [f"{t.name}: {len(t.data.questions)} questions" for t in s.mask]
         out["suites"][s.name] = tasks
-    counts = item_counts(tables.images)
-    tables.texts.keys()
-    out["unreadable"], out["image_duplicates"] = counts["unreadable"], counts["duplicates"]
     if cfg.embeddings or not any(s.needs_embeddings for s in suites):
-        return out  # (also when the toy suites, waiting for their world, were all there was)
+        return out  # no image is read (also when the toy suites, waiting for their world, were all there was)
+    for s in suites:
+        s.check_images()
+    if cfg.embed.key_by == "content":  # (with --key-by id the plan reads no image either)
+        counts = item_counts(tables.images)
+        out["unreadable"], out["image_duplicates"] = counts["unreadable"], counts["duplicates"]
+    else:  # duplicates are unknown until the new images are hashed by the workers
+        out["unreadable"], out["image_duplicates"] = 0, 0
+    tables.texts.keys()
     rows = EmbedPipeline(model_specs(cfg), cfg.embed).plan(tables)
+    if cfg.embed.key_by == "id":
+        out["unreadable"] = len(tables.images.failed)  # missing files (a stat failed)
     out["checkpoints"] = rows
     out["to_encode"] = {m: sum(r[f"{m}_to_encode"] for r in rows) for m in ("image", "text")}
     return out

@@ -20,10 +20,12 @@ _IP = faiss.METRIC_INNER_PRODUCT
 
 # -- small helpers --------------------------------------------------------------------------
 def _as_matrix(name: str, x, d: int | None = None) -> np.ndarray:
-    """Validate a 2-D float array; returns it unchanged (fp16 memmaps stay on disk)."""
+    """Validate a 2-D float array; returns it unchanged (fp16 memmaps stay on disk, and so do lazy
+    array-likes such as ``clip_retrieval.VectorRows``: shape, dtype, slicing and ``__array__``)."""
     if hasattr(x, "detach"):  # torch tensor
         x = x.detach().cpu().float().numpy()
-    if not isinstance(x, np.ndarray) or x.ndim != 2 or x.dtype.kind != "f":
+    lazy = not isinstance(x, np.ndarray) and hasattr(x, "__array__") and hasattr(x, "shape") and hasattr(x, "dtype")
+    if not (isinstance(x, np.ndarray) or lazy) or x.ndim != 2 or x.dtype.kind != "f":
         got = f"{type(x).__name__} of shape {getattr(x, 'shape', '?')} dtype {getattr(x, 'dtype', '?')}"
         raise ValueError(f"{name} must be a 2-D float array (n, d), got {got}")
     if d is not None and x.shape[1] != d:

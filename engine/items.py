@@ -1,6 +1,7 @@
 """Unique-item tables: every image and text a run needs, deduplicated, with content keys."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -13,7 +14,10 @@ import numpy as np
 import pyarrow.parquet as pq
 from PIL import Image, UnidentifiedImageError
 
-__all__ = ["ImageRef", "ItemTable", "Tables", "read_image_bytes", "text_key", "failure_reason"]
+from . import urls
+
+__all__ = ["ImageRef", "ItemTable", "Tables", "read_image_bytes", "prefetched", "bytes_key", "text_key",
+           "failure_reason"]
 
 _PARQUET_SCHEME = "parquet://"
 
@@ -22,8 +26,9 @@ _PARQUET_SCHEME = "parquet://"
 class ImageRef:
     """Where an image's bytes live and which derived variant of it we want.
 
-    uri: a file path, or ``parquet://<file>#<row>/<column>`` for images stored as Hugging Face
-         image structs (``{bytes, path}``) inside a Parquet file.
+    uri: a file path, an fsspec URL (``s3://bucket/a.jpg``), a tar member (``tar:<offset>:<size>:<shard>#<member>``,
+         ``hardrank.urls.member_uri``), or ``parquet://<file>#<row>/<column>`` for images stored as bytes
+         or Hugging Face image structs (``{bytes, path}``) inside a Parquet file.
     crop: (x, y, w, h) box in pixels applied after decoding (ARO / hard-positives SWAP), or None.
     """
 
@@ -42,13 +47,32 @@ def parquet_uri(file: str | os.PathLike, row: int, column: str) -> str:
 
 
 _parquet_cache: dict[str, object] = {}
+_prefetched: dict[str, bytes] = {}  # bytes a decode stage read ahead for its batch (see ``prefetched``)
+
+
+@contextlib.contextmanager
+def prefetched(data: dict[str, bytes]):
+    """Serve ``read_image_bytes(uri)`` from ``data`` (uri -> bytes) inside the block: a decode stage
+    reads a batch's bytes at once (one range request per run of tar members), hashes them, and every
+    decoder then decodes those very bytes without reading them again."""
+    _prefetched.update(data)
+    try:
+        yield
+    finally:
+        for u in data:
+            _prefetched.pop(u, None)
 
 
 def read_image_bytes(uri: str) -> bytes:
-    """Raw encoded bytes of an image (file or Parquet cell). Raises FileNotFoundError/ValueError
-    naming the source."""
+    """Raw encoded bytes of an image (file, URL, tar member or Parquet cell). Raises
+    FileNotFoundError/ValueError naming the source."""
+    data = _prefetched.get(uri)
+    if data is not None:
+        return data
+    if urls.is_member_uri(uri) or urls.is_url(uri):
+        return urls.read_source(uri)
     if not uri.startswith(_PARQUET_SCHEME):
-        with open(uri, "rb") as f:
+        with open(urls.local_path(uri), "rb") as f:
             return f.read()
     file, _, cell = uri[len(_PARQUET_SCHEME):].rpartition("#")
     row_s, _, column = cell.partition("/")
@@ -78,12 +102,16 @@ def text_key(text: str) -> str:
     return "t" + hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
+def bytes_key(data: bytes, recipe: str = "") -> str:
+    """Content key of an image: hash of its encoded bytes, plus the derived-variant recipe."""
+    return "i" + hashlib.blake2b(data, digest_size=16).hexdigest() + (("@" + recipe) if recipe else "")
+
+
 def _image_key(ref: ImageRef) -> str:
     data = read_image_bytes(ref.uri)
     if not data:
         raise ValueError(f"{ref.uri}: empty file (0 bytes; an interrupted download?)")
-    digest = hashlib.blake2b(data, digest_size=16).hexdigest()
-    return "i" + digest + (("@" + ref.recipe) if ref.recipe else "")
+    return bytes_key(data, ref.recipe)
 
 
 class ItemTable:
@@ -98,13 +126,15 @@ class ItemTable:
         self.ids: list[str] = []  # id as the annotation file writes it (first seen); for --embeddings
         self._index: dict = {}
         self._keys: list[str] | None = None
+        self._known: dict[int, str] = {}  # row -> content key a reader already computed (a tar shard's scan)
         self.failed: dict[int, str] = {}  # row -> reason (unreadable image), filled by keys()
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def add(self, entry, id: str | None = None) -> int:
-        """Row of ``entry`` (added if new). ``id`` defaults to the text itself or the image uri."""
+    def add(self, entry, id: str | None = None, key: str | None = None) -> int:
+        """Row of ``entry`` (added if new). ``id`` defaults to the text itself or the image uri; ``key``
+        is its content key when the caller hashed its bytes already (then ``keys`` does not read it)."""
         row = self._index.get(entry)
         if row is None:
             row = len(self.entries)
@@ -112,7 +142,20 @@ class ItemTable:
             self.entries.append(entry)
             self.ids.append(id if id is not None else (entry if isinstance(entry, str) else entry.uri))
             self._keys = None
+        if key:
+            self._known[row] = key
         return row
+
+    def known_keys(self) -> dict[int, str]:
+        """Rows whose content key is known without reading their bytes (row -> key)."""
+        return dict(self._known)
+
+    def set_keys(self, keys: list[str]) -> None:
+        """Use ``keys`` as the table's keys (``hardrank.idkeys``: keys decided without reading bytes);
+        the list is kept, so keys learned later (by the workers that decode) update it in place."""
+        if len(keys) != len(self.entries):
+            raise ValueError(f"got {len(keys)} keys for {len(self.entries)} rows")
+        self._keys = keys
 
     def add_many(self, entries, ids=None) -> np.ndarray:
         if ids is None:
@@ -131,6 +174,8 @@ class ItemTable:
 
         def one(row_ref):
             row, ref = row_ref
+            if row in self._known:
+                return self._known[row], None
             try:
                 return _image_key(ref), None
             except (OSError, ValueError) as exc:

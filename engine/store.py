@@ -20,6 +20,7 @@ import pyarrow.ipc as ipc
 
 from .atomic import atomic_path, write_json_atomic
 from .errors import DataError
+from .key_index import KeyIndex, as_string_array
 
 __all__ = ["EmbeddingStore", "MissingKeys", "embedding_schema", "open_store", "is_store_folder", "SCHEMA_VERSION"]
 
@@ -51,13 +52,26 @@ def embedding_schema(dim: int, dtype: str) -> pa.Schema:
     )
 
 
-def _digest(keys: list[str], emb: np.ndarray) -> str:
-    """Checksum of a shard's rows: its keys and the raw bytes of its (n, dim) embeddings."""
+def _digest(keys, emb: np.ndarray) -> str:
+    """Checksum of a shard's rows: its keys (joined by NUL, UTF-8) and the raw bytes of its (n, dim)
+    embeddings. ``keys``: a list of str or an Arrow string array (hashed from its buffers, no str objects)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{len(keys)}|{emb.shape[1] if emb.ndim == 2 else 0}|{emb.dtype.str}|".encode())
-    h.update("\0".join(keys).encode("utf-8"))
+    h.update(_joined_keys(as_string_array(keys)))
     h.update(np.ascontiguousarray(emb))
     return "blake2b:" + h.hexdigest()
+
+
+def _joined_keys(arr: pa.Array) -> np.ndarray:
+    """The bytes of ``"\\0".join(keys).encode()`` built from the array's buffers."""
+    if len(arr) == 0:
+        return np.zeros(0, np.uint8)
+    width = 8 if pa.types.is_large_string(arr.type) else 4
+    bufs = arr.buffers()
+    off = np.frombuffer(bufs[1], dtype=np.int64 if width == 8 else np.int32, count=len(arr) + 1,
+                        offset=arr.offset * width).astype(np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    return np.insert(data[off[0]:off[-1]], off[1:-1] - off[0], 0)
 
 
 # -- one lock per store folder, shared by every EmbeddingStore object of this process -------------
@@ -128,8 +142,8 @@ def _file_id(path: Path) -> tuple:
 class _Shard:
     name: str
     path: Path
-    keys: list[str]
-    emb: np.ndarray            # (n, dim), memory-mapped (or the array just written)
+    keys: pa.Array             # (n,) Arrow strings, memory-mapped: no Python str per key
+    emb: np.ndarray            # (n, dim), memory-mapped
     digest: str | None         # None: written before shards carried checksums
     file_id: tuple | None
     verified: bool = False
@@ -143,6 +157,11 @@ class EmbeddingStore:
     files on disk are the truth (the manifest, rewritten atomically after each shard, is a
     readable summary, rebuilt from the shards when missing or unreadable). Rows are joined on
     ``key``, never on row order. Reads are memory-mapped.
+
+    Key index (``hardrank.key_index.KeyIndex``): 8 bytes a row, no Python object per key: the keys
+    stay in the shards' memory-mapped Arrow columns, sorted hash prefixes find candidates and the
+    stored strings confirm them. A shard is one block of the index; shards appended (by this object
+    or, seen by ``refresh``, by other writers) are added to it, a shard set aside rebuilds it.
 
     Integrity: each shard's schema metadata carries a blake2b checksum of its keys and embedding
     bytes, written in the same atomic file. ``verify`` (called by ``read``, and by the embed
@@ -168,7 +187,7 @@ class EmbeddingStore:
         self.meta = dict(meta or {})
         self.readonly = readonly
         self._shards: dict[str, list[_Shard]] = {m: [] for m in _MODALITIES}
-        self._index: dict[str, dict[str, tuple[int, int]]] = {m: {} for m in _MODALITIES}
+        self._index: dict[str, KeyIndex] = {m: KeyIndex() for m in _MODALITIES}
         self.quarantined: list[str] = []  # shard paths moved aside by this object
         manifest = self._read_manifest()
         if manifest is not None and (manifest.get("dim"), manifest.get("dtype")) != (self.dim, self.dtype):
@@ -216,20 +235,26 @@ class EmbeddingStore:
             gone = known - set(names)
             if gone:
                 self._shards[modality] = [s for s in self._shards[modality] if s.name not in gone]
-            for name in names:
-                if name not in known:
-                    shard = self._open_shard(folder / name)
-                    if shard is not None:
-                        self._shards[modality].append(shard)
-            self._reindex(modality)
+            new = [s for s in (self._open_shard(folder / name) for name in names if name not in known) if s is not None]
+            if gone or not self._shards[modality]:
+                self._shards[modality].extend(new)
+                self._reindex(modality)  # one sorted pass over every shard's keys
+            else:
+                for shard in new:  # appended: the index grows by one block per shard
+                    self._shards[modality].append(shard)
+                    self._index[modality].add(shard.keys)
 
     def _open_shard(self, path: Path) -> _Shard | None:
         try:
             file_id = _file_id(path)
-            reader = ipc.open_file(pa.memory_map(str(path), "r"))
-            table = reader.read_all()
+            source = pa.memory_map(str(path), "r")
+            try:
+                reader = ipc.open_file(source)
+                table = reader.read_all()
+            finally:
+                source.close()  # the mapped buffers stay valid: no file descriptor held per shard
             emb_type = table.schema.field("embedding").type
-            keys = table.column("key").to_pylist()
+            keys = as_string_array(table.column("key"))
         except FileNotFoundError:  # moved to quarantine by another process meanwhile
             return None
         except (pa.ArrowInvalid, OSError, KeyError, ValueError) as exc:
@@ -242,18 +267,22 @@ class EmbeddingStore:
         return _Shard(path.name, path, keys, self._to_numpy(table), digest.decode() if digest else None, file_id)
 
     def _reindex(self, modality: str) -> None:
-        index: dict[str, tuple[int, int]] = {}
-        for sid, shard in enumerate(self._shards[modality]):
-            for row, key in enumerate(shard.keys):
-                index.setdefault(key, (sid, row))
-        self._index[modality] = index
+        """Block b of the index = shard b of ``self._shards[modality]``."""
+        self._index[modality] = KeyIndex.build([s.keys for s in self._shards[modality]])
 
     def _to_numpy(self, table: pa.Table) -> np.ndarray:
         col = table.column("embedding")
         if table.num_rows == 0:
             return np.zeros((0, self.dim), dtype=self.dtype)
-        parts = [chunk.values.to_numpy(zero_copy_only=True).reshape(-1, self.dim)
-                 for chunk in col.chunks if len(chunk)]
+        # np.frombuffer, not Array.to_numpy: pyarrow copies float16 values to the heap even with
+        # zero_copy_only=True, which would pull a whole fp16 store into RAM when it is opened
+        dtype = np.dtype(self.dtype)
+        parts = []
+        for chunk in col.chunks:
+            if len(chunk):
+                v = chunk.flatten()  # (n * dim,) values, a zero-copy slice of the child array
+                parts.append(np.frombuffer(v.buffers()[1], dtype=dtype, count=len(v),
+                                           offset=v.offset * dtype.itemsize).reshape(-1, self.dim))
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _quarantine(self, path: Path, why: str) -> None:
@@ -285,7 +314,8 @@ class EmbeddingStore:
             if keys is None:
                 sids = range(len(shards))
             else:
-                sids = sorted({index[k][0] for k in keys if k in index})
+                blocks = index.locate(keys)[0]
+                sids = np.unique(blocks[blocks >= 0]).tolist()
             failed = [s for s in (shards[i] for i in sids) if not self._check(s)]
             if not failed:
                 return bad
@@ -315,38 +345,39 @@ class EmbeddingStore:
 
     # -- reading -------------------------------------------------------------------------
     def keys(self, modality: str) -> list[str]:
-        """Every stored key of ``modality``, in shard order."""
-        return list(self._index[modality])
+        """Every stored key of ``modality`` once, in shard order."""
+        index = self._index[modality]
+        return [k for b in range(index.num_blocks)
+                for k in index.block(b).filter(pa.array(index.first_rows(b))).to_pylist()]
 
     def count(self, modality: str) -> int:
+        """Distinct keys stored."""
         return len(self._index[modality])
 
-    def contains(self, modality: str, keys: list[str]) -> np.ndarray:
-        index = self._index[modality]
-        return np.fromiter((k in index for k in keys), dtype=bool, count=len(keys))
+    @property
+    def key_index(self) -> dict[str, KeyIndex]:
+        """The key index of each modality (block b = the b-th shard file of that modality)."""
+        return self._index
 
-    def read(self, modality: str, keys: list[str]) -> np.ndarray:
+    def contains(self, modality: str, keys) -> np.ndarray:
+        """(N,) bool: whether each key (a list of str or an Arrow string array) is stored."""
+        return self._index[modality].contains(keys)
+
+    def read(self, modality: str, keys) -> np.ndarray:
         """(N, dim) embeddings in the order of ``keys``; every key must be present. The shards
         read are verified first (once per process)."""
+        keys = as_string_array(keys)
         n_bad = self.verify(modality, keys)
-        index = self._index[modality]
         out = np.empty((len(keys), self.dim), dtype=self.dtype)
-        locs = []
-        missing = []
-        for k in keys:
-            loc = index.get(k)
-            if loc is None:
-                missing.append(k)
-            else:
-                locs.append(loc)
-        if missing:
+        sid, row = self._index[modality].locate(keys)
+        absent = np.flatnonzero(sid < 0)
+        if len(absent):
             why = (f"; {n_bad} shard(s) holding them failed their checksum and were set aside: rerun the "
                    f"command that filled the store to encode them again" if n_bad else "")
-            raise MissingKeys(f"{len(missing)} {modality} keys are not in store {self.dir}, e.g. {missing[:3]}{why}")
-        if not keys:
+            raise MissingKeys(f"{len(absent)} {modality} keys are not in store {self.dir}, e.g. "
+                              f"{keys.take(pa.array(absent[:3])).to_pylist()}{why}")
+        if not len(keys):
             return out
-        sid = np.fromiter((s for s, _ in locs), dtype=np.int64, count=len(locs))
-        row = np.fromiter((r for _, r in locs), dtype=np.int64, count=len(locs))
         shards = self._shards[modality]
         for s in np.unique(sid):
             sel = np.nonzero(sid == s)[0]
@@ -376,9 +407,10 @@ class EmbeddingStore:
         with self.lock():
             self.refresh()
             index = self._index[modality]
+            stored = index.contains(keys) if len(keys) else np.zeros(0, bool)
             keep, seen = [], set()
             for i, k in enumerate(keys):
-                if k and k not in index and k not in seen:
+                if k and not stored[i] and k not in seen:
                     keep.append(i)
                     seen.add(k)
             if not keep:
@@ -397,10 +429,13 @@ class EmbeddingStore:
                     writer.write_table(table)
             file_id = _file_id(path)
             _VERIFIED[file_id] = True
-            self._shards[modality].append(_Shard(name, path, keys, embeddings, digest, file_id, verified=True))
-            sid = len(self._shards[modality]) - 1
-            for row, k in enumerate(keys):
-                index[k] = (sid, row)
+            shard = self._open_shard(path)  # memory-mapped: what was written leaves the heap
+            if shard is None:
+                raise DataError(f"store shard {path} vanished right after it was written; is another program "
+                                f"deleting files in {self.dir}?")
+            shard.verified = True
+            self._shards[modality].append(shard)
+            index.add(shard.keys)
             self.write_manifest()
         return name
 

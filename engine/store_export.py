@@ -89,7 +89,7 @@ def _store_for(cfg: EvalConfig, folder: str | None) -> EmbeddingStore:
     if len(specs) != 1:
         raise UsageError(f"export one checkpoint at a time; got {len(specs)} ({[s.checkpoint for s in specs]})")
     pipe = EmbedPipeline(specs, cfg.embed)  # loads the model for its fingerprint; creates no store
-    path = Path(cfg.embed.store_root()) / pipe.fingerprint(0)
+    path = Path(pipe.store_root()) / pipe.fingerprint(0)
     if not (path / "manifest.json").is_file():
         raise DataError(f"store {cfg.embed.store_root()} holds no embeddings of this model (no folder "
                         f"{pipe.fingerprint(0)}); run `hardrank eval` with the same model, suites and --store "
@@ -110,6 +110,8 @@ def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, 
     store = _store_for(cfg, folder)
     tables = Tables.empty()
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+    for s in suites:  # content keys hash the image files
+        s.check_images()
     roots = _roots(cfg, suites)
     kinds, ids, keys, parts = [], [], [], []
     counts = {}

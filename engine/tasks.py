@@ -56,6 +56,9 @@ class RankingTask:
         b = self.group_bounds
         if len(b) != len(self.groups) + 1 or b[0] != 0 or b[-1] != nb or np.any(np.diff(b) < 0):
             raise ValueError(f"task {self.name}: group_bounds {b.tolist()} do not partition a gallery of {nb}")
+        if len(self.gallery_ids) != nb or len(self.query_ids) != self.num_queries:
+            raise ValueError(f"task {self.name}: {len(self.gallery_ids)} gallery ids for {nb} items, "
+                             f"{len(self.query_ids)} query ids for {self.num_queries} queries")
         if len(self.pos_ptr) != self.num_queries + 1:
             raise ValueError(f"task {self.name}: pos_ptr has {len(self.pos_ptr)} entries for "
                              f"{self.num_queries} queries")
@@ -158,6 +161,14 @@ class Suite:
     tie_rule: str = "index"
     meta: dict = field(default_factory=dict)        # counts, files found, protocol notes
     view_average: dict[str, list[str]] = field(default_factory=dict)  # e.g. "mix_0.9" -> seeds' views
+    # what stops a run that reads the images (no --images, an altered-image folder missing): raised by
+    # ``check_images`` before a model run reads any; bring-your-own embeddings read no image file
+    image_errors: list[Exception] = field(default_factory=list)
+
+    def check_images(self) -> None:
+        """Raise the first reason this suite's images cannot be read (see ``image_errors``)."""
+        if self.image_errors:
+            raise self.image_errors[0]
 
     @property
     def needs_embeddings(self) -> bool:

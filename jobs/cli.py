@@ -5,17 +5,19 @@ import argparse
 import logging
 import sys
 
-from hardrank.config import DATA_DIR, EvalConfig
+from hardrank.config import DATA_DIR, EvalConfig, SuiteOptions
 from hardrank.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, HardrankError, TooManyFailures, exit_code
 from hardrank.evaluate import evaluate, plan
 from hardrank.results import format_table
-from hardrank.suites.toy import default_world_dir
+from hardrank.sources.convert import write_karpathy_shards
+from hardrank.suites.toy import default_world_dir, ensure_world
 from hardrank.toyworld import build_world
 from hardrank.toyworld.train import train_toy
 
 from .attack import add_attack_parser
 from .bench import add_bench_parser
 from .demo import add_demo_parser
+from .export import add_export_parser
 from .flags import Formatter, add_options, expand_globs, options_from_args
 from .grid import add_run_parser, print_plan
 from .mine import add_mine_parser
@@ -57,6 +59,11 @@ def _cmd_eval(args) -> int:
 def _cmd_toy(args) -> int:
     if args.toy_command == "world":
         print(build_world(args.out))
+        return EXIT_OK
+    if args.toy_command == "shards":
+        world = ensure_world(SuiteOptions(data=args.world))  # a world of any config, as the toy suites use it
+        print(write_karpathy_shards(str(world / "karpathy_test.json"), str(world / "images"), args.out,
+                                    per_shard=args.per_shard))
         return EXIT_OK
     world = build_world(args.world or default_world_dir())
     for p in train_toy(world, args.out):
@@ -118,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     tw = tsub.add_parser("world", help="build the toy world", formatter_class=Formatter,
                          epilog="examples:\n  hardrank toy world --out /tmp/toy_world")
     tw.add_argument("--out", required=True)
+    ts = tsub.add_parser("shards", help="write the toy world's test split as WebDataset tar shards (local or a URL)",
+                         formatter_class=Formatter,
+                         epilog="examples:\n"
+                                "  hardrank toy shards --world results/demo/toy_world --out /tmp/toy_shards\n"
+                                "  hardrank toy shards --out s3://bucket/toy_shards --per-shard 250")
+    ts.add_argument("--out", required=True, help="folder or URL for 00000.tar, 00001.tar, ...")
+    ts.add_argument("--world", default=None, help="toy world folder (default: the cache; built if missing)")
+    ts.add_argument("--per-shard", type=int, default=250, help="samples per shard (default: 250)")
     tt = tsub.add_parser("train", help="train the toy checkpoints (regenerates engine/data/toy_checkpoints)",
                          formatter_class=Formatter,
                          epilog="examples:\n  hardrank toy train\n"
@@ -131,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_report_parser(sub)
     add_store_parser(sub)
+    add_export_parser(sub)
     add_bench_parser(sub)
     add_watch_parser(sub)
     return ap

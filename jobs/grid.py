@@ -244,7 +244,8 @@ def print_plan(p: dict, echo=print) -> None:
         for line in tasks:
             echo(f"    {line}")
     dup = p.get("image_duplicates", 0)
-    echo(f"items: {p['images']} images ({p['unreadable']} unreadable"
+    read = f"{p['unreadable']} unreadable" if "unreadable" in p else "image files not read"
+    echo(f"items: {p['images']} images ({read}"
          + (f", {dup} duplicates of another image's content, embedded once" if dup else "")
          + f"), {p['texts']} texts (distinct normalised captions)")
     if not p["checkpoints"]:

@@ -21,7 +21,7 @@ import hardrank.kernels
 from hardrank.embed import DecodeStage, EmbedJob, EmbedSink, EncodeStage, image_size
 from hardrank.items import ImageRef
 
-__all__ = ["RayRunner", "connect"]
+__all__ = ["RayRunner", "ScanMapper", "connect"]
 
 log = logging.getLogger("hardrank.ray")
 
@@ -124,6 +124,29 @@ class RayRunner:
                 "dec_threads": max(1, threads // n_dec), "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
 
 
+class ScanMapper:
+    """``mapper(fn, items, *args)`` for ``hardrank.sources.scan_with``: one Ray task per item (a tar
+    shard), so the cluster's workers read the shards (no shared filesystem needed when they are URLs)
+    and the driver receives only their member lists and captions."""
+
+    def __init__(self, address: str | None = None):
+        self.address = address
+        self._owned = False
+
+    def __call__(self, fn, items, *args):
+        items = list(items)
+        if not items:
+            return []
+        self._owned = connect(self.address) or self._owned
+        task = ray.remote(num_cpus=0.5)(fn)
+        return ray.get([task.remote(x, *args) for x in items])
+
+    def close(self) -> None:
+        if self._owned and ray.is_initialized():
+            ray.shutdown()
+        self._owned = False
+
+
 @contextlib.contextmanager
 def _data_context():
     """Quiet, row-preserving Ray Data settings for one run; the caller's settings come back after.
@@ -197,6 +220,7 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=N
                 models = set(json.loads(out["models"][j]))  # the checkpoints that encoded this batch
                 sink.deliver({"rows": _unpack(out["rows"][j]), "ok": _unpack(out["ok"][j]),
                               "error": json.loads(out["error"][j]),
+                              "keys": json.loads(out["keys"][j]) if "keys" in out else None,
                               "emb": [_unpack(out[f"emb{i}"][j]) if i in models else None for i in range(k)]})
                 sink.time("decode_actor", float(out["decode_s"][j]))
                 sink.time("encode_actor", float(out["encode_s"][j]))
@@ -217,6 +241,8 @@ def _batch(rows: dict, j: int) -> dict:
     if "ok" in rows:
         b["ok"] = _unpack(rows["ok"][j])
         b["error"] = json.loads(rows["error"][j])
+        if "keys" in rows:  # content keys the decode actor hashed (--key-by id)
+            b["keys"] = json.loads(rows["keys"][j])
         if modality == "image":
             b["pixels"] = torch.from_numpy(_unpack(rows["pixels"][j]))  # (n, 3, H, W) float32
     return b
@@ -230,7 +256,8 @@ class _DecodeActor:
         self.hw = image_size(job.preprocess_cfg)
 
     def __call__(self, rows: dict) -> dict:
-        out = {c: [] for c in ("batch", "modality", "rows", "items", "models", "pixels", "ok", "error", "decode_s")}
+        out = {c: [] for c in ("batch", "modality", "rows", "items", "models", "pixels", "ok", "error", "keys",
+                               "decode_s")}
         for j in range(len(rows["batch"])):
             b = _batch(rows, j)
             t = time.perf_counter()
@@ -242,7 +269,8 @@ class _DecodeActor:
                          ("items", rows["items"][j]), ("models", rows["models"][j]),
                          ("pixels", pixels),  # (n, 3, H, W) float32
                          ("ok", d.get("ok", np.ones(n, dtype=bool))),
-                         ("error", json.dumps(d.get("error") or [None] * n))):
+                         ("error", json.dumps(d.get("error") or [None] * n)),
+                         ("keys", json.dumps(d.get("keys")))):
                 out[c].append(v)
         return _stack(out)
 
@@ -256,7 +284,7 @@ class _EncodeActor:
 
     def __call__(self, rows: dict) -> dict:
         k = self.stage.k
-        out = {c: [] for c in ("batch", "modality", "rows", "models", "ok", "error", "decode_s", "encode_s")}
+        out = {c: [] for c in ("batch", "modality", "rows", "models", "ok", "error", "keys", "decode_s", "encode_s")}
         out.update({f"emb{i}": [] for i in range(k)})
         for j in range(len(rows["batch"])):
             b = _batch(rows, j)
@@ -267,6 +295,7 @@ class _EncodeActor:
             out["encode_s"].append(time.perf_counter() - t)
             for c, v in (("batch", rows["batch"][j]), ("modality", rows["modality"][j]), ("rows", e["rows"]),
                          ("models", rows["models"][j]), ("ok", e["ok"]), ("error", json.dumps(e["error"])),
+                         ("keys", json.dumps(e.get("keys"))),
                          ("decode_s", float(rows["decode_s"][j]) if "decode_s" in rows else 0.0)):
                 out[c].append(v)
             for i in range(k):  # checkpoints that did not encode the batch send an empty array

@@ -1,6 +1,7 @@
 """Shared fixtures: real RoCOCO annotation files, tiny random open_clip models, temp stores."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -32,3 +33,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "chaos" in item.keywords:
             item.add_marker(skip)
+
+
+# -- an S3-compatible server on 127.0.0.1 (moto's server mode), used through s3fs as any user would ----------
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on 127.0.0.1 for one test module (its AWS_* variables set while the module runs),
+    holding an empty bucket ``bucket``; yields an s3fs filesystem on it."""
+    server_mod = pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # the server logs every request otherwise
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("bucket")
+    try:
+        yield fs
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()

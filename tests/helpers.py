@@ -128,3 +128,21 @@ def brute_force_rococo(img_emb: dict[str, np.ndarray], txt_emb: dict[str, np.nda
         r, t = t2i([v])
         out[(v, "t2i")] = summarise(r, t, len(images))
     return out
+
+
+def write_wds_shards(clean, images_root: Path, out: Path, per_shard: int = 5) -> str:
+    """The Karpathy items ``clean`` as WebDataset shards written by the ``webdataset`` package, in order:
+    ``KEY.jpg`` (the image's bytes as they are), ``KEY.txt`` (captions, one per line) and ``KEY.json``
+    (``{"captions": [...], "image": path}``). Returns the brace pattern naming the shards."""
+    import webdataset as wds
+
+    out.mkdir(parents=True, exist_ok=True)
+    n_shards = (len(clean) + per_shard - 1) // per_shard
+    for s in range(n_shards):
+        with wds.TarWriter(str(out / f"{s:05d}.tar")) as w:
+            for i in range(s * per_shard, min(len(clean), (s + 1) * per_shard)):
+                item = clean[i]
+                w.write({"__key__": f"{i:09d}", "jpg": (Path(images_root) / item["image"]).read_bytes(),
+                         "txt": "\n".join(item["caption"]),
+                         "json": {"captions": item["caption"], "image": item["image"]}})
+    return str(out / f"{{00000..{n_shards - 1:05d}}}.tar")

@@ -145,8 +145,10 @@ def test_sugarcrepe_malformed_files_name_file_and_item(tmp_path):
     f.unlink()
     with pytest.raises(FileNotFoundError, match="none of the SugarCrepe files"):
         SUITES["sugarcrepe"](Tables.empty(), opts)
-    with pytest.raises(ValueError, match="needs --images"):
-        SUITES["sugarcrepe"](Tables.empty(), SuiteOptions(data=str(tmp_path)))
+    _json(f, {"0": {"filename": "a.jpg", "caption": "x", "negative_caption": "y"}})
+    suite = SUITES["sugarcrepe"](Tables.empty(), SuiteOptions(data=str(tmp_path)))  # ids only: no image is read
+    with pytest.raises(ValueError, match="needs --images"):  # before a model reads any
+        suite.check_images()
 
 
 def test_sugarcrepe_unreadable_image_is_recorded_and_dropped(tmp_path):
@@ -352,7 +354,7 @@ def test_flickr_order_needs_annotations_and_images(tmp_path):
         SUITES["flickr_order"](Tables.empty(), SuiteOptions(annotations=str(tmp_path), images=str(tmp_path)))
     ann, _ = _karpathy(tmp_path)
     with pytest.raises(ValueError, match="needs --images"):
-        SUITES["flickr_order"](Tables.empty(), SuiteOptions(annotations=str(ann)))
+        SUITES["flickr_order"](Tables.empty(), SuiteOptions(annotations=str(ann))).check_images()
 
 
 def test_real_coco_order_counts(rococo_dir, tmp_path):

@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # the folders and the package names they install as (pyproject.toml [tool.setuptools] package-dir)
 FOLDERS = {"engine": "hardrank", "kernels": "hardrank.kernels", "jobs": "hardrank.jobs"}
-HEAVY = ("ray", "nvidia.dali", "faiss", "matplotlib", "spacy", "nltk")  # optional or heavy: imported where needed
+HEAVY = ("ray", "nvidia.dali", "faiss", "matplotlib", "spacy", "nltk",  # optional or heavy: imported where needed
+         "fsspec", "s3fs", "gcsfs", "adlfs", "webdataset", "moto", "boto3", "botocore")
 
 
 def _modules() -> dict[str, Path]:
@@ -100,7 +101,23 @@ def test_function_level_imports_only_for_heavy_optional_dependencies():
 
 # where each heavy dependency may be imported (module names, or a prefix ending in "_")
 HOMES = {"ray": ("hardrank.jobs.ray_",), "nvidia.dali": ("hardrank.embed.dali",), "faiss": ("hardrank.faiss_search",),
-         "matplotlib": ("hardrank.jobs.report.plots",)}
+         "matplotlib": ("hardrank.jobs.report.plots",),
+         # fsspec only in hardrank.urls, inside its functions: local paths never import it; its backends
+         # (s3fs, gcsfs, adlfs) are found by fsspec from the URL's protocol, never imported by name; the
+         # webdataset package and moto (an S3 server) are test tools: shards are read and written with tarfile
+         "fsspec": ("hardrank.urls",), "s3fs": (), "gcsfs": (), "adlfs": (), "webdataset": (), "moto": (),
+         "boto3": (), "botocore": ()}
+
+
+def test_remote_backends_are_imported_only_inside_functions_of_their_home():
+    """fsspec and its backends load only when a URL is given: not at `import hardrank`."""
+    for name in MODULES:
+        top, inner = _imports(name)
+        assert not [m for m in top if _heavy(m) and m.split(".")[0] in ("fsspec", "s3fs", "gcsfs", "adlfs")], name
+        for m in inner:
+            dep = m.split(".")[0]
+            if dep in HOMES and dep not in ("ray", "faiss", "matplotlib"):
+                assert name.startswith(HOMES[dep]) if HOMES[dep] else False, f"{name} imports {m}"
 
 
 def test_heavy_dependencies_live_in_their_home_modules():
@@ -136,7 +153,7 @@ def test_no_import_cycles():
 def test_core_imports_without_the_extras():
     """`import hardrank` and the CLI's parser work with ray, DALI and matplotlib absent."""
     script = ("import sys\n"
-              "for m in ('ray', 'nvidia.dali', 'matplotlib'):\n"
+              "for m in ('ray', 'nvidia.dali', 'matplotlib', 's3fs', 'webdataset', 'moto'):\n"
               "    sys.modules[m] = None\n"
               "import hardrank, hardrank.jobs.cli\n"
               "hardrank.jobs.cli.build_parser()\n"

@@ -26,7 +26,7 @@ def test_python_api_example_runs(tmp_path):
 
 
 # -- every command the README and --help show, that needs no data of your own, runs as written after the demo --
-EXTERNAL = (" /data", "logs/", "a.pt", "ckpt/", ".toml", "data/rococo", "amodal/", "preds/", "~", "coco_karpathy",
+EXTERNAL = (" /data", "logs/", "a.pt", "ckpt/", ".toml", "data/rococo", "amodal/", "preds/", "~", "coco_karpathy", "s3://",
             "my_model", "b32.parquet", "finetuned/", "captions.json", "images/ ", "STORE/", "<", "$")
 
 
@@ -96,3 +96,33 @@ def test_readme_and_help_commands_run_as_written_after_the_demo(tmp_path, monkey
     assert not (cache / "toy_world").exists() and not (cache / "store").exists()
     assert (tmp_path / "results" / "demo" / "report" / "report.html").is_file()
     assert (tmp_path / "results" / "demo_mined" / "negclip.tsv").is_file()
+
+
+def test_local_s3_example_runs_as_written_and_matches_the_folder(tmp_path, monkeypatch, capsys, s3):
+    """The README's "Try it on this machine" block, line by line: the server and the exports are the s3
+    fixture's (a moto server on 127.0.0.1, on a free port), the rest runs as written; its last line prints
+    True (the s3:// shards' metrics equal the folder's)."""
+    from hardrank.toyworld import WorldConfig, build_world
+
+    text = README.read_text()
+    block = re.search(r"\*\*Try it on this machine\*\*.*?```bash\n(.*?)```", text, re.S).group(1)
+    lines = [line.strip() for line in re.sub(r"\\\n\s*", " ", block).splitlines() if line.strip()]
+    assert lines[0].startswith("pip install") and lines[1].startswith("moto_server -H 127.0.0.1")
+    assert lines[2].startswith("export ") and "AWS_ENDPOINT_URL=http://127.0.0.1:9000" in lines[2]
+    (tmp_path / "engine").symlink_to(README.parent / "engine")
+    monkeypatch.chdir(tmp_path)
+    build_world("results/demo/toy_world", WorldConfig(n_train=10, n_test=30, n_inpaint=8))
+    printed = []
+    for line in lines[3:]:
+        if line.startswith("hardrank "):
+            _run(line, capsys)
+        else:
+            assert line.startswith("python -c ")
+            import shlex
+
+            argv = shlex.split(line, comments=True)
+            res = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=300)  # the venv's
+            assert res.returncode == 0, res.stderr[-2000:]
+            printed.append(res.stdout.strip())
+    assert printed[-1] == "True"
+    assert any(p.endswith(".tar") for p in s3.find("toy/shards"))

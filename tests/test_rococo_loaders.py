@@ -44,9 +44,10 @@ def test_real_rococo_with_image_variants(rococo_dir, tmp_path):
 
 
 def test_missing_image_variant_folder_is_a_clear_error(rococo_dir, tmp_path):
-    with pytest.raises(FileNotFoundError, match="hardrank perturb images"):
-        load_suites(["rococo"], Tables.empty(), SuiteOptions(annotations=str(rococo_dir), images=str(tmp_path),
-                                                             image_variants=("mix_0.9",)))
+    (suite,) = load_suites(["rococo"], Tables.empty(), SuiteOptions(annotations=str(rococo_dir), images=str(tmp_path),
+                                                                    image_variants=("mix_0.9",)))
+    with pytest.raises(FileNotFoundError, match="hardrank perturb images"):  # when a model is to read them
+        suite.check_images()
 
 
 def _write(path, obj):

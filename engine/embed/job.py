@@ -3,10 +3,12 @@
 A batch moves through the stages as a plain dict, the same under every executor:
 
     source  {"modality", "rows" (n,) int64, "items": [ImageRef] | [str]}
-    decoded images gain "pixels" (n, 3, H, W) float32, "ok" (n,) bool, "error" [str | None]; texts pass
-    encoded {"modality", "rows", "ok", "error", "emb": [K arrays (n_ok, D) float32]}   (K checkpoints)
+    decoded images gain "pixels" (n, 3, H, W) float32, "ok" (n,) bool, "error" [str | None], and with
+            ``key_by="id"`` "keys" [content key | None] (the hash of the bytes decoded); texts pass
+    encoded {"modality", "rows", "ok", "error", "emb": [K arrays (n_ok, D) float32], "keys"?}   (K checkpoints)
 
-and ``EmbedSink.deliver`` records the failed rows and commits the embeddings of the others.
+and ``EmbedSink.deliver`` records the failed rows and commits the embeddings of the others (under the
+content keys the decoders computed, for rows whose key was provisional: ``hardrank.idkeys``).
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import urls
 from ..errors import TooManyFailures
-from ..items import ItemTable
+from ..idkeys import IdIndex, is_provisional
+from ..items import ItemTable, bytes_key, prefetched, read_image_bytes
 from ..models import LoadedModel, load_model
 from ..store import EmbeddingStore
 from .decode import make_decoder
@@ -45,6 +49,7 @@ class EmbedJob:
     decode_threads: int = 2            # decoder threads per decoder
     segments: tuple = ()               # ((n_rows, checkpoint indices), ...) consecutive runs of rows that
                                        # the same checkpoints lack; () = every row, every checkpoint
+    key_by: str = "content"            # "id": decoders also hash the bytes they decode (provisional keys)
 
     def batches(self):
         """Source batches, one per encoder batch; ``models`` names the checkpoints that encode it (a
@@ -68,13 +73,27 @@ class DecodeStage:
     def __init__(self, job: EmbedJob | None, threads: int | None = None):
         self.decoder = None if job is None else make_decoder(
             job.preprocess_cfg, job.decoder, threads=threads or job.decode_threads, batch_size=job.batch_size)
+        self.hash = job is not None and job.key_by == "id"
+        self.threads = threads or (job.decode_threads if job is not None else 2)
 
     def __call__(self, batch: dict) -> dict:
         if batch["modality"] != "image":
             return batch
-        d = self.decoder({"ref": batch["items"]})
-        return {"modality": "image", "rows": batch["rows"], "models": batch.get("models"), "pixels": d["pixels"],
-                "ok": np.asarray(d["ok"], dtype=bool), "error": list(d["error"])}
+        refs = batch["items"]
+        got: dict[str, bytes] = {}
+        if self.hash or any(urls.is_member_uri(r.uri) or urls.is_url(r.uri) for r in refs):
+            # the batch's bytes in one go (a few range requests for runs of tar members), decoded from memory;
+            # local files in a content-keyed run are read by the decoder's own threads, as before
+            data = urls.read_many([r.uri for r in refs], threads=max(2, self.threads))
+            got = {r.uri: b for r, b in zip(refs, data) if isinstance(b, bytes) and b}
+        with prefetched(got):
+            d = self.decoder({"ref": refs})
+        out = {"modality": "image", "rows": batch["rows"], "models": batch.get("models"), "pixels": d["pixels"],
+               "ok": np.asarray(d["ok"], dtype=bool), "error": list(d["error"])}
+        if self.hash:  # the bytes just decoded, hashed: the content key of a provisionally keyed row
+            out["keys"] = [bytes_key(got.get(r.uri) or read_image_bytes(r.uri), r.recipe) if ok else None
+                           for r, ok in zip(refs, out["ok"])]
+        return out
 
 
 class EncodeStage:
@@ -113,7 +132,10 @@ class EncodeStage:
             enc = self.text({"text": batch["items"] if len(sel) == n else [batch["items"][i] for i in sel],
                              "models": models})
             emb = [enc.get(f"emb{i}") for i in range(self.k)]
-        return {"modality": batch["modality"], "rows": batch["rows"], "ok": ok, "error": error, "emb": emb}
+        out = {"modality": batch["modality"], "rows": batch["rows"], "ok": ok, "error": error, "emb": emb}
+        if batch.get("keys") is not None:
+            out["keys"] = batch["keys"]
+        return out
 
 
 @dataclass
@@ -169,8 +191,9 @@ class EmbedSink:
     ``flush_rows`` rows, so a killed run keeps what was flushed and a rerun does only the rest."""
 
     def __init__(self, table: ItemTable, keys: list[str], stores: list[EmbeddingStore], have: list[np.ndarray],
-                 stats: EmbedStats, *, flush_rows: int, max_failures: int | None, bar=None):
-        self.table, self.keys, self.stores, self.have = table, keys, stores, have
+                 stats: EmbedStats, *, flush_rows: int, max_failures: int | None, bar=None,
+                 ids: IdIndex | None = None):
+        self.table, self.keys, self.stores, self.have, self.ids = table, keys, stores, have, ids
         self.stats, self.flush_rows, self.max_failures, self.bar = stats, max(1, flush_rows), max_failures, bar
         self._pending: list[list] = [[] for _ in stores]  # per store: (keys, (n, D) embeddings) chunks
         self._pending_rows = 0
@@ -182,10 +205,23 @@ class EmbedSink:
         """Take one encoded batch (see the module docstring)."""
         rows = np.asarray(out["rows"], dtype=np.int64)
         ok = np.asarray(out["ok"], dtype=bool)
+        if out.get("keys") is not None:
+            self.learn(rows, out["keys"])
         if not ok.all():
             self.fail(rows[~ok], [e for e, good in zip(out["error"], ok) if not good])
         if ok.any():
             self.add(rows[ok], out["emb"])
+
+    def learn(self, rows, keys) -> None:
+        """Content keys the decoders computed: a provisional key (``--key-by id``) becomes the real one
+        (in the table's key list, which this sink shares), and its identity is recorded in the id index."""
+        for r, k in zip(rows, keys):
+            r = int(r)
+            old = self.keys[r]
+            if k and is_provisional(old):
+                self.keys[r] = k
+                if self.ids is not None:
+                    self.ids.add(old[1:].split("@", 1)[0], k.split("@", 1)[0])
 
     def fail(self, rows, errors) -> None:
         """Record rows that could not be decoded; raises TooManyFailures (after flushing) past the limit."""
@@ -228,5 +264,7 @@ class EmbedSink:
                 ks = [k for part, _ in self._pending[i] for k in part]
                 store.write(self.table.modality, ks, np.concatenate([e for _, e in self._pending[i]]))
                 self._pending[i] = []
+        if self.ids is not None:  # after the shards: a recorded identity always has its embedding stored
+            self.ids.commit()
         self._pending_rows = 0
         self.time("write", time.perf_counter() - t)

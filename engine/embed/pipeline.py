@@ -19,15 +19,17 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import urls
 from ..config import DECODERS, EmbedOptions
 from ..errors import MissingExtra, UsageError
+from ..idkeys import IdIndex, table_keys
 from ..items import ItemTable, Tables
 from ..models import LoadedModel, ModelSpec, load_model
 from ..store import EmbeddingStore, is_store_folder
 from .job import EmbedJob, EmbedSink, EmbedStats, check_failures
 from .local import LocalRunner
 
-__all__ = ["EmbedPipeline", "embed_tables", "table_embeddings", "make_runner", "unique_labels"]
+__all__ = ["EmbedPipeline", "embed_tables", "table_embeddings", "make_runner", "make_scan_mapper", "unique_labels"]
 
 log = logging.getLogger("hardrank.embed")
 
@@ -46,9 +48,24 @@ def make_runner(options: EmbedOptions, models: list[LoadedModel]):
     return ray_executor.RayRunner(address=options.ray_address)
 
 
+def make_scan_mapper(options: EmbedOptions):
+    """How tar shards are scanned (``hardrank.sources.scan_with``): None (threads here) for the local
+    executor; with ``ray``, Ray tasks, so the workers read the shards and the driver reads none."""
+    if options.executor == "local":
+        return None
+    try:
+        ray_executor = importlib.import_module("hardrank.jobs.ray_executor")
+    except ImportError as exc:
+        if "ray" not in str(exc):
+            raise
+        raise MissingExtra("--executor ray", "ray", "ray[data]") from exc
+    return ray_executor.ScanMapper(address=options.ray_address)
+
+
 def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[EmbeddingStore], *,
                  batch_size: int = 256, flush_rows: int = 8192, decode_threads: int = 2, decoder: str = "pillow",
-                 max_failures: int | None = 100, progress=None, runner=None) -> dict[str, EmbedStats]:
+                 max_failures: int | None = 100, progress=None, runner=None, key_by: str = "content",
+                 ids: IdIndex | None = None) -> dict[str, EmbedStats]:
     """Embed every table row some model's store lacks, each only for the models that lack it; the
     models that lack a row share its decode. Returns stats per modality (``per_checkpoint`` holds
     each model's store hits and encodes). Failed images are recorded in ``tables.images.failed``,
@@ -60,7 +77,11 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
 
     runner: a callable ``runner(work)`` that executes ``work``, a list of ``(EmbedJob, EmbedSink)``
     (one per modality with missing rows), delivers every encoded batch to its sink and adds its
-    seconds to each sink's stats; None runs in-process on ``models`` (``LocalRunner``)."""
+    seconds to each sink's stats; None runs in-process on ``models`` (``LocalRunner``).
+
+    key_by: ``content`` hashes every image's bytes here before deciding; ``id`` decides from identities
+    recorded in ``ids`` and lets the decoders hash the new ones (``hardrank.idkeys``). Either way the
+    store is keyed by content and ``ids`` records each image's identity."""
     if decoder not in DECODERS:
         raise UsageError(f"decoder must be one of {list(DECODERS)}, got {decoder!r}")
     if len({json.dumps(m.preprocess_cfg, sort_keys=True) for m in models}) > 1:
@@ -71,7 +92,7 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
         table: ItemTable = tables.of(modality)
         st = stats[modality] = EmbedStats(total=len(table))
         t0 = time.perf_counter()
-        keys_of[modality] = table.keys()
+        keys_of[modality] = table_keys(table, key_by, ids)
         st.stage_seconds["key"] = time.perf_counter() - t0
         st.seconds = time.perf_counter() - t0
     work: list[tuple[EmbedJob, EmbedSink]] = []
@@ -85,7 +106,8 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
         for modality in ("image", "text"):
             job_sink = _plan_modality(tables.of(modality), keys_of[modality], models, stores, stats[modality],
                                       batch_size=batch_size, flush_rows=flush_rows, decode_threads=decode_threads,
-                                      decoder=decoder, max_failures=max_failures, progress=progress)
+                                      decoder=decoder, max_failures=max_failures, progress=progress,
+                                      key_by=key_by, ids=ids)
             if job_sink is not None:
                 work.append(job_sink)
         try:
@@ -109,7 +131,8 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
 
 def _plan_modality(table: ItemTable, keys: list[str], models: list[LoadedModel], stores: list[EmbeddingStore],
                    st: EmbedStats, *, batch_size: int, flush_rows: int, decode_threads: int, decoder: str,
-                   max_failures: int | None, progress) -> tuple[EmbedJob, EmbedSink] | None:
+                   max_failures: int | None, progress, key_by: str = "content",
+                   ids: IdIndex | None = None) -> tuple[EmbedJob, EmbedSink] | None:
     """What one modality needs: verify the shards holding its keys, find per model which rows it
     lacks, and make the job (rows grouped by the set of models lacking them) and its sink."""
     t0 = time.perf_counter()
@@ -154,9 +177,11 @@ def _plan_modality(table: ItemTable, keys: list[str], models: list[LoadedModel],
                    specs=tuple(replace(m.spec, precision=m.precision) for m in models),
                    fingerprints=tuple(m.fingerprint for m in models),
                    preprocess_cfg=dict(models[0].preprocess_cfg), decoder=decoder,
-                   batch_size=batch_size, decode_threads=decode_threads, segments=segments)
+                   batch_size=batch_size, decode_threads=decode_threads, segments=segments,
+                   key_by=key_by if modality == "image" else "content")
     bar = progress(total=len(rows), desc=f"embed {modality}s") if progress else None
-    return job, EmbedSink(table, keys, stores, have, st, flush_rows=flush_rows, max_failures=max_failures, bar=bar)
+    return job, EmbedSink(table, keys, stores, have, st, flush_rows=flush_rows, max_failures=max_failures, bar=bar,
+                          ids=ids if modality == "image" else None)
 
 
 def _same_content_fails_alike(table: ItemTable, keys: list[str], st: EmbedStats) -> None:
@@ -219,6 +244,8 @@ class EmbedPipeline:
         self.labels = unique_labels([m.label for m in self.models])
         self.runner = runner
         self._stores: list[EmbeddingStore] | None = None
+        self._mirror: urls.RemoteDir | None = None
+        self._ids: IdIndex | None = None
 
     @classmethod
     def from_checkpoints(cls, model: str, checkpoints: Sequence[str | None], options: EmbedOptions = EmbedOptions(),
@@ -233,10 +260,35 @@ class EmbedPipeline:
         m, decoder = self.models[i], self.options.decoder
         return m.fingerprint if decoder == "pillow" else f"{m.fingerprint}-{decoder}"
 
+    def store_root(self) -> str:
+        """The local store root: ``--store`` itself, or for a URL (``s3://bucket/store``) its local mirror
+        (``$HARDRANK_CACHE/remote/mirrors/<hash>``), filled with this run's fingerprint folders and the id
+        index from the remote first; ``push`` uploads what the run added."""
+        root = self.options.store_root()
+        if not urls.is_url(root):
+            return root
+        if self._mirror is None:
+            self._mirror = urls.RemoteDir(root)
+            for i in range(len(self.models)):
+                self._mirror.pull(self.fingerprint(i))  # (its id records included)
+        return str(self._mirror.local)
+
+    def push(self) -> None:
+        """Upload what this pipeline added to a URL store (shards first, each manifest after its shards)."""
+        if self._mirror is not None:
+            self._mirror.push()
+
+    @property
+    def ids(self) -> IdIndex:
+        """The store root's identity -> content key records (``hardrank.idkeys``)."""
+        if self._ids is None:
+            self._ids = IdIndex(self.store_root(), [self.fingerprint(i) for i in range(len(self.models))])
+        return self._ids
+
     @property
     def stores(self) -> list[EmbeddingStore]:
         if self._stores is None:
-            self._stores = [EmbeddingStore(self.options.store_root(), self.fingerprint(i), dim=m.embed_dim,
+            self._stores = [EmbeddingStore(self.store_root(), self.fingerprint(i), dim=m.embed_dim,
                                            dtype=m.store_dtype, meta=self._meta(m)) for i, m in enumerate(self.models)]
         return self._stores
 
@@ -251,10 +303,11 @@ class EmbedPipeline:
         try:
             return embed_tables(tables, self.models, self.stores, batch_size=o.batch_size, flush_rows=flush_rows,
                                 decode_threads=o.decode_threads, decoder=o.decoder, max_failures=o.max_failures,
-                                progress=progress, runner=runner)
+                                progress=progress, runner=runner, key_by=o.key_by, ids=self.ids)
         finally:
             if runner is not self.runner and hasattr(runner, "close"):
                 runner.close()
+            self.push()  # also after an error or Ctrl-C: committed shards reach the remote store
 
     def embeddings(self, i: int, tables: Tables, dtype=None) -> dict[str, np.ndarray]:
         """Whole-table ``(rows, d)`` embeddings of model i per modality, in table-row order."""
@@ -263,14 +316,15 @@ class EmbedPipeline:
     def plan(self, tables: Tables) -> list[dict]:
         """What ``run`` would encode, per model, without encoding or creating anything: store hits
         and misses among the distinct readable items of each modality."""
-        keys = {m: tables.of(m).keys() for m in ("image", "text")}
+        root = self.store_root()
+        ids = IdIndex(root, readonly=True)
+        keys = {"image": table_keys(tables.images, self.options.key_by, ids), "text": tables.texts.keys()}
         rows = []
         for i, m in enumerate(self.models):
             fp = self.fingerprint(i)
             store = None
-            if is_store_folder(Path(self.options.store_root()) / fp):  # a dry run creates and moves nothing
-                store = EmbeddingStore(self.options.store_root(), fp, dim=m.embed_dim, dtype=m.store_dtype,
-                                       readonly=True)
+            if is_store_folder(Path(root) / fp):  # a dry run creates and moves nothing
+                store = EmbeddingStore(root, fp, dim=m.embed_dim, dtype=m.store_dtype, readonly=True)
             row = {"label": self.labels[i], "fingerprint": fp}
             for mod in ("image", "text"):
                 good = list(dict.fromkeys(k for r, k in enumerate(keys[mod]) if k and r not in tables.of(mod).failed))

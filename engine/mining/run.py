@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import urls
 from ..atomic import atomic_path, write_json_atomic
 from ..config import DIRECTIONS, MineConfig, MineOptions, build, check_writable_dir, resolve_device
 from ..errors import DataError, MissingExtra, UsageError
@@ -188,8 +189,9 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     problem.meta.setdefault("timings", {})["inputs"] = round(t_inputs, 3)
     searcher = _sharded_searcher(cfg) if sharded else None
     try:
-        return mine_arrays(problem, cfg.options, cfg.out, export_training=cfg.export_training, echo=echo,
-                           searcher=searcher)
+        with urls.staged_dir(cfg.out) as out:  # a URL: written here, uploaded (shards before the summary)
+            return mine_arrays(problem, cfg.options, out, export_training=cfg.export_training, echo=echo,
+                               searcher=searcher)
     finally:
         if searcher is not None:
             searcher.close()

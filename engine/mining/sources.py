@@ -1,4 +1,4 @@
-"""Mining inputs: Karpathy JSON, image folder, Parquet listing or store folder -> embeddings and positives."""
+"""Mining inputs: Karpathy JSON, image folder, Parquet listing, store or clip-retrieval folder -> vectors, positives."""
 from __future__ import annotations
 
 import json
@@ -9,13 +9,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from .. import urls
 from ..byo import load_embedding_file
+from ..clip_retrieval import KINDS as CLIP_RETRIEVAL_KINDS
+from ..clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
 from ..config import DIRECTIONS, MineConfig
 from ..counts import embed_line
 from ..embed import EmbedPipeline
 from ..errors import DataError, UsageError
 from ..items import ImageRef, ItemTable, Tables, text_key
 from ..models import ModelSpec, file_hash
+from ..sources import is_sample_source, parse_captions, read_samples, sample_captions
 from ..store import EmbeddingStore, is_store_folder, open_store
 from ..suites.karpathy import read_karpathy
 from ..text import pre_caption
@@ -36,11 +40,12 @@ class _Items:
     group: np.ndarray         # (n,) int64
     group_key: list[str] | None = None  # None: the item's own content key
     keys: list[str] | None = None       # content keys ("" = unreadable), filled by build_problem
+    known: list[str | None] | None = None  # content keys a reader computed already (a tar shard's scan)
 
 
 @dataclass
 class _Source:
-    kind: str                 # karpathy | folder | parquet | store
+    kind: str                 # karpathy | folder | parquet | embeddings | store | clip_retrieval
     path: str
     items: dict[str, _Items]
     store: EmbeddingStore | None = None
@@ -80,11 +85,45 @@ class _FileEmbeddings:
 def _source_error(path, what: str) -> DataError:
     return DataError(f"{path}: {what}. A corpus or query set is a Karpathy-format .json (with --images), an "
                       f"image folder, a .parquet listing with columns id + path (images) or id + text, an "
-                      f"embeddings .parquet (kind, id, embedding: `hardrank store export` writes one), or an "
-                      f"embedding store fingerprint folder (holding manifest.json)")
+                      f"embeddings .parquet (kind, id, embedding: `hardrank store export` writes one), an "
+                      f"embedding store fingerprint folder (holding manifest.json), or a clip-retrieval output "
+                      f"folder (img_emb/, text_emb/, metadata/)")
 
 
-def _load_source(path: str, images: str | None) -> _Source:
+def _sample_source(path: str, captions: str) -> _Source:
+    """Tar shards or img2dataset outputs: each sample's image and its captions, positives of each other
+    (like a Karpathy file's image and captions); ids are the samples' (``<shard>#<key>``)."""
+    how = parse_captions(captions)
+    ss = read_samples(path)
+    ids, refs, known, caps, owner = [], [], [], [], []
+    for s in ss.samples:
+        if s.image is None:
+            continue
+        g = len(ids)
+        ids.append(s.id)
+        refs.append(ImageRef(s.image))
+        known.append(s.image_key)
+        for c in sample_captions(s, how):
+            caps.append(c)
+            owner.append(g)
+    if not ids:
+        raise _source_error(path, f"holds {len(ss.samples)} sample(s), none with an image")
+    items = {"image": _Items(ids, refs, np.arange(len(ids)), known=known)}
+    if caps:
+        items["text"] = _Items(caps, [pre_caption(c) for c in caps], np.array(owner, dtype=np.int64))
+    return _Source("wds", path, items, group_names=ids)
+
+
+_EMB_FOLDERS = tuple(folder for folder, _, _ in CLIP_RETRIEVAL_KINDS.values())  # img_emb, text_emb
+
+
+def _load_source(path: str, images: str | None, captions: str = "txt") -> _Source:
+    if is_sample_source(path):
+        return _sample_source(path, captions)
+    if urls.is_url(path):
+        if urls.is_dir(path) and not any(urls.exists(urls.join(path, m)) for m in ("manifest.json", *_EMB_FOLDERS)):
+            return _remote_folder(path)
+        path = urls.fetch_input(path, what="input")  # a file, a store or clip-retrieval folder: a local copy
     p = Path(path)
     if is_store_folder(p):
         store = open_store(p)
@@ -99,6 +138,8 @@ def _load_source(path: str, images: str | None) -> _Source:
             if keys:
                 items[mod] = _Items(ids=keys, entries=None, group=np.arange(len(keys)), keys=keys)
         return _Source("store", path, items, store)
+    if is_clip_retrieval_folder(p):
+        return _clip_retrieval_source(p)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
         if not files:
@@ -115,7 +156,7 @@ def _load_source(path: str, images: str | None) -> _Source:
         items = {"text": _Items(caps, [pre_caption(c) for c in caps], owner)}
         paths = [im for im, _ in clean]
         if images is not None:
-            items["image"] = _Items(paths, [ImageRef(os.fspath(Path(images) / im)) for im in paths],
+            items["image"] = _Items(paths, [ImageRef(urls.join(images, im)) for im in paths],
                                     np.arange(len(clean)))
         return _Source("karpathy", path, items, group_names=paths)
     if p.suffix == ".parquet":
@@ -136,6 +177,32 @@ def _load_source(path: str, images: str | None) -> _Source:
         refs = [ImageRef(os.fspath(root / x)) for x in t.column("path").to_pylist()]
         return _Source("parquet", path, {"image": _Items(ids, refs, np.arange(len(ids)))})
     raise _source_error(p, f"unrecognised input (suffix {p.suffix!r})")
+
+
+def _remote_folder(url: str) -> _Source:
+    """An image folder behind a URL: listed, its images read by the workers that decode them."""
+    files = [f for f in urls.list_files(url) if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS]
+    if not files:
+        raise _source_error(url, f"folder holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+    root = url.rstrip("/") + "/"
+    ids = [f[len(root):] if f.startswith(root) else f for f in files]
+    return _Source("folder", url, {"image": _Items(ids, [ImageRef(f) for f in files], np.arange(len(files)))})
+
+
+def _clip_retrieval_source(p: Path) -> _Source:
+    """A clip-retrieval folder: ids from its metadata (image_path, caption), vectors read lazily from
+    its .npy parts. Row i's image and caption are one sample, so they are each other's positives (as
+    a Karpathy image and its captions are): the group of both is the image's key."""
+    cr = ClipRetrievalFolder(p)
+    items: dict[str, _Items] = {}
+    for mod in cr.kinds:
+        ids = cr.ids(mod)
+        keys = [text_key(pre_caption(i)) for i in ids] if mod == "text" else [f"id:{i}" for i in ids]
+        items[mod] = _Items(ids=ids, entries=None, group=np.arange(len(ids)), keys=keys)
+    if "image" in items:
+        for it in items.values():
+            it.group_key = items["image"].keys
+    return _Source("clip_retrieval", str(p), items, cr)
 
 
 def _pipeline(cfg: MineConfig, sources: list[_Source], echo, runner) -> tuple[EmbedPipeline | None, EmbeddingStore]:
@@ -173,7 +240,8 @@ def _karpathy_groups(src: _Source, tables: Tables, rows: dict) -> None:
             img.keys = [all_keys[r] if r not in tables.images.failed else "" for r in rows[(id(src), "image")]]
         else:  # images not embedded in this run (t2t): hash them for their keys only
             t = ItemTable("image")
-            t.add_many(img.entries)
+            for e, k in zip(img.entries, img.known or [None] * len(img.entries)):
+                t.add(e, None, k)
             img.keys = t.keys()
     keys = img.keys if img is not None else [""] * len(src.group_names)
     group_key = [k or f"path:{p}" for k, p in zip(keys, src.group_names)]
@@ -185,6 +253,7 @@ def _rebase_image_ids(cfg: MineConfig, sources: list[_Source]) -> str | None:
     """Name every image of a Karpathy file or folder by its path relative to one root: --images when
     it holds them all, else their deepest common folder. Returns the root (None: no such images)."""
     its = [s.items["image"] for s in sources if s.kind in ("karpathy", "folder") and "image" in s.items]
+    its = [it for it in its if not any(urls.is_url(ref.uri) for ref in it.entries)]  # URLs keep their ids
     paths = [os.path.abspath(ref.uri) for it in its for ref in it.entries]
     if not paths:
         return None
@@ -223,15 +292,15 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
     ids are merged, their positives united."""
     echo = echo or (lambda s: None)
     qmod, cmod = DIRECTIONS[cfg.direction]
-    csrc = _load_source(cfg.corpus, cfg.images)
-    same = os.path.abspath(cfg.queries) == os.path.abspath(cfg.corpus)
-    qsrc = csrc if same else _load_source(cfg.queries, cfg.images)
+    csrc = _load_source(cfg.corpus, cfg.images, cfg.captions)
+    same = cfg.queries == cfg.corpus or os.path.abspath(cfg.queries) == os.path.abspath(cfg.corpus)
+    qsrc = csrc if same else _load_source(cfg.queries, cfg.images, cfg.captions)
     for src, mod, role in ((csrc, cmod, "corpus"), (qsrc, qmod, "queries")):
         if mod not in src.items:
             hint = " (pass --images for the Karpathy file's images)" if src.kind == "karpathy" else ""
             raise ValueError(f"{role} {src.path} ({src.kind}) has no {mod}s, which direction {cfg.direction} "
                              f"needs{hint}; it has {sorted(src.items) or 'nothing'}")
-    if qsrc.kind == "karpathy" and cmod not in qsrc.items:
+    if qsrc.kind in ("karpathy", "wds") and cmod not in qsrc.items:
         raise ValueError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
                          f"excluded) is known")
     pipe, store = _pipeline(cfg, [csrc, qsrc], echo, runner)
@@ -246,7 +315,10 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
     for src, mod in needed:
         it = src.items[mod]
         if it.entries is not None and (id(src), mod) not in rows:
-            rows[(id(src), mod)] = tables.of(mod).add_many(it.entries, it.ids)
+            known = it.known or [None] * len(it.entries)
+            t = tables.of(mod)
+            rows[(id(src), mod)] = np.array([t.add(e, i, k) for e, i, k in zip(it.entries, it.ids, known)],
+                                            dtype=np.int64)
     embed = {}
     if pipe is not None and (len(tables.images) or len(tables.texts)):
         stats = pipe.run(tables, progress=progress)
@@ -262,10 +334,12 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
             it.keys = [all_keys[r] if r not in table.failed else "" for r in rows[(id(src), mod)]]
 
     for src in {id(s): s for s in (csrc, qsrc)}.values():
-        if src.kind == "karpathy":
+        if src.kind in ("karpathy", "wds"):
             _karpathy_groups(src, tables, rows)
 
-    def read(src: _Source, mod: str, sel: list[int]) -> np.ndarray:
+    def read(src: _Source, mod: str, sel) -> np.ndarray:
+        if src.kind == "clip_retrieval":  # a lazy view: rows are read block by block when searched
+            return src.store.vectors(mod).select(sel)
         it = src.items[mod]
         return (src.store or store).read(mod, [it.keys[i] for i in sel])
 
@@ -281,7 +355,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         g = gkey(cit, i)
         if g != cit.keys[i]:
             by_key.setdefault(g, []).append(j)
-    if lazy_corpus:  # shard actors read their own slices from the store
+    if lazy_corpus and csrc.kind != "clip_retrieval":  # shard actors read their own slices from the store
         xb = StoreRows.of(csrc.store or store, cmod, [cit.keys[i] for i in c_rows])
     else:
         xb = read(csrc, cmod, c_rows)
@@ -298,8 +372,8 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         if not k:
             continue
         pos = members.get(int(qit.group[i]), []) if pos_items is not None else []
-        if qsrc.kind != "karpathy" and qmod != cmod:
-            pos = []  # no grouping across modalities outside Karpathy files
+        if qsrc.kind not in ("karpathy", "wds", "clip_retrieval") and qmod != cmod:
+            pos = []  # no grouping across modalities outside Karpathy files and samples (shards, clip-retrieval)
         keys = {pos_items.keys[p] for p in pos} | {gkey(qit, i), k}
         j = order.setdefault(qit.ids[i], len(q_rows))
         if j == len(q_rows):
@@ -309,14 +383,18 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         else:
             q_pos[j] = sorted(set(q_pos[j]) | set(pos))
             q_excl[j] |= keys
-    xq = read(qsrc, qmod, q_rows).astype(np.float32)
+    xq = read(qsrc, qmod, q_rows)
+    if isinstance(xq, np.ndarray):
+        xq = xq.astype(np.float32)
     excl = [sorted({r for key in keys for r in by_key.get(key, ())}) for keys in q_excl]
     exclude_ptr = np.zeros(len(q_rows) + 1, np.int64)
     np.cumsum([len(e) for e in excl], out=exclude_ptr[1:])
     pos_ptr = np.zeros(len(q_rows) + 1, np.int64)
     np.cumsum([len(p) for p in q_pos], out=pos_ptr[1:])
     flat_pos = [p for ps in q_pos for p in ps]
-    if pos_items is not None and flat_pos:
+    if pos_items is not None and flat_pos and qsrc.kind == "clip_retrieval":
+        pos_emb = read(qsrc, cmod, flat_pos)  # lazy, like the corpus
+    elif pos_items is not None and flat_pos:
         uniq, inv = np.unique(flat_pos, return_inverse=True)
         pos_emb = read(qsrc, cmod, uniq.tolist())[inv]
     else:

@@ -12,6 +12,7 @@ from .inpaintcoco import load_inpaintcoco
 from .karpathy import load_karpathy, load_rococo
 from .sugarcrepe import load_sugarcrepe
 from .toy import TOY_SUITES, load_toy
+from .wds import load_wds
 
 __all__ = ["SUITES", "ALIASES", "SuiteOptions", "SuiteFormatError", "load_suites", "expand_suites"]
 
@@ -25,6 +26,7 @@ SUITES = {
     "coco_order": load_coco_order,    # ARO COCO-Order from a Karpathy file (--annotations, --images)
     "flickr_order": load_flickr_order,
     "amodal": load_amodal_suite,      # AmodalReasonSeg-style masks: --predictions and/or --baseline clip-regions
+    "wds": load_wds,                  # Karpathy-style retrieval from WebDataset shards / img2dataset outputs
     **{name: (lambda tables, opts, _n=name: load_toy(tables, opts, _n)) for name in TOY_SUITES},
 }
 ALIASES = {"toy": list(TOY_SUITES)}

@@ -267,10 +267,10 @@ def order_perturbations(caption: str, rng: np.random.Generator, tagger: OrderTag
 
 def _load_order(tables: Tables, opts: SuiteOptions, name: str, default_name: str, max_words: int = 30) -> Suite:
     ann = find_annotation(opts, default_name, f"suite {name}")
-    if opts.images is None:
-        raise ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")
+    errors = [] if opts.images is not None else [
+        ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")]
     clean = read_karpathy(ann)
-    images = Path(opts.images)
+    images = Path(opts.images or "")  # no --images: the paths as written (ids for bring-your-own embeddings)
     img_rows = tables.images.add_many(ImageRef(os.fspath(images / im)) for im, _ in clean)
     tagger = order_tagger()
     caps_all = [cap for _, caps in clean for cap in caps]
@@ -296,7 +296,7 @@ def _load_order(tables: Tables, opts: SuiteOptions, name: str, default_name: str
         tasks.append(t)
         same[t.name] = n_same
     members = [t.name for t in tasks]
-    return Suite(name=name, choice=tasks, tie_rule="first_ties_win",
+    return Suite(name=name, choice=tasks, tie_rule="first_ties_win", image_errors=errors,
                  view_average={"order": members} if len(members) > 1 else {},
                  meta={"annotations": str(ann), "images": len(clean), "captions": len(tasks[0].ids) if tasks else 0,
                        "seeds": list(opts.seeds), "perturbations": list(ORDER_PERTURBATIONS),

@@ -1,11 +1,11 @@
 """COCO/Flickr Karpathy-format retrieval and RoCOCO (perturbed captions, altered images)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from .. import urls
 from ..items import ImageRef, Tables
 from ..tasks import RankingTask, Suite
 from ..text import pre_caption
@@ -72,17 +72,23 @@ def image_variant_names(variants, seeds) -> list[str]:
     return [f"{v}_s{s}" for v in variants for s in seeds]
 
 
-def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[str, list[str]]], *,
+def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[tuple[str, list[str]]], *,
                     text_variants: dict[str, list[list[str]]] | None = None,
-                    image_variants: list[str] = (), normalise=pre_caption) -> tuple[RankingTask, RankingTask]:
+                    image_variants: list[str] = (), normalise=pre_caption,
+                    refs: list[ImageRef] | None = None, image_keys: list[str | None] | None = None,
+                    variant_refs: dict[str, list[tuple[ImageRef, str | None]]] | None = None,
+                    ) -> tuple[RankingTask, RankingTask]:
     """i2t and t2i ranking tasks. Gallery groups: ``original`` then one per variant; views:
     ``original`` and ``original + variant``. Ground truth = originals only: every perturbed caption
-    or altered image is a distractor."""
-    images_root = Path(images_root)
+    or altered image is a distractor. Images are ``images_root/<path>`` (a folder or a URL), or
+    ``refs`` (one per entry of ``clean``; ``image_keys``: their content keys when already known)."""
     text_variants = text_variants or {}
     # -- i2t: images -> captions
     image_ids = [im for im, _ in clean]
-    img_rows = tables.images.add_many((ImageRef(os.fspath(images_root / im)) for im in image_ids), image_ids)
+    if refs is None:
+        refs = [ImageRef(urls.join(images_root, im)) for im in image_ids]
+    keys = image_keys or [None] * len(refs)
+    img_rows = np.array([tables.images.add(r, i, k) for r, i, k in zip(refs, image_ids, keys)], dtype=np.int64)
     texts, text_ids, pos_ptr, pos_idx = [], [], [0], []
     for _i, (_im, caps) in enumerate(clean):
         for c in caps:
@@ -110,7 +116,12 @@ def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[s
     gal_rows, gal_ids = [img_rows], list(image_ids)
     for v in image_variants:
         v_ids = [f"{v}/{im}" for im in image_ids]
-        gal_rows.append(tables.images.add_many((ImageRef(os.fspath(images_root / v / im)) for im in image_ids), v_ids))
+        if variant_refs is not None:
+            gal_rows.append(np.array([tables.images.add(r, i, k) for (r, k), i in zip(variant_refs[v], v_ids)],
+                                     dtype=np.int64))
+        else:
+            gal_rows.append(tables.images.add_many((ImageRef(urls.join(images_root, v, im)) for im in image_ids),
+                                                   v_ids))
         gal_ids.extend(v_ids)
     n_img = len(clean)
     t2i = RankingTask(
@@ -128,11 +139,11 @@ def build_retrieval(tables: Tables, images_root: str | Path, clean: list[tuple[s
 def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") -> Suite:
     """Plain Karpathy retrieval (COCO 5k, Flickr30k 1k, ...): the clean protocol alone."""
     ann = find_annotation(opts, "coco_karpathy_test.json", f"suite {name}")
-    if opts.images is None:
-        raise ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")
+    errors = [] if opts.images is not None else [
+        ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")]
     clean = read_karpathy(ann)
-    i2t, t2i = build_retrieval(tables, opts.images, clean)
-    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule,
+    i2t, t2i = build_retrieval(tables, opts.images or "", clean)  # no --images: paths as written (ids only)
+    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, image_errors=errors,
                  meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1])})
 
 
@@ -141,8 +152,8 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
     ann = find_annotation(opts, "coco_karpathy_test.json", f"suite {name}")
     # the perturbed-caption files sit next to the clean file unless --data names their folder
     folder = Path(opts.data) if opts.data and opts.annotations else ann.parent
-    if opts.images is None:
-        raise ValueError(f"suite {name} needs --images DIR (holding val2014/ and the altered image folders)")
+    errors = [] if opts.images is not None else [
+        ValueError(f"suite {name} needs --images DIR (holding val2014/ and the altered image folders)")]
     clean = read_karpathy(ann)
     wanted = opts.text_variants if opts.text_variants is not None else ROCOCO_TEXT_VARIANTS
     text_variants = {}
@@ -154,16 +165,17 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
             raise FileNotFoundError(f"{f} does not exist (asked for text variant {v!r})")
     img_variants = image_variant_names(opts.image_variants, opts.seeds)
     for v in img_variants:
-        d = Path(opts.images) / v
-        if not d.is_dir():
-            raise FileNotFoundError(f"altered images {d} do not exist; make them with "
-                                    f"`hardrank perturb images --method {v.split('_')[0]} ...`")
-    i2t, t2i = build_retrieval(tables, opts.images, clean, text_variants=text_variants, image_variants=img_variants)
+        d = urls.join(opts.images, v) if opts.images is not None else None
+        if d is not None and not urls.is_dir(d):
+            errors.append(FileNotFoundError(f"altered images {d} do not exist; make them with "
+                                            f"`hardrank perturb images --method {v.split('_')[0]} ...`"))
+    i2t, t2i = build_retrieval(tables, opts.images or "", clean, text_variants=text_variants,
+                               image_variants=img_variants)
     averages = {}
     for v in opts.image_variants:
         members = [f"{v}_s{s}" for s in opts.seeds]
         if len(members) > 1:
             averages[v] = members
-    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages,
+    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages, image_errors=errors,
                  meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1]),
                        "text_variants": list(text_variants), "image_variants": img_variants})

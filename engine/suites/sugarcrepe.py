@@ -46,10 +46,10 @@ def load_sugarcrepe(tables: Tables, opts: SuiteOptions, name: str = "sugarcrepe"
     if opts.data is None:
         raise ValueError(f"suite {name} needs --data DIR holding the SugarCrepe files "
                          f"({', '.join(f'{s}.json' for s in SUGARCREPE_FILES)})")
-    if opts.images is None:
-        raise ValueError(f"suite {name} needs --images DIR holding the COCO val2017 images (e.g. 000000085329.jpg)")
+    errors = [] if opts.images is not None else [
+        ValueError(f"suite {name} needs --images DIR holding the COCO val2017 images (e.g. 000000085329.jpg)")]
     folder = _data_folder(Path(opts.data))
-    images = Path(opts.images)
+    images = Path(opts.images or "")  # no --images: the file names as written (ids for bring-your-own embeddings)
     tasks, missing, identical = [], [], {}
     for stem in SUGARCREPE_FILES:
         path = folder / f"{stem}.json"
@@ -57,7 +57,7 @@ def load_sugarcrepe(tables: Tables, opts: SuiteOptions, name: str = "sugarcrepe"
             missing.append(stem)
             continue
         items = _read_file(path)
-        if items and not (images / items[0][1]["filename"]).exists() and (images / "val2017").is_dir():
+        if opts.images and items and not (images / items[0][1]["filename"]).exists() and (images / "val2017").is_dir():
             images = images / "val2017"  # the COCO root was given
         left = tables.images.add_many(ImageRef(os.fspath(images / it["filename"])) for _, it in items).reshape(-1, 1)
         pairs = (c for _, it in items for c in (it["caption"], it["negative_caption"]))
@@ -74,7 +74,7 @@ def load_sugarcrepe(tables: Tables, opts: SuiteOptions, name: str = "sugarcrepe"
     complete = {c: list(m) for c, m in SUGARCREPE_CATEGORIES.items() if set(m) <= set(found)}
     counts = {t.name: len(t.ids) for t in tasks}
     suite = Suite(
-        name=name, choice=tasks, tie_rule="first_strict", view_average=complete,
+        name=name, choice=tasks, tie_rule="first_strict", view_average=complete, image_errors=errors,
         meta={"files_found": found, "files_missing": missing, "items": counts, "total_items": sum(counts.values()),
               "published_items": {s: SUGARCREPE_FILES[s] for s in found},
               "count_mismatch": {s: [n, SUGARCREPE_FILES[s]] for s, n in counts.items() if n != SUGARCREPE_FILES[s]},
