@@ -100,6 +100,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None, help="FAISS OpenMP threads (default: all cores)")
     ap.add_argument("--ray-shards", type=int, default=None,
                     help="also mine with the corpus sharded over this many Ray actors (hardrank mine --executor ray)")
+    ap.add_argument("--no-local", action="store_true",
+                    help="with --ray-shards: skip the local run (a re-measurement of the sharded path alone)")
     ap.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mine_scale.json"))
     args = ap.parse_args(argv)
@@ -137,7 +139,8 @@ def main(argv=None):
     out = work / "mined"
     opts = MineOptions(k=args.k, search=args.search, budget_mb=args.budget_mb, block_size=args.block_size,
                        nprobe=args.nprobe, recall_sample=args.recall_sample)
-    rows = [_run(problem, opts, out, rss, args, t_gen, t_load, shards=None)]
+    local = not (args.no_local and args.ray_shards)
+    rows = [_run(problem, opts, out, rss, args, t_gen, t_load, shards=None)] if local else []
     if args.ray_shards:
         rows.append(_run(problem, opts, work / "mined_ray", rss, args, t_gen, t_load, shards=args.ray_shards))
     print(f"{'path':>10} {'corpus x d':>14} {'queries':>8} {'index':>12} {'nprobe':>6} {'R@10':>6} {'build s':>8} "

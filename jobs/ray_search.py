@@ -63,9 +63,8 @@ class _Shard:
         torch.set_num_threads(max(1, threads))
         self.xb = np.asarray(rows)                                      # (n_s, d) store dtype
         self.search = searcher_for(self.xb, opts) if len(self.xb) else None
-        self.exact = searcher_for(self.xb, MineOptions(search="exact", budget_mb=opts.budget_mb,
-                                                            rank_precision=opts.rank_precision)) \
-            if self.search is not None and not self.search.exact else self.search
+        self.budget = opts.budget_mb << 20
+        self._flat = None  # exact search for the recall sample of an approximate shard, built when asked
 
     def describe(self) -> dict:
         index = getattr(self.search, "index", None)
@@ -75,10 +74,15 @@ class _Shard:
 
     def top(self, xq: np.ndarray, kk: int, excl, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(D, I) (m, kk) of this slice, I local (-1 = none)."""
-        search = self.exact if exact else self.search
-        if search is None:
+        if self.search is None:
             return np.full((len(xq), kk), -np.inf, np.float32), np.full((len(xq), kk), -1, np.int64)
-        return search(xq, kk, excl)
+        if not exact or self.search.exact:
+            return self.search(xq, kk, excl)
+        if self._flat is None:  # as the local path measures recall: the stored rows streamed in fp32 chunks
+            from hardrank.faiss_search import FaissIndex  # (faiss: imported by that module alone)
+
+            self._flat = FaissIndex(self.xb, "Flat", budget_bytes=self.budget // 4, gpu=False)
+        return self._flat.search(xq, kk, exclude=excl)
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` (local) in the stored dtype: fp16 rows travel at half the bytes, and the driver's

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,8 @@ def s3():
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    # moto keeps its state per process, not per server: start each module from an empty S3
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
     old = {k: os.environ.get(k) for k in env}
