@@ -1,7 +1,6 @@
 """Evaluate checkpoints on suites: load tasks, embed what the store lacks, score every task type, write."""
 from __future__ import annotations
 
-import importlib
 import logging
 import platform
 import time
@@ -22,7 +21,7 @@ from .clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
 from .config import EvalConfig, build, check_writable_dir, resolve_device
 from .counts import embed_line, item_counts
 from .embed import EmbedPipeline, make_scan_mapper
-from .errors import DataError, MissingExtra, UsageError
+from .errors import DataError, UsageError, ray_module
 from .items import Tables
 from .mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
 from .metrics import add_drops, average_views, choice_metrics, ranking_metrics
@@ -288,12 +287,7 @@ def _sharded_ranker(cfg: EvalConfig):
     Ray): with --shard-gallery N, or with --executor ray for galleries above --shard-gallery-above-mb."""
     if cfg.search_spec.method != "exhaustive" or not (cfg.shard_gallery or cfg.embed.executor == "ray"):
         return None
-    try:
-        ray_rank = importlib.import_module("hardrank.jobs.ray_rank")
-    except ImportError as exc:
-        if "ray" not in str(exc):
-            raise
-        raise MissingExtra("eval --shard-gallery", "ray", "ray[data]") from exc
+    ray_rank = ray_module("ray_rank", "eval --shard-gallery")
     return ray_rank.ShardedRanker(shards=cfg.shard_gallery, above_mb=cfg.shard_gallery_above_mb,
                                   address=cfg.embed.ray_address)
 

@@ -8,7 +8,6 @@ back. Evaluation, mask baselines, mining, the benchmarks and dry-run plans all g
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ import numpy as np
 
 from .. import urls
 from ..config import DECODERS, EmbedOptions
-from ..errors import MissingExtra, UsageError
+from ..errors import UsageError, ray_module
 from ..idkeys import IdIndex, table_keys
 from ..items import ItemTable, Tables
 from ..models import LoadedModel, ModelSpec, load_model
@@ -39,12 +38,7 @@ def make_runner(options: EmbedOptions, models: list[LoadedModel]):
     runner lives in ``hardrank.jobs``, the only package that imports Ray)."""
     if options.executor == "local":
         return LocalRunner(models)
-    try:
-        ray_executor = importlib.import_module("hardrank.jobs.ray_executor")
-    except ImportError as exc:
-        if "ray" not in str(exc):
-            raise
-        raise MissingExtra("--executor ray", "ray", "ray[data]") from exc
+    ray_executor = ray_module("ray_executor", "--executor ray")
     return ray_executor.RayRunner(address=options.ray_address)
 
 
@@ -53,12 +47,7 @@ def make_scan_mapper(options: EmbedOptions):
     executor; with ``ray``, Ray tasks, so the workers read the shards and the driver reads none."""
     if options.executor == "local":
         return None
-    try:
-        ray_executor = importlib.import_module("hardrank.jobs.ray_executor")
-    except ImportError as exc:
-        if "ray" not in str(exc):
-            raise
-        raise MissingExtra("--executor ray", "ray", "ray[data]") from exc
+    ray_executor = ray_module("ray_executor", "--executor ray")
     return ray_executor.ScanMapper(address=options.ray_address)
 
 

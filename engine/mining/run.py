@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import math
 import os
@@ -18,7 +17,7 @@ import pyarrow.parquet as pq
 from .. import urls
 from ..atomic import atomic_path, write_json_atomic
 from ..config import DIRECTIONS, MineConfig, MineOptions, build, check_writable_dir, resolve_device
-from ..errors import DataError, MissingExtra, UsageError
+from ..errors import DataError, UsageError, ray_module
 from .block import mine_block
 from .export import check_training, shard_path, write_training
 from .problem import MineProblem, negatives_schema
@@ -199,10 +198,5 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
 
 def _sharded_searcher(cfg: MineConfig):
     """The corpus sharded over Ray actors (``hardrank.jobs.ray_search``: the engine never imports Ray)."""
-    try:
-        ray_search = importlib.import_module("hardrank.jobs.ray_search")
-    except ImportError as exc:
-        if "ray" not in str(exc):
-            raise
-        raise MissingExtra("mine --executor ray", "ray", "ray[data]") from exc
+    ray_search = ray_module("ray_search", "mine --executor ray")
     return ray_search.ShardedSearchFactory(shards=cfg.options.shards, address=cfg.embed.ray_address)
