@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 
 import numpy as np
 import ray
@@ -54,6 +55,8 @@ class _GalleryShard:
 
     def __init__(self, rows, lo: int, threads: int):
         torch.set_num_threads(max(1, threads))
+        # rows and queries arrive read-only (Ray's object store, memory maps); the kernels only read them
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         self.xb = torch.from_numpy(f32(np.asarray(rows)))
         self.lo = lo
 

@@ -14,6 +14,7 @@ shards, so a killed driver resumes.
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 import ray
@@ -61,6 +62,8 @@ class _Shard:
 
     def __init__(self, rows, opts: MineOptions, threads: int):
         torch.set_num_threads(max(1, threads))
+        # rows and queries arrive read-only (Ray's object store, memory maps); the kernels only read them
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         self.xb = np.asarray(rows)                                      # (n_s, d) store dtype
         self.search = searcher_for(self.xb, opts) if len(self.xb) else None
         self.budget = opts.budget_mb << 20
