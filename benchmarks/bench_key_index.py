@@ -71,59 +71,57 @@ def key_array(g: np.ndarray, first: str = "t"):
     return pa.StringArray.from_buffers(len(g), pa.py_buffer(offsets), pa.py_buffer(data))
 
 
-def generate(folder: Path, rows: int, shard_rows: int) -> None:
-    """The store folder <folder>/fp/text/shard-*.arrow, as EmbeddingStore.write lays shards out."""
+def _write_shards(folder: Path, name: str, rows: int, shard_rows: int, table_of, what: str) -> None:
+    """Arrow IPC files ``folder/<name>-<s>-bench.arrow`` of ``shard_rows`` rows each (global rows g ->
+    ``table_of(g)``), written atomically; files already there are kept (the data are generated once)."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from hardrank.store import _DIGEST, _digest, embedding_schema
+    from hardrank.atomic import atomic_path
 
-    text = folder / "fp" / "text"
-    text.mkdir(parents=True, exist_ok=True)
-    (folder / "fp" / "image").mkdir(exist_ok=True)
-    schema = embedding_schema(2, "float16")
+    folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     for s, lo in enumerate(range(0, rows, shard_rows)):
-        path = text / f"shard-{s:020d}-bench.arrow"
+        path = folder / f"{name}-{s:020d}-bench.arrow"
         if path.exists():
             continue
         g = np.arange(lo, min(rows, lo + shard_rows), dtype=np.uint64)
+        table = table_of(g)
+        with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+        if s % 500 == 0:
+            print(f"  wrote {lo + len(g):,} {what} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+
+
+def generate(folder: Path, rows: int, shard_rows: int) -> None:
+    """The store folder <folder>/fp/text/shard-*.arrow, as EmbeddingStore.write lays shards out."""
+    import pyarrow as pa
+
+    from hardrank.store import _DIGEST, _digest, embedding_schema
+
+    (folder / "fp" / "image").mkdir(parents=True, exist_ok=True)
+    schema = embedding_schema(2, "float16")
+
+    def table_of(g):
         keys = key_array(g)
         emb = np.zeros((len(g), 2), np.float16)
         emb[:, 0] = 1
         meta = {**schema.metadata, _DIGEST: _digest(keys, emb).encode()}
-        table = pa.Table.from_arrays([keys, pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), 2)],
-                                     schema=schema.with_metadata(meta))
-        tmp = path.with_suffix(".tmp")
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as w:
-            w.write_table(table)
-        os.replace(tmp, path)
-        if s % 500 == 0:
-            print(f"  wrote {lo + len(g):,} rows ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+        return pa.Table.from_arrays([keys, pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), 2)],
+                                    schema=schema.with_metadata(meta))
+
+    _write_shards(folder / "fp" / "text", "shard", rows, shard_rows, table_of, "rows")
 
 
 def generate_ids(folder: Path, rows: int, shard_rows: int) -> None:
     """Identity records <folder>/ids-root/fp/ids/ids-*.arrow, as IdIndex.commit writes them."""
     import pyarrow as pa
-    import pyarrow.ipc as ipc
 
     from hardrank.idkeys import _SCHEMA
 
-    ids = folder / "ids-root" / "fp" / "ids"
-    ids.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    for s, lo in enumerate(range(0, rows, shard_rows)):
-        path = ids / f"ids-{s:020d}-bench.arrow"
-        if path.exists():
-            continue
-        g = np.arange(lo, min(rows, lo + shard_rows), dtype=np.uint64)
-        table = pa.Table.from_arrays([key_array(g, "d"), key_array(g, "i")], schema=_SCHEMA)
-        tmp = path.with_suffix(".tmp")
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, _SCHEMA) as w:
-            w.write_table(table)
-        os.replace(tmp, path)
-        if s % 500 == 0:
-            print(f"  wrote {lo + len(g):,} id records ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+    _write_shards(folder / "ids-root" / "fp" / "ids", "ids", rows, shard_rows,
+                  lambda g: pa.Table.from_arrays([key_array(g, "d"), key_array(g, "i")], schema=_SCHEMA),
+                  "id records")
 
 
 def queries(rows: int, total_rows: int, n: int, seed: int = 0) -> np.ndarray:

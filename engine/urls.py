@@ -188,21 +188,21 @@ def identity(url: str) -> str:
 
 
 def exists(url: str) -> bool:
-    path = local_path(url)
-    if not is_url(path):
-        return os.path.exists(path)
-    fs, p = filesystem(path)
-    with _errors(path, "looking up"):
-        return fs.exists(p)
+    return _probe(url, os.path.exists, "exists")
 
 
 def is_dir(url: str) -> bool:
+    return _probe(url, os.path.isdir, "isdir")
+
+
+def _probe(url: str, local, method: str) -> bool:
+    """``local(path)`` for a local path, else the filesystem's ``method`` (errors named with the fix)."""
     path = local_path(url)
     if not is_url(path):
-        return os.path.isdir(path)
+        return local(path)
     fs, p = filesystem(path)
     with _errors(path, "looking up"):
-        return fs.isdir(p)
+        return getattr(fs, method)(p)
 
 
 def list_files(url: str) -> list[str]:

@@ -92,7 +92,7 @@ class ShardedRanker:
 
     def wants(self, nb: int, d: int) -> bool:
         """Whether a gallery of nb x d is sharded at all."""
-        return gallery_shards(nb, d, self.shards, self.above_mb) > 1 or self.shards > 0
+        return self.shards > 0 or gallery_shards(nb, d, 0, self.above_mb) > 1
 
     def __call__(self, xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule: str = "index",
                  precision: str = "auto", budget_bytes: int = 256 << 20) -> GroupedRanks:
