@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from hardrank.kernels import grouped_ranks, topk
-from hardrank.kernels._common import gallery_tiles, mm_fp32, plan_tiles, query_block
+from hardrank.kernels._common import gallery_tiles, plan_tiles
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -26,19 +26,20 @@ def _sync(device: torch.device) -> None:
 
 
 def bare_gemm(xq, xb, q_block, g_block):
-    """The GEMM work of grouped_ranks with nothing else: same blocks, same tiles, no reduction."""
+    """The fp32 GEMM work of grouped_ranks with nothing else: same blocks, same tiles (one reused
+    output buffer, as the kernels keep), no reduction."""
     nq, nb = xq.shape[0], xb.shape[0]
     tiles = gallery_tiles(nb, g_block)
+    out = torch.empty(min(q_block, nq), tiles[0][2] - tiles[0][0], device=xq.device)
     for r0 in range(0, nq, q_block):
-        a = query_block(xq, r0, min(r0 + q_block, nq), torch.float32 if xq.device.type == "cpu" else xq.dtype,
-                        xq.device)
+        a = xq[r0:r0 + q_block].float()
         for c0, _, c1 in tiles:
-            mm_fp32(a, xb[c0:c1].T)
+            torch.mm(a, xb[c0:c1].float().T, out=out[:a.shape[0]])
 
 
 def full_matrix_ranks(xq, xb, pos_first):
     """Naive baseline: the full score matrix, a descending argsort per row, the positive's position."""
-    S = mm_fp32(xq.float(), xb.float().T)  # (nq, nb)
+    S = xq.float() @ xb.float().T  # (nq, nb)
     order = torch.argsort(S, dim=1, descending=True, stable=True)
     return (order == pos_first[:, None]).int().argmax(1)
 
@@ -89,6 +90,9 @@ def main() -> None:
     ap.add_argument("--baseline-nq", type=int, default=500, help="queries for the full-matrix baseline")
     ap.add_argument("--q-block", type=int, default=None)
     ap.add_argument("--g-block", type=int, default=None)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16", "auto"],
+                    help="the kernels' first GEMM (the bare GEMM is fp32: bf16/fp16 show the low-precision "
+                         "path against the fp32 limit)")
     ap.add_argument("--sweep", action="store_true", help="also time grouped_ranks over a grid of block sizes")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                     help="also time grouped_ranks with the torch.compile'd tile reduction (CPU)")
@@ -104,12 +108,13 @@ def main() -> None:
     nq, nb, d = args.nq, args.nb, args.d
     flop = 2.0 * nq * nb * d
     budget = 64 << 20
-    plan = plan_tiles(nq, budget, args.q_block, args.g_block, nb)  # what the kernels plan (before
-    qb, gb = plan.q_block, plan.g_block                            # grouped_ranks' adaptive shrink)
+    plan = plan_tiles(nq, budget, args.q_block, args.g_block, nb)  # the fp32 path's plan
+    qb, gb = plan.q_block, plan.g_block
     rows = []
 
     def gr():
-        grouped_ranks(xq, xb, bounds, ptr, idx, budget_bytes=budget, q_block=args.q_block, g_block=args.g_block)
+        grouped_ranks(xq, xb, bounds, ptr, idx, budget_bytes=budget, q_block=args.q_block, g_block=args.g_block,
+                      precision=args.precision)
 
     def record(name, t, n_flop=flop, note=""):
         rows.append({"stage": name, "seconds": t, "gflops": n_flop / t / 1e9, "note": note})
@@ -135,9 +140,9 @@ def main() -> None:
             t_comp = min(t_comp, best_time(gr, device, 1))
         rows[0].update(seconds=t_bare, gflops=flop / t_bare / 1e9)
         record("grouped_ranks (compiled)", t_comp, note=f"first call incl. compile {t_compile:.1f}s")
-    topk(xq[:64], xb, 10)
+    topk(xq[:64], xb, 10, precision=args.precision)
     record("topk k=10", best_time(lambda: topk(xq, xb, 10, budget_bytes=budget, q_block=args.q_block,
-                                               g_block=args.g_block),
+                                               g_block=args.g_block, precision=args.precision),
                                   device, args.reps))
     bq = min(args.baseline_nq, nq)
     pos_first = idx[ptr[:bq]].to(device)  # smallest positive index; random data: no ties
@@ -152,7 +157,8 @@ def main() -> None:
                     continue
                 t_b = best_time(lambda: bare_gemm(xq, xb, sq, sg), device, args.reps)
                 t_g = best_time(lambda: grouped_ranks(xq, xb, bounds, ptr, idx, budget_bytes=256 << 20,
-                                                      q_block=sq, g_block=sg), device, args.reps)
+                                                      q_block=sq, g_block=sg, precision=args.precision),
+                                device, args.reps)
                 rows.append({"stage": f"sweep q_block={sq} g_block={sg}", "seconds": t_g, "gflops": flop / t_g / 1e9,
                              "note": f"bare {flop / t_b / 1e9:.0f} GFLOP/s, ratio {t_b / t_g:.2f}"})
 
@@ -166,7 +172,7 @@ def main() -> None:
         print(f"{r['stage']:42s} {r['seconds']:9.3f} {r['gflops']:9.1f} {r['ratio_to_bare']:8.2f}  {r['note']}")
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / "bench_kernels_quick.json"
-    meta = {"nq": nq, "nb": nb, "d": d, "dtype": args.dtype, "device": str(device),
+    meta = {"nq": nq, "nb": nb, "d": d, "dtype": args.dtype, "precision": args.precision, "device": str(device),
             "threads": torch.get_num_threads(), "clock": clock, "torch": torch.__version__,
             "machine": platform.processor() or platform.machine(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "q_block": qb, "g_block": gb}

@@ -13,6 +13,13 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _WORK_BYTES_PER_SCORE = 12
 _DEFAULT_G_BLOCK = 1024  # gallery columns per tile: ~1k keeps a 2k x 1k fp32 tile near the L2/L3 sweet spot
 _DEFAULT_Q_BLOCK = 2048  # queries per block
+# A CPU low-precision first pass keeps its tile in the GEMM's 2-byte output (``_levels.BlockScorer.tile``):
+# 2 bytes a score plus row gathers. Its GEMM runs ~2x faster than fp32, so the fixed cost of visiting a
+# tile (some 30 small ops) weighs twice as much: larger tiles. Measured on 5,000 x 125,010 x 512 bf16
+# (benchmarks/README.md): 1,667 x 1,024 tiles 1.56x the fp32 GEMM, 5,000 x 2,048 2.00x, 5,000 x 4,096 1.95x.
+_WORK_BYTES_PER_SCORE_LP = 6
+_DEFAULT_G_BLOCK_LP = 2048
+_DEFAULT_Q_BLOCK_LP = 6144
 
 
 def check_embeddings(name: str, x, d: int | None = None) -> torch.Tensor:
@@ -88,21 +95,24 @@ def _check_pos_int(name: str, v) -> int:
 
 
 def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | None,
-               nb: int = 0) -> Plan:
+               nb: int = 0, low_precision_tile: bool = False) -> Plan:
     """Pick block sizes: one score tile + same-size temporaries fit ``budget_bytes``, half of it by
     default (re-scored rows and candidate lists take the rest). Planned blocks never go below 1 x 1;
     blocks the caller gives must fit the budget. A planned tile width is a multiple of 128 chosen to
-    waste the fewest columns on the last (shifted) window."""
+    waste the fewest columns on the last (shifted) window. ``low_precision_tile``: the tiles are
+    2-byte GEMM outputs (a CPU bf16 / fp16 first pass): fewer bytes a score, larger default blocks."""
     budget = _check_pos_int("budget_bytes", budget_bytes)
     if q_block is not None:
         _check_pos_int("q_block", q_block)
     if g_block is not None:
         _check_pos_int("g_block", g_block)
-    elems = max(1, budget // _WORK_BYTES_PER_SCORE)  # score elements the working set may hold
-    g = g_block if g_block is not None else max(1, min(_DEFAULT_G_BLOCK, elems))
-    q = q_block if q_block is not None else max(1, min(_DEFAULT_Q_BLOCK, elems // (2 * g)))
-    if (q_block is not None or g_block is not None) and q * g * _WORK_BYTES_PER_SCORE > budget:
-        raise ValueError(f"q_block * g_block = {q} * {g} scores need {q * g * _WORK_BYTES_PER_SCORE} bytes "
+    per, g_def, q_def = ((_WORK_BYTES_PER_SCORE_LP, _DEFAULT_G_BLOCK_LP, _DEFAULT_Q_BLOCK_LP) if low_precision_tile
+                         else (_WORK_BYTES_PER_SCORE, _DEFAULT_G_BLOCK, _DEFAULT_Q_BLOCK))
+    elems = max(1, budget // per)  # score elements the working set may hold
+    g = g_block if g_block is not None else max(1, min(g_def, elems))
+    q = q_block if q_block is not None else max(1, min(q_def, elems // (2 * g)))
+    if (q_block is not None or g_block is not None) and q * g * per > budget:
+        raise ValueError(f"q_block * g_block = {q} * {g} scores need {q * g * per} bytes "
                          f"(score tiles + same-size temporaries), more than budget_bytes={budget}; "
                          "lower q_block/g_block or raise budget_bytes")
     if nq > 0:
@@ -190,6 +200,31 @@ def order_keys(vals: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 CHUNK = 128  # columns per chunk of the chunk maxima that let sparse searches skip most of a tile
 
 
+def row_maxima(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(row maxima (k,), chunk maxima (k, w / CHUNK) or None unless v is ``chunked``) of a tile v (k, w),
+    as fp32 whatever v's dtype (a bf16 tile's maxima are exact in fp32; arithmetic on them must not
+    round to bf16).
+
+    A 2-byte float tile (bf16 / fp16, sign and magnitude) is reduced as int16 bit patterns: torch's bf16
+    max widens every element and runs ~5x slower than this. Non-negative floats order like their bit
+    patterns read as int16, and every negative float reads as a negative int16, so a chunk holding a
+    value >= +0 has its max's pattern as the int16 max; a chunk without one (int16 max < 0: every
+    value <= -0, as in masked or anti-correlated rows) is reduced again in fp32."""
+    if not chunked(v):
+        return v.amax(1).float(), None
+    k = v.shape[0]
+    v3 = v.view(k, -1, CHUNK)
+    if v.element_size() == 2 and v.dtype.is_floating_point:
+        bits = v3.view(torch.int16).amax(2)  # (k, w / CHUNK)
+        cm = bits.view(v.dtype).float()
+        rr, cc = torch.nonzero(bits < 0, as_tuple=True)
+        if rr.numel():
+            cm[rr, cc] = v3[rr, cc].float().amax(1)
+    else:
+        cm = v3.amax(2).float()
+    return cm.amax(1), cm
+
+
 def chunked(s: torch.Tensor) -> bool:
     """Whether s (k, w) can be viewed as (k, w / CHUNK, CHUNK) chunks."""
     return s.is_contiguous() and s.shape[1] % CHUNK == 0 and s.shape[1] > CHUNK
@@ -197,8 +232,8 @@ def chunked(s: torch.Tensor) -> bool:
 
 def entries_above(v: torch.Tensor, thr: torch.Tensor, rows: torch.Tensor | None = None,
                   cm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(pos, cols, vals) of the entries v[rows[pos], cols] > thr[pos], row-major; ``rows`` (n,) rows of
-    v (all when None), thr (n,). With ``cm`` (v's chunk maxima, v chunked) whole chunks whose max does
+    """(pos, cols, vals) of the entries v[rows[pos], cols] > thr[pos], row-major (vals as fp32); ``rows``
+    (n,) rows of v (all when None), thr (n,). With ``cm`` (v's chunk maxima, v chunked) whole chunks whose max does
     not pass are skipped, so only the passing chunks are read again."""
     k = v.shape[0]
     if cm is not None:
@@ -207,10 +242,10 @@ def entries_above(v: torch.Tensor, thr: torch.Tensor, rows: torch.Tensor | None 
         rr, cc = torch.nonzero(cmr > thr[:, None], as_tuple=True)  # passing chunks, row-major
         sub = v3[rr if rows is None else rows[rr], cc]  # (n_chunks, CHUNK)
         r2, j2 = torch.nonzero(sub > thr[rr, None], as_tuple=True)
-        return rr[r2], cc[r2] * CHUNK + j2, sub[r2, j2]
+        return rr[r2], cc[r2] * CHUNK + j2, sub[r2, j2].float()
     sub = v if rows is None else v[rows]
     r, c = torch.nonzero(sub > thr[:, None], as_tuple=True)
-    return r, c, sub[r, c]
+    return r, c, sub[r, c].float()
 
 
 def count_gt(s: torch.Tensor, thr: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:

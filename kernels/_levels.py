@@ -302,8 +302,10 @@ class BlockScorer:
 
     def tile(self, i: int, rows: torch.Tensor | None, c0: int, c1: int) -> torch.Tensor:
         """Scores (k, c1 - c0) of the block rows ``rows`` (all when None) against gallery rows c0:c1
-        at level i: fp32 values within the level's bound of the exact scores (the exact scores
-        themselves at the exact level). The result may be a reused buffer: valid until the next call."""
+        at level i: values within the level's bound of the exact scores (the exact scores themselves
+        at the exact level), fp32, or bf16 / fp16 for a CPU low-precision level (compare them with
+        fp32 thresholds; widen what is taken out with ``.float()`` before arithmetic). The result may
+        be a reused buffer: valid until the next call."""
         lev = self.level(i)
         w = c1 - c0
         y = self.L.rows32(c0, c1)  # (w, d) float32
@@ -317,9 +319,12 @@ class BlockScorer:
         b = _lowp(y, lev)
         if lev.rho == 0:  # CUDA: fp32 output
             out.copy_(torch.mm(a, b.T, out_dtype=torch.float32))
-        else:
-            out.copy_(torch.mm(a, b.T, out=self._buf("lp", k, w, lev.dtype)))
-        return out
+            return out
+        # CPU: the GEMM returns its fp32 sums rounded to the operand format. The tile stays in that
+        # format (half the bytes for every pass that reads it; a copy to fp32 cost as much as those
+        # passes): compares against fp32 thresholds promote to fp32 and are exact, and the values the
+        # kernels take out of it (chunk maxima, candidates) are widened to fp32 before any arithmetic.
+        return torch.mm(a, b.T, out=self._buf("lp", k, w, lev.dtype))
 
     def _exact_tile(self, rows, y: torch.Tensor) -> torch.Tensor:
         a64, y64 = self.a64 if rows is None else self.a64[rows], y.double()
@@ -457,6 +462,12 @@ def crowd_limit(i: int, sc: BlockScorer, w: int) -> int:
     as ~150 columns of an fp32 GEMM row, ~50 of an fp64 one)."""
     up = sc.level(i + 1).name
     return max(4, w // 150) if up == "fp32" else max(8, w // 50)
+
+
+def lowp_tile(first: str, device: torch.device) -> bool:
+    """Whether a first level ``first`` leaves its tiles in a 2-byte format (CPU bf16 / fp16 GEMMs return
+    their sums rounded to the operand format; CUDA's return fp32): the tile planner sizes for that."""
+    return first in _UNIT and torch.device(device).type == "cpu"
 
 
 def first_level(precision: str, device: torch.device, xq: torch.Tensor, xb: torch.Tensor) -> tuple[str, str]:

@@ -17,11 +17,21 @@ from ._common import (
     entries_above,
     gallery_tiles,
     plan_tiles,
+    row_maxima,
     tile_group_segments,
     tile_segments,
 )
 from ._exact import exact_dot
-from ._levels import CAND_LIMIT, PRECISIONS, BlockScorer, Escalation, Levels, crowd_limit, first_level
+from ._levels import (
+    CAND_LIMIT,
+    PRECISIONS,
+    BlockScorer,
+    Escalation,
+    Levels,
+    crowd_limit,
+    first_level,
+    lowp_tile,
+)
 
 __all__ = ["TIE_RULES", "GroupedRanks", "grouped_ranks", "best_positives"]
 
@@ -97,22 +107,22 @@ def _piece_stats(v, sure_below, up, fused: bool, buf):
         if fn:
             try:
                 n_up, n_sure, cm = fn(v, up, sure_below)
+                cm = cm.float()
                 return n_sure, n_up, cm.amax(1), cm
             except Exception:  # compile failed at first call: stay eager from now on
                 _compiled = False
-    cm = v.view(k, -1, CHUNK).amax(2) if ch else None
-    mx = cm.amax(1) if ch else v.amax(1)
+    mx, cm = row_maxima(v)
     if v.device.type != "cpu":
         return count_gt(v, sure_below), count_gt(v, up), mx, cm
     active = mx > up
     n_active = int(active.sum())
-    if 2 * n_active >= k:
-        return count_gt(v, sure_below, buf), count_gt(v, up, buf), mx, cm
+    if 2 * n_active >= k and v.dtype == torch.float32:  # (a bf16 compare widens each value: 3x slower
+        return count_gt(v, sure_below, buf), count_gt(v, up, buf), mx, cm  # than widening the rows once)
     n_sure = torch.zeros(k, dtype=torch.int32, device=v.device)
     n_up = torch.zeros(k, dtype=torch.int32, device=v.device)
     if n_active:
         rows = torch.nonzero(active).squeeze(1)
-        sub = v[rows]
+        sub = v[rows].float()
         n_sure[rows] = count_gt(sub, sure_below[rows])
         n_up[rows] = count_gt(sub, up[rows])
     return n_sure, n_up, mx, cm
@@ -185,8 +195,9 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
         if ptr[i + 1] == ptr[i]:
             raise ValueError(f"query {i} has no positive (pos_ptr[{i}] == pos_ptr[{i + 1}] == {ptr[i]}); "
                              "every query needs at least one positive in the gallery")
-    plan = plan_tiles(nq, budget_bytes, q_block, g_block, nb)
     device = xq.device
+    first, why = first_level(precision, device, xq, xb)
+    plan = plan_tiles(nq, budget_bytes, q_block, g_block, nb, low_precision_tile=lowp_tile(first, device))
     G = len(bounds) - 1
     out = GroupedRanks(
         counts=torch.zeros(nq, G, dtype=torch.long, device=device),
@@ -195,7 +206,6 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
         neg_score=torch.full((nq, G), float("-inf"), dtype=torch.float32, device=device),
         neg_index=torch.full((nq, G), -1, dtype=torch.long, device=device),
     )
-    first, why = first_level(precision, device, xq, xb)
     out.info.update(precision=first, precision_reason=why, q_block=plan.q_block, g_block=plan.g_block)
     if given is not None:
         out.pos_score.copy_(given[0])
@@ -329,8 +339,9 @@ class _RankBlock:
         self.cnt = out.counts[r0:r1]  # (m, G) views into the outputs
         self.nsc = out.neg_score[r0:r1]
         self.nix = out.neg_index[r0:r1]
-        self.scratch = torch.empty(m, rp.tiles[0][2] - rp.tiles[0][0], device=device) if device.type == "cpu" \
-            else None
+        # compare buffer of the dense counts (CPU fp32 tiles; a low-precision tile widens its rows instead)
+        self.scratch = torch.empty(m, rp.tiles[0][2] - rp.tiles[0][0], device=device) \
+            if device.type == "cpu" and sc.level(0).dtype == torch.float32 else None
         self.inf = inf
 
     def _mask_positives(self, t: int, rows, r: torch.Tensor) -> None:
@@ -345,7 +356,7 @@ class _RankBlock:
             prow = pos[prow]
             keep = prow >= 0
             prow, pcol = prow[keep], pcol[keep]
-        r.index_put_((prow, pcol), self.inf[:1].neg())  # positives never count
+        r.index_put_((prow, pcol), self.inf[:1].neg().to(r.dtype))  # positives never count
 
     def _set_tau(self, rows: torch.Tensor, g: int, tau: torch.Tensor) -> None:
         self.tau[rows, g] = tau

@@ -4,18 +4,17 @@ from __future__ import annotations
 import torch
 
 from ._common import (
-    CHUNK,
     check_csr,
     check_embeddings,
-    chunked,
     csr_block,
     entries_above,
     gallery_tiles,
     order_keys,
     plan_tiles,
+    row_maxima,
     tile_segments,
 )
-from ._levels import CAND_LIMIT, BlockScorer, Escalation, Levels, first_level
+from ._levels import CAND_LIMIT, BlockScorer, Escalation, Levels, first_level, lowp_tile
 from .ranking import check_precision
 
 __all__ = ["topk"]
@@ -49,13 +48,14 @@ def topk(xq: torch.Tensor, xb: torch.Tensor, k: int, *, exclude_ptr=None, exclud
         ptr, eidx = check_csr("exclude_ptr", "exclude_idx", exclude_ptr, exclude_idx, nq, nb, "a gallery")
     else:
         ptr, eidx = [0] * (nq + 1), torch.zeros(0, dtype=torch.long)
-    plan = plan_tiles(nq, budget_bytes, q_block, g_block, nb)
     device = xq.device
+    first = first_level(precision, device, xq, xb)[0]
+    plan = plan_tiles(nq, budget_bytes, q_block, g_block, nb, low_precision_tile=lowp_tile(first, device))
     D = torch.full((nq, k), float("-inf"), dtype=torch.float32, device=device)  # (nq, k) float32
     I = torch.full((nq, k), -1, dtype=torch.long, device=device)                # (nq, k) int64
     if nq == 0 or nb == 0 or k == 0:
         return D, I
-    levels = Levels(xb, device, first_level(precision, device, xq, xb)[0])
+    levels = Levels(xb, device, first)
     tiles = gallery_tiles(nb, plan.g_block)  # same-width GEMM windows, see grouped_ranks
     tile_starts = torch.tensor([t[1] for t in tiles], dtype=torch.long, device=device)  # owned starts
     eidx = eidx.to(device)
@@ -99,7 +99,7 @@ class _TopkBlock:
             erow = pos[erow]
             keep = erow >= 0
             erow, ecol = erow[keep], ecol[keep]
-        r.index_put_((erow, ecol), self.neg_inf[:1])  # -inf = not a candidate
+        r.index_put_((erow, ecol), self.neg_inf[:1].to(r.dtype))  # -inf = not a candidate
 
     def visit(self, t: int, i: int, rows, r: torch.Tensor):
         self._mask_excluded(t, rows, r)
@@ -111,8 +111,7 @@ class _TopkBlock:
         if i == sc.n_levels - 1:
             return self._visit_exact(brow, v, n0)
         floor = self.floor[i] if rows is None else self.floor[i][rows]  # r <= floor: e <= tau
-        cm = v.view(kk, -1, CHUNK).amax(2) if chunked(v) else None
-        mx = cm.amax(1) if cm is not None else v.amax(1)
+        mx, cm = row_maxima(v)
         act = torch.nonzero(mx > floor).squeeze(1)
         if not act.numel():
             return None, None
@@ -120,7 +119,7 @@ class _TopkBlock:
         # rows with fewer than k known-good items: the tile's own k-th value bounds its candidates
         open_ = torch.nonzero(self.tau[brow[act]] == float("-inf")).squeeze(1)
         if open_.numel() and v.shape[1] > k:
-            vk = v[act[open_]].topk(k, dim=1).values[:, -1]  # (o,) k-th largest tile value
+            vk = v[act[open_]].topk(k, dim=1).values[:, -1].float()  # (o,) k-th largest tile value
             orows = brow[act[open_]]
             lo_k = sc.lo(i, vk, orows)
             own = sc.le(i, torch.nextafter(lo_k, self.neg_inf[:lo_k.numel()]), orows)

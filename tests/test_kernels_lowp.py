@@ -12,6 +12,7 @@ import torch
 from test_kernels import assert_same, assert_topk_same, csr, gaussian, quantised, random_positives  # tests/ on path
 
 from hardrank.kernels import PRECISIONS, TIE_RULES, grouped_ranks, ranking, resolve_precision, topk
+from hardrank.kernels._common import CHUNK, row_maxima
 from hardrank.kernels._exact import exact_dot, exact_fp32
 from hardrank.kernels._levels import Levels
 from hardrank.kernels.reference import _nearest_fp32, grouped_ranks_reference, topk_reference
@@ -86,6 +87,49 @@ def test_low_precision_inputs_and_mixed_dtypes():
         ref = grouped_ranks_reference(a, b, bounds, ptr, idx)  # scores of the fp32-rounded rows
         for p in FORCED:
             assert_same(grouped_ranks(a, b, bounds, ptr, idx, precision=p, g_block=64), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_row_maxima_of_two_byte_tiles(dtype):
+    """Chunk maxima of a 2-byte tile come from int16 bit patterns; chunks without a value >= +0
+    (all negative, -inf masked, -0.0) are reduced again: every case equals the fp32 max exactly."""
+    gen = torch.Generator().manual_seed(35)
+    v = (torch.randn(9, 4 * CHUNK, generator=gen) * 3).to(dtype)
+    v[0] = -v[0].abs()                          # a row of negatives only
+    v[1, :CHUNK] = float("-inf")                # a masked chunk
+    v[2, CHUNK:2 * CHUNK] = -0.0                # -0.0 only: its max is -0.0 (== 0)
+    v[3, CHUNK:2 * CHUNK] = 0.0
+    v[3, CHUNK + 5] = -0.0                      # +0 and -0
+    v[4, 2 * CHUNK:3 * CHUNK] = -v[4, 2 * CHUNK:3 * CHUNK].abs()
+    v[4, 2 * CHUNK + 7] = torch.finfo(dtype).tiny / 4  # one positive subnormal among negatives
+    v[5] = float("-inf")                        # a fully masked row
+    v[6, 3 * CHUNK:] = -torch.finfo(dtype).max  # the most negative finite value
+    v[7, :] = torch.finfo(dtype).max
+    mx, cm = row_maxima(v)
+    want = v.float().view(9, -1, CHUNK).amax(2)
+    assert cm.dtype == mx.dtype == torch.float32
+    assert torch.equal(cm, want) and torch.equal(mx, want.amax(1))
+    mx, cm = row_maxima(v[:, :CHUNK + 3])       # not chunked: plain row maxima
+    assert cm is None and torch.equal(mx, v[:, :CHUNK + 3].float().amax(1))
+
+
+@pytest.mark.parametrize("p", ["bf16", "fp16"])
+def test_negative_scores_in_chunked_low_precision_tiles(p):
+    """Anti-correlated galleries (scores mostly below 0, whole chunks negative) through tiles wide enough
+    to be chunked: the int16 chunk maxima take their fallback, and the ranks stay exact."""
+    gen = torch.Generator().manual_seed(36)
+    u = gaussian(1, 32, gen)  # queries around u, the gallery around -u: every score < 0
+    xq = torch.nn.functional.normalize(u + 0.3 * gaussian(40, 32, gen), dim=1)
+    xb = torch.nn.functional.normalize(-u + 0.3 * gaussian(700, 32, gen), dim=1)
+    xb[600:] = torch.nn.functional.normalize(u + 0.3 * gaussian(100, 32, gen), dim=1)  # and a few > 0
+    xb[300:340] = xb[:40]  # exact duplicates
+    pos = random_positives(40, 700, gen)
+    ptr, idx = csr(pos)
+    bounds = torch.tensor([0, 256, 700])
+    for rule in TIE_RULES:
+        ref = grouped_ranks_reference(xq, xb, bounds, ptr, idx, tie_rule=rule)
+        assert_same(grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule=rule, precision=p, g_block=256), ref)
+    assert_topk_same(topk(xq, xb, 7, precision=p, g_block=256), topk_reference(xq, xb, 7))
 
 
 # --- the bound ------------------------------------------------------------------------------------
