@@ -18,6 +18,11 @@ _DEFAULT_Q_BLOCK = 2048  # queries per block
 # tile (some 30 small ops) weighs twice as much: larger tiles. Measured on 5,000 x 125,010 x 512 bf16
 # (benchmarks/README.md): 1,667 x 1,024 tiles 1.56x the fp32 GEMM, 5,000 x 2,048 2.00x, 5,000 x 4,096 1.95x.
 _WORK_BYTES_PER_SCORE_LP = 6
+# The fixed cost of visiting one tile in columns of its GEMM (~1 ms against ~10 us per fp32 column of a
+# 1,667-row block on 2 AVX-512 cores; a bf16 column costs half): minimising waste alone had picked
+# 1,408-wide bf16 tiles for 125,010 columns, 1.62x the fp32 GEMM against 1.72x at 2,048 (topk).
+_TILE_VISIT_COLS = 128
+_TILE_VISIT_COLS_LP = 256
 _DEFAULT_G_BLOCK_LP = 2048
 _DEFAULT_Q_BLOCK_LP = 6144
 
@@ -119,10 +124,12 @@ def plan_tiles(nq: int, budget_bytes: int, q_block: int | None, g_block: int | N
         q = min(q, nq)
         q = math.ceil(nq / math.ceil(nq / q))  # balanced blocks: no tiny remainder block
     if g_block is None and nb > g >= 256:
-        # every window has the same width and the last one is shifted left to fit, so
-        # ceil(nb / w) * w columns get computed: pick w (multiple of 128, in [g/2, g]) that wastes least
+        # every window has the same width and the last one is shifted left to fit, so ceil(nb / w) * w
+        # columns get computed, and each tile also costs a fixed visit (~30 small ops) worth about
+        # _TILE_VISIT_COLS columns of GEMM: pick w (multiple of 128, in [g/2, g]) that costs least
+        visit = _TILE_VISIT_COLS_LP if low_precision_tile else _TILE_VISIT_COLS
         cands = range(g // 128 * 128, (g + 1) // 2 - 1, -128)
-        g = min(cands, key=lambda w: (math.ceil(nb / w) * w, -w))
+        g = min(cands, key=lambda w: (math.ceil(nb / w) * (w + visit), -w))
     return Plan(q_block=q, g_block=g)
 
 
