@@ -259,7 +259,7 @@ class BlockScorer:
         d = lv.d
         self.a64 = a.double()  # (m, d) exact copy for exact scores
         self.norm = torch.linalg.vector_norm(self.a64, dim=1)  # (m,) float64
-        self.grid = grid_exponent(a)  # (m,) int64, see _exact.sums_exact
+        self._grid: torch.Tensor | None = None  # (m,) int64 grid exponents (``grid``), when first needed
         tau = 2.0 ** -125 * (d + 1 + math.sqrt(d) * (self.norm + lv.ymax))  # flushed subnormals
         self.ops: list[torch.Tensor | None] = []  # per level: GEMM operand rows (m, d)
         self.E: list[torch.Tensor] = []  # per level: (m,) float64 absolute bound
@@ -283,6 +283,14 @@ class BlockScorer:
             self.c.append(c)
             self.E1.append((E * ((1 + c) * (1 + _SLACK) * (1 + 2.0 ** -22))).float())  # rounded up
         self._bufs: dict[tuple, torch.Tensor] = {}
+
+    @property
+    def grid(self) -> torch.Tensor:
+        """(m,) int64 grid exponents of the block's rows (``_exact.sums_exact``): only rows that reach
+        the fp32 or exact level need them, which a low-precision pass often never sends."""
+        if self._grid is None:
+            self._grid = grid_exponent(self.a)
+        return self._grid
 
     @property
     def n_levels(self) -> int:
