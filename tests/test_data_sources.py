@@ -20,6 +20,7 @@ from hardrank.errors import DataError, MissingExtra, UsageError
 from hardrank.idkeys import IDS_FOLDER
 from hardrank.jobs.cli import main
 from hardrank.sources import read_samples
+from hardrank.sources.convert import write_karpathy_shards
 
 pytest.importorskip("webdataset")
 
@@ -57,6 +58,17 @@ def test_brace_expansion_and_its_typos():
         urls.brace_expand("s/{00000..00003.tar")
     with pytest.raises(UsageError, match="closes no"):
         urls.brace_expand("s/00000..00003}.tar")
+
+
+def test_shard_writer_names_what_it_wrote(tmp_path, world):
+    """One shard is named as its file (a '{00000..00000}' range reads oddly); several as a range that
+    expands to exactly the files written."""
+    one = write_karpathy_shards(world["file"], str(world["images"]), str(tmp_path / "one"), per_shard=100)
+    assert one == str(tmp_path / "one" / "00000.tar") and os.path.isfile(one)
+    many = write_karpathy_shards(world["file"], str(world["images"]), str(tmp_path / "many"), per_shard=5)
+    assert many == str(tmp_path / "many" / "{00000..00002}.tar")
+    assert sorted(os.listdir(tmp_path / "many")) == ["00000.tar", "00001.tar", "00002.tar"]
+    assert [(len(r.samples), len(r.shards)) for r in map(read_samples, (one, many))] == [(12, 1), (12, 3)]
 
 
 def test_a_range_naming_missing_shards_says_which(tmp_path, world):
