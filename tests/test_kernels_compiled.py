@@ -38,6 +38,9 @@ def test_compiled_matches_reference(compiled, monkeypatch):
         ref = grouped_ranks_reference(xq, xb, bounds, ptr, idx, tie_rule=rule)
         for qb, gb in [(None, None), (7, 13), (16, 128), (45, 256), (2, 256)]:
             assert_same(grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule=rule, q_block=qb, g_block=gb), ref)
+        # a bf16 first pass hands the compiled reduction its 2-byte tiles as they are
+        assert_same(grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule=rule, q_block=16, g_block=256,
+                                  precision="bf16"), ref)
     x2q, x2b = quantised(30, 8, gen), quantised(150, 8, gen)
     pos2 = random_positives(30, 150, gen)
     ptr2, idx2 = csr(pos2)
