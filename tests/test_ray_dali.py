@@ -296,12 +296,12 @@ def test_ray_crashed_decode_actor_is_restarted_dali_within_bound(tmp_path, tiny,
     marker = tmp_path / "crashed"
 
     class CrashOnce(_DecodeActor):  # defined here, so Ray ships it by value
-        def __call__(self, batch):
+        def decode(self, *args):
             self.calls = getattr(self, "calls", 0) + 1
             if self.calls == 2 and not marker.exists():
                 marker.touch()
                 os._exit(1)  # the worker process dies mid-run
-            return super().__call__(batch)
+            return super().decode(*args)
 
     models = tiny["models"]
     tables = _world(tmp_path / "img")
@@ -320,6 +320,58 @@ def test_ray_crashed_decode_actor_is_restarted_dali_within_bound(tmp_path, tiny,
     for s in stores:
         keys = _shard_keys(s, "image")
         assert len(keys) == len(set(keys)) == 42
+    runner.close()
+
+
+@pytest.mark.slow
+def test_ray_runner_reuses_its_actors_across_calls_and_close_kills_them(tmp_path, tiny, ray_cluster):
+    """Consecutive calls (a job file's entries: other checkpoints, then the first again) run on the same
+    actor processes, encoders re-load only checkpoints they lack, the embeddings equal the in-process
+    executor's bit for bit, and close() ends the processes."""
+    import ray
+
+    from hardrank.jobs.ray_executor import RayRunner
+
+    def pids(workers):
+        return {name: sorted(w["pid"] for w in ws) for name, ws in workers.items()}
+
+    models = tiny["models"]
+    runner = RayRunner(decode_actors=2)
+    seen, loads = [], []
+    for i, chosen in enumerate([[models[0]], [models[1]], [models[1]], models]):
+        tables, ref_tables = _world(tmp_path / "img"), _world(tmp_path / "img")
+        stores = _stores(tmp_path / f"ray{i}", chosen)
+        st = embed_tables(tables, chosen, stores, batch_size=8, runner=runner)
+        assert st["image"].encoded == 42 and st["image"].failed == 2 and st["text"].encoded == 23
+        ref = _stores(tmp_path / f"local{i}", chosen)
+        embed_tables(ref_tables, chosen, ref, batch_size=8)
+        for a, b in zip(_contents(ref, ref_tables), _contents(stores, tables)):
+            for mod in ("image", "text"):
+                assert a[mod].shape[0] > 0 and np.array_equal(a[mod], b[mod]), (i, mod)
+        workers = runner.workers()
+        seen.append(pids(workers))
+        loads.append(sum(w["loads"] for w in workers["encode"]))
+    assert len(seen[0]["decode"]) == 2 and len(seen[0]["encode"]) == 1
+    assert all(s == seen[0] for s in seen), seen  # the same processes served every call
+    assert loads == [1, 2, 2, 3], loads  # model 1 kept for the third call; model 0 re-loaded for the fourth
+
+    handles = [a for _, actors in runner._pools.values() for a in actors]
+    gone = [p for ps in seen[0].values() for p in ps]
+    runner.close()
+    assert ray.is_initialized() and not runner._pools  # the fixture's session stays up
+    for a in handles:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(a.info.remote(), timeout=60)
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{p}").exists() for p in gone) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{p}").exists() for p in gone), "close() left actor processes running"
+
+    # a later call on the closed runner starts new actors and still works
+    tables = _world(tmp_path / "img")
+    st = embed_tables(tables, models[:1], _stores(tmp_path / "again", models[:1]), batch_size=8, runner=runner)
+    assert st["image"].encoded == 42 and set(pids(runner.workers())["encode"]).isdisjoint(gone)
+    runner.close()
 
 
 _KILLED_RUN = r"""
