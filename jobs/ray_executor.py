@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -65,29 +66,34 @@ def connect(address: str | None = None) -> bool:
 class RayRunner:
     """``runner(work)`` for ``EmbedPipeline``: runs ``EmbedJob``s on long-lived Ray actors.
 
-    The runner owns two actor pools, created on its first call and reused by every later call
-    until ``close()``: decode actors (Pillow or DALI, CPU) and encoder actors (one per GPU,
-    ``num_gpus=1``; one on a CPU-only cluster). So the entries of a job file (``jobs/grid.py``
-    keeps one runner per cluster address) and the passes of one run pay the worker start-up
-    (processes, ``import torch, open_clip``) once. Actors are configured per call from the job's
-    configs, never from live models: a decode actor rebuilds its decoder only when the decode
-    config changes, an encoder re-loads checkpoints only when the specs change (and checks them
-    against the driver's fingerprints). A later call whose plan (actor counts, GPU or not)
+    The runner owns its actors: created on its first call, reused by every later call until
+    ``close()`` (or ``with``) kills them. So the entries of a job file (``jobs/grid.py`` keeps one
+    runner per cluster address) and the passes of one run pay the worker start-up (processes,
+    ``import torch, open_clip``, 5-70 s) once. Actors are configured per call from the job's
+    configs, never from live models: a decoder is rebuilt only when the decode config changes, an
+    encoder loads only the checkpoints it does not hold yet (dropping those the call does not use)
+    and checks them against the driver's fingerprints. A call whose plan (actor counts, GPU or not)
     differs from the pools' re-creates them.
+
+    Two layouts. With GPUs (or ``decode_actors`` / ``encode_actors`` given): decode actors (Pillow
+    or DALI) feed encoder actors that hold all K checkpoints (one per GPU, ``num_gpus=1``); each
+    decoded batch travels as an object ref from decoder to encoder, never through the driver. On a
+    CPU-only cluster by default: one actor per node decodes and encodes, two batches at a time (one
+    decoding while the other encodes, as the in-process executor does), so no pixels cross
+    processes and no extra processes compete for the cores.
 
     One task is one encoder batch of the job (``job.batches()``), so every checkpoint sees exactly
     the batches the in-process executor would encode: the embeddings are identical for the same
-    decoder. The driver sends source batches to the decode actors (at most ``inflight`` per
-    actor), hands each decoded batch's object ref (never its pixels) to the least busy encoder,
-    and writes results to the stores as they finish (``ray.wait``), in any order; the sink commits
-    an atomic shard every ``flush_rows`` rows, so a killed run keeps its work. Decoded batches
-    waiting for an encoder are bounded too (``inflight`` per encoder), which bounds memory. An
-    actor that dies is restarted and its batches are retried (up to 3 times each).
+    decoder. The driver keeps at most ``inflight`` batches per actor (decoded batches waiting for an
+    encoder are bounded too, which bounds memory) and writes results to the stores as they finish
+    (``ray.wait``), in any order; the sink commits an atomic shard every ``flush_rows`` rows, so a
+    killed run keeps its work. An actor that dies is restarted and its batches are retried (up to 3
+    times each).
 
-    Actors reserve no logical CPUs (``num_cpus=0``; decode actors are spread over the nodes):
-    idle pools must not starve the Ray tasks and actors that other parts of a run start on the
-    same cluster (tar-shard scans, sharded ranking or mining). The plan still sizes them from the
-    cluster's CPUs and sets their threads.
+    Actors reserve no logical CPUs (``num_cpus=0``, spread over the nodes): idle pools must not
+    starve the Ray tasks and actors that other parts of a run start on the same cluster (tar-shard
+    scans, sharded ranking or mining). The plan still sizes them from the cluster's CPUs and sets
+    their threads.
 
     address: a Ray cluster to join (default ``$RAY_ADDRESS``; neither: start a local cluster).
     An already initialised Ray session in this process is used as it is.
@@ -149,6 +155,11 @@ class RayRunner:
         return self._pool("encode", (plan["n_enc"], plan["gpu"]),
                           lambda: [actor.remote() for _ in range(plan["n_enc"])])
 
+    def _fused(self, plan: dict) -> list:
+        actor = ray.remote(_EmbedActor).options(num_cpus=0, max_concurrency=2, scheduling_strategy="SPREAD",
+                                                **_RESTART)
+        return self._pool("embed", ("fused", plan["n_enc"]), lambda: [actor.remote() for _ in range(plan["n_enc"])])
+
     def workers(self) -> dict[str, list[dict]]:
         """The live actors' ``{"pid", "node", "loads"}`` per pool ("decode", "encode"); ``loads``
         counts the checkpoints an encoder has loaded since it started."""
@@ -163,6 +174,12 @@ class RayRunner:
         res = ray.cluster_resources()
         cpus, gpus = max(1, int(res.get("CPU", 1))), int(res.get("GPU", 0))
         gpu = gpus > 0 and all(s.device == "auto" or s.device.startswith("cuda") for s in specs)
+        if not gpu and self.decode_actors is None and self.encode_actors is None:
+            # CPU only: one process per node decodes and encodes, as the in-process executor does (no
+            # pixels between processes, no extra processes competing for the cores)
+            nodes = max(1, sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU")))
+            per = max(1, cpus // nodes)
+            return {"gpu": False, "fused": True, "n_enc": nodes, "n_dec": 0, "dec_threads": per, "enc_threads": per}
         n_enc = max(1, self.encode_actors or (gpus if gpu else 1))
         n_dec = max(1, self.decode_actors or max(1, cpus - (n_enc if gpu else 0)))
         # On a CPU-only cluster the encoder shares the cores with the decoders, as the in-process
@@ -170,7 +187,7 @@ class RayRunner:
         enc_cpus = 1.0 if gpu else 0.5
         dec_cpus = max(0.25, min(1.0, (cpus - enc_cpus * n_enc) / n_dec))
         threads = image_job.decode_threads if image_job else 1
-        return {"gpu": gpu, "n_enc": n_enc, "n_dec": n_dec, "enc_cpus": enc_cpus, "dec_cpus": dec_cpus,
+        return {"gpu": gpu, "fused": False, "n_enc": n_enc, "n_dec": n_dec, "enc_cpus": enc_cpus, "dec_cpus": dec_cpus,
                 "dec_threads": max(1, threads // n_dec), "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
 
 
@@ -226,8 +243,9 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=N
     plan = runner._plan(image_job, specs)
     log.info("ray executor: %d batches, plan %s", len(source), plan)
     t0 = time.perf_counter()
-    encoders = runner._encoders(plan)[:len(source)]
-    decoders = runner._decoders(plan, decode_cls)[:n_img] if n_img else []
+    fused = plan["fused"] and decode_cls is None
+    encoders = (runner._fused(plan) if fused else runner._encoders(plan))[:len(source)]
+    decoders = runner._decoders(plan, decode_cls)[:n_img] if n_img and not fused else []
     dec_job, enc_job = ray.put(image_job), ray.put(image_job or text_job)  # once per call, not per batch
     sinks = {id(s): s for _, s in source}
     pending = collections.deque(source)
@@ -235,11 +253,11 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=N
     decoding: dict = {}  # ref -> (decoder index, sink)
     encoding: dict = {}  # ref -> (encoder index, sink)
     dec_busy, enc_busy = [0] * len(decoders), [0] * len(encoders)
-    cap = runner.inflight
+    cap = runner.inflight + fused  # a fused actor runs two batches at once (one decodes, one encodes): one queued
     ahead = cap * (len(encoders) + len(decoders))  # decoded or decoding batches not yet on an encoder
     try:
         while pending or ready or decoding or encoding:
-            while pending and pending[0][0]["modality"] == "text":  # texts need no decoding
+            while pending and (fused or pending[0][0]["modality"] == "text"):  # no separate decoding
                 ready.append(pending.popleft())
             while pending and min(dec_busy) < cap and len(ready) + len(decoding) < ahead:
                 batch, sink = pending.popleft()
@@ -249,7 +267,11 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=N
             while ready and min(enc_busy) < cap:
                 batch, sink = ready.popleft()
                 i = enc_busy.index(min(enc_busy))
-                encoding[encoders[i].encode.remote(enc_job, plan["enc_threads"], batch)] = (i, sink)
+                if fused:
+                    ref = encoders[i].embed.remote(dec_job, enc_job, plan["dec_threads"], plan["enc_threads"], batch)
+                else:
+                    ref = encoders[i].encode.remote(enc_job, plan["enc_threads"], batch)
+                encoding[ref] = (i, sink)
                 enc_busy[i] += 1
             refs = [*decoding, *encoding]
             ray.wait(refs, num_returns=1, fetch_local=False)
@@ -267,7 +289,7 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=N
                 sink.time("encode_actor", out.pop("encode_s"))
                 sink.deliver(out)
     except ray.exceptions.RayActorError:
-        for name in ("decode", "encode"):  # past its retries: the next call starts new actors
+        for name in ("decode", "encode", "embed"):  # past its retries: the next call starts new actors
             runner._drop(name)
         raise
     # on other errors (too many failures, an interrupt) the batches still queued on the actors run to
@@ -336,3 +358,24 @@ class _EncodeActor:
         return {"rows": e["rows"], "ok": e["ok"], "error": e["error"], "keys": e.get("keys"),
                 "emb": list(e["emb"]) if e["emb"] else [None] * k,
                 "decode_s": float(batch.get("decode_s", 0.0)), "encode_s": time.perf_counter() - t}
+
+
+class _EmbedActor:
+    """Decode and encode in one process (CPU-only clusters, one per node): two batches at a time
+    (``max_concurrency=2``), one decoding while the other encodes, as the in-process executor's
+    prefetch thread; a lock per stage keeps each stage single-file."""
+
+    def __init__(self):
+        self.dec, self.enc = _DecodeActor(), _EncodeActor()
+        self.dec_lock, self.enc_lock = threading.Lock(), threading.Lock()
+
+    def info(self) -> dict:
+        return self.enc.info()
+
+    def embed(self, dec_job: EmbedJob | None, enc_job: EmbedJob, dec_threads: int, enc_threads: int,
+              batch: dict) -> dict:
+        if batch["modality"] == "image":
+            with self.dec_lock:
+                batch = self.dec.decode(dec_job, dec_threads, batch)
+        with self.enc_lock:
+            return self.enc.encode(enc_job, enc_threads, batch)

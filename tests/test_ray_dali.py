@@ -324,10 +324,12 @@ def test_ray_crashed_decode_actor_is_restarted_dali_within_bound(tmp_path, tiny,
 
 
 @pytest.mark.slow
-def test_ray_runner_reuses_its_actors_across_calls_and_close_kills_them(tmp_path, tiny, ray_cluster):
+@pytest.mark.parametrize("pools", [{"decode": 2, "encode": 1}, {"embed": 1}], ids=["split", "fused"])
+def test_ray_runner_reuses_its_actors_across_calls_and_close_kills_them(tmp_path, tiny, ray_cluster, pools):
     """Consecutive calls (a job file's entries: other checkpoints, then the first again) run on the same
     actor processes, encoders re-load only checkpoints they lack, the embeddings equal the in-process
-    executor's bit for bit, and close() ends the processes."""
+    executor's bit for bit, and close() ends the processes. Split: decode actors feed an encoder actor (as
+    with GPUs); fused: the CPU-only default, one actor per node decodes and encodes."""
     import ray
 
     from hardrank.jobs.ray_executor import RayRunner
@@ -336,7 +338,7 @@ def test_ray_runner_reuses_its_actors_across_calls_and_close_kills_them(tmp_path
         return {name: sorted(w["pid"] for w in ws) for name, ws in workers.items()}
 
     models = tiny["models"]
-    runner = RayRunner(decode_actors=2)
+    runner = RayRunner(decode_actors=2) if "decode" in pools else RayRunner()
     seen, loads = [], []
     for i, chosen in enumerate([[models[0]], [models[1]], [models[1]], models]):
         tables, ref_tables = _world(tmp_path / "img"), _world(tmp_path / "img")
@@ -350,8 +352,8 @@ def test_ray_runner_reuses_its_actors_across_calls_and_close_kills_them(tmp_path
                 assert a[mod].shape[0] > 0 and np.array_equal(a[mod], b[mod]), (i, mod)
         workers = runner.workers()
         seen.append(pids(workers))
-        loads.append(sum(w["loads"] for w in workers["encode"]))
-    assert len(seen[0]["decode"]) == 2 and len(seen[0]["encode"]) == 1
+        loads.append(sum(w["loads"] for w in workers["encode" if "encode" in pools else "embed"]))
+    assert {name: len(p) for name, p in seen[0].items()} == pools
     assert all(s == seen[0] for s in seen), seen  # the same processes served every call
     assert loads == [1, 2, 2, 3], loads  # model 1 kept for the third call; model 0 re-loaded for the fourth
 
@@ -370,7 +372,7 @@ def test_ray_runner_reuses_its_actors_across_calls_and_close_kills_them(tmp_path
     # a later call on the closed runner starts new actors and still works
     tables = _world(tmp_path / "img")
     st = embed_tables(tables, models[:1], _stores(tmp_path / "again", models[:1]), batch_size=8, runner=runner)
-    assert st["image"].encoded == 42 and set(pids(runner.workers())["encode"]).isdisjoint(gone)
+    assert st["image"].encoded == 42 and not {p for ps in pids(runner.workers()).values() for p in ps} & set(gone)
     runner.close()
 
 
