@@ -69,7 +69,7 @@ class RayRunner:
     The runner owns its actors: created on its first call, reused by every later call until
     ``close()`` (or ``with``) kills them. So the entries of a job file (``jobs/grid.py`` keeps one
     runner per cluster address) and the passes of one run pay the worker start-up (processes,
-    ``import torch, open_clip``, 5-70 s) once. Actors are configured per call from the job's
+    ``import torch, open_clip``: 5-70 s on 2 shared cores) once. Actors are configured per call from the job's
     configs, never from live models: a decoder is rebuilt only when the decode config changes, an
     encoder loads only the checkpoints it does not hold yet (dropping those the call does not use)
     and checks them against the driver's fingerprints. A call whose plan (actor counts, GPU or not)
