@@ -155,10 +155,11 @@ class RayRunner:
         return self._pool("encode", (plan["n_enc"], plan["gpu"]),
                           lambda: [actor.remote() for _ in range(plan["n_enc"])])
 
-    def _fused(self, plan: dict) -> list:
-        actor = ray.remote(_EmbedActor).options(num_cpus=0, max_concurrency=2, scheduling_strategy="SPREAD",
+    def _fused(self, plan: dict, cls=None) -> list:
+        cls = cls or _EmbedActor
+        actor = ray.remote(cls).options(num_cpus=0, max_concurrency=2, scheduling_strategy="SPREAD",
                                                 **_RESTART)
-        return self._pool("embed", ("fused", plan["n_enc"]), lambda: [actor.remote() for _ in range(plan["n_enc"])])
+        return self._pool("embed", (plan["n_enc"], cls), lambda: [actor.remote() for _ in range(plan["n_enc"])])
 
     def workers(self) -> dict[str, list[dict]]:
         """The live actors' ``{"pid", "node", "loads"}`` per pool ("decode", "encode"); ``loads``
@@ -230,8 +231,9 @@ def _light(job: EmbedJob | None) -> EmbedJob | None:
     return None if job is None else dataclasses.replace(job, rows=np.zeros(0, np.int64), items=())
 
 
-def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=None) -> None:
-    """Run ``work`` on ``runner``'s actors; ``decode_cls`` replaces the decode actor class (a new pool)."""
+def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=None, embed_cls=None) -> None:
+    """Run ``work`` on ``runner``'s actors; ``decode_cls`` replaces the decode actor class (and picks the
+    split layout), ``embed_cls`` the fused actor class (tests: a new pool either way)."""
     jobs = {job.modality: job for job, _ in work}
     if not jobs:
         return
@@ -244,7 +246,7 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=N
     log.info("ray executor: %d batches, plan %s", len(source), plan)
     t0 = time.perf_counter()
     fused = plan["fused"] and decode_cls is None
-    encoders = (runner._fused(plan) if fused else runner._encoders(plan))[:len(source)]
+    encoders = (runner._fused(plan, embed_cls) if fused else runner._encoders(plan))[:len(source)]
     decoders = runner._decoders(plan, decode_cls)[:n_img] if n_img and not fused else []
     dec_job, enc_job = ray.put(image_job), ray.put(image_job or text_job)  # once per call, not per batch
     sinks = {id(s): s for _, s in source}

@@ -324,6 +324,40 @@ def test_ray_crashed_decode_actor_is_restarted_dali_within_bound(tmp_path, tiny,
 
 
 @pytest.mark.slow
+def test_ray_crashed_fused_actor_is_restarted_and_its_batches_redone(tmp_path, tiny, ray_cluster):
+    """The CPU-only layout (one actor decoding and encoding two batches at a time): its process dies
+    mid-run, is restarted, and the batches it held are redone; the result equals the in-process one."""
+    from hardrank.jobs import ray_executor
+    from hardrank.jobs.ray_executor import RayRunner, _EmbedActor
+
+    marker = tmp_path / "crashed"
+
+    class CrashOnce(_EmbedActor):  # defined here, so Ray ships it by value
+        def embed(self, *args):
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls == 3 and not marker.exists():
+                marker.touch()
+                os._exit(1)  # the worker process dies with batches in flight
+            return super().embed(*args)
+
+    models = tiny["models"]
+    tables, ref_tables = _world(tmp_path / "img"), _world(tmp_path / "img")
+    stores, ref = _stores(tmp_path / "ray", models), _stores(tmp_path / "local", models)
+    runner = RayRunner()
+    st = embed_tables(tables, models, stores, batch_size=8, flush_rows=8,
+                      runner=lambda work: ray_executor._run(work, runner, embed_cls=CrashOnce))
+    assert marker.exists() and list(runner._pools) == ["embed"]
+    assert st["image"].encoded == 42 and st["image"].failed == 2 and st["text"].encoded == 23
+    embed_tables(ref_tables, models, ref, batch_size=8)
+    for s, a, b in zip(stores, _contents(ref, ref_tables), _contents(stores, tables)):
+        for mod in ("image", "text"):
+            assert np.array_equal(a[mod], b[mod]), mod
+            keys = _shard_keys(s, mod)
+            assert len(keys) == len(set(keys)) == s.count(mod)
+    runner.close()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("pools", [{"decode": 2, "encode": 1}, {"embed": 1}], ids=["split", "fused"])
 def test_ray_runner_reuses_its_actors_across_calls_and_close_kills_them(tmp_path, tiny, ray_cluster, pools):
     """Consecutive calls (a job file's entries: other checkpoints, then the first again) run on the same
