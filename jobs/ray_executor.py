@@ -107,7 +107,7 @@ class RayRunner:
         self.address = address or os.environ.get("RAY_ADDRESS") or None
         self.decode_actors, self.encode_actors, self.inflight = decode_actors, encode_actors, inflight
         self._owned = False
-        self._pools: dict[str, tuple] = {}  # "decode" | "encode" -> (key, [actor handles])
+        self._pools: dict[str, tuple] = {}  # "decode" | "encode" | "embed" -> (key, [actor handles])
 
     # -- cluster -------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -157,13 +157,12 @@ class RayRunner:
 
     def _fused(self, plan: dict, cls=None) -> list:
         cls = cls or _EmbedActor
-        actor = ray.remote(cls).options(num_cpus=0, max_concurrency=2, scheduling_strategy="SPREAD",
-                                                **_RESTART)
+        actor = ray.remote(cls).options(num_cpus=0, max_concurrency=2, scheduling_strategy="SPREAD", **_RESTART)
         return self._pool("embed", (plan["n_enc"], cls), lambda: [actor.remote() for _ in range(plan["n_enc"])])
 
     def workers(self) -> dict[str, list[dict]]:
-        """The live actors' ``{"pid", "node", "loads"}`` per pool ("decode", "encode"); ``loads``
-        counts the checkpoints an encoder has loaded since it started."""
+        """The live actors' ``{"pid", "node", "loads"}`` per pool ("decode" and "encode", or "embed");
+        ``loads`` counts the checkpoints an encoder has loaded since it started."""
         return {name: ray.get([a.info.remote() for a in actors]) for name, (_, actors) in self._pools.items()}
 
     # -- running -------------------------------------------------------------------------
@@ -182,14 +181,12 @@ class RayRunner:
             per = max(1, cpus // nodes)
             return {"gpu": False, "fused": True, "n_enc": nodes, "n_dec": 0, "dec_threads": per, "enc_threads": per}
         n_enc = max(1, self.encode_actors or (gpus if gpu else 1))
+        # a decoder per core, less one per GPU encoder to feed it; on CPUs the encoder shares the cores
+        # with the decoders, as the in-process executor's threads do
         n_dec = max(1, self.decode_actors or max(1, cpus - (n_enc if gpu else 0)))
-        # On a CPU-only cluster the encoder shares the cores with the decoders, as the in-process
-        # executor's threads do; with a GPU it keeps one core to feed it.
-        enc_cpus = 1.0 if gpu else 0.5
-        dec_cpus = max(0.25, min(1.0, (cpus - enc_cpus * n_enc) / n_dec))
         threads = image_job.decode_threads if image_job else 1
-        return {"gpu": gpu, "fused": False, "n_enc": n_enc, "n_dec": n_dec, "enc_cpus": enc_cpus, "dec_cpus": dec_cpus,
-                "dec_threads": max(1, threads // n_dec), "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
+        return {"gpu": gpu, "fused": False, "n_enc": n_enc, "n_dec": n_dec, "dec_threads": max(1, threads // n_dec),
+                "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
 
 
 # A crashed actor is restarted (its constructor takes no arguments: every task carries its config)
