@@ -299,8 +299,9 @@ class EmbedOptions:
     max_failures: int | None = opt(100, "unreadable images tolerated (recorded, skipped) before the run stops",
                                    minimum=0)
     executor: str = opt("local", "local: in-process threads, no cluster start-up (best for small jobs and CI); "
-                        "ray: Ray Data actor pools (decode actors, one encoder per GPU holding all checkpoints), "
-                        "joining --ray-address / $RAY_ADDRESS or starting a local cluster", choices=EXECUTORS)
+                        "ray: long-lived Ray actors (decode actors, one encoder per GPU holding all checkpoints; "
+                        "CPU only: one actor per node), joining --ray-address / $RAY_ADDRESS or starting a local "
+                        "cluster", choices=EXECUTORS)
     decoder: str = opt("pillow", "pillow: the model's own transform, the reference; dali: NVIDIA DALI decode + "
                        "resize (GPU if present, else CPU), within a tested bound of pillow, stored separately; "
                        "pillow-draft: pillow decoding large JPEGs at 1/2-1/8 scale first (faster; within a tested "

@@ -1,25 +1,26 @@
-"""The Ray executor: embed jobs on Ray Data actor pools (decode actors -> K-checkpoint encoder actors)."""
+"""The Ray executor: embed jobs on long-lived Ray actors (decode actors -> K-checkpoint encoder actors)."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
-import io
 import json
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import ray
-import ray.data
 import torch
 
 import hardrank.kernels
 from hardrank.embed import DecodeStage, EmbedJob, EmbedSink, EncodeStage, image_size
-from hardrank.items import ImageRef
+from hardrank.models import load_model
 
 __all__ = ["RayRunner", "ScanMapper", "connect"]
 
@@ -63,17 +64,36 @@ def connect(address: str | None = None) -> bool:
 
 
 class RayRunner:
-    """``runner(work)`` for ``EmbedPipeline``: runs ``EmbedJob``s on one Ray Data pipeline.
+    """``runner(work)`` for ``EmbedPipeline``: runs ``EmbedJob``s on long-lived Ray actors.
 
-    One Ray row is one encoder batch of the job (``job.batches()``), so every checkpoint sees
-    exactly the batches the in-process executor would encode: the embeddings are identical for
-    the same decoder. Decode actors (Pillow or DALI, CPU) feed encoder actors that each hold all K
-    checkpoints (one per GPU, ``num_gpus=1``; one on a CPU-only cluster) and return one embedding
-    column per checkpoint. The driver writes results to the stores as they stream in
-    (``iter_batches``), and the sink commits an atomic shard every ``flush_rows`` rows, so a killed
-    run keeps its work. Actors are built from the job's configs, never from live models, and are
-    restarted (and their task retried) if they die. Ray Data's streaming back-pressure bounds
-    memory: at most ``inflight`` batches per actor are queued.
+    The runner owns its actors: created on its first call, reused by every later call until
+    ``close()`` (or ``with``) kills them. So the entries of a job file (``jobs/grid.py`` keeps one
+    runner per cluster address) and the passes of one run pay the worker start-up (processes,
+    ``import torch, open_clip``: 5-70 s on 2 shared cores) once. Actors are configured per call from the job's
+    configs, never from live models: a decoder is rebuilt only when the decode config changes, an
+    encoder loads only the checkpoints it does not hold yet (dropping those the call does not use)
+    and checks them against the driver's fingerprints. A call whose plan (actor counts, GPU or not)
+    differs from the pools' re-creates them.
+
+    Two layouts. With GPUs (or ``decode_actors`` / ``encode_actors`` given): decode actors (Pillow
+    or DALI) feed encoder actors that hold all K checkpoints (one per GPU, ``num_gpus=1``); each
+    decoded batch travels as an object ref from decoder to encoder, never through the driver. On a
+    CPU-only cluster by default: one actor per node decodes and encodes, two batches at a time (one
+    decoding while the other encodes, as the in-process executor does), so no pixels cross
+    processes and no extra processes compete for the cores.
+
+    One task is one encoder batch of the job (``job.batches()``), so every checkpoint sees exactly
+    the batches the in-process executor would encode: the embeddings are identical for the same
+    decoder. The driver keeps at most ``inflight`` batches per actor (decoded batches waiting for an
+    encoder are bounded too, which bounds memory) and writes results to the stores as they finish
+    (``ray.wait``), in any order; the sink commits an atomic shard every ``flush_rows`` rows, so a
+    killed run keeps its work. An actor that dies is restarted and its batches are retried (up to 3
+    times each).
+
+    Actors reserve no logical CPUs (``num_cpus=0``, spread over the nodes): idle pools must not
+    starve the Ray tasks and actors that other parts of a run start on the same cluster (tar-shard
+    scans, sharded ranking or mining). The plan still sizes them from the cluster's CPUs and sets
+    their threads.
 
     address: a Ray cluster to join (default ``$RAY_ADDRESS``; neither: start a local cluster).
     An already initialised Ray session in this process is used as it is.
@@ -87,13 +107,16 @@ class RayRunner:
         self.address = address or os.environ.get("RAY_ADDRESS") or None
         self.decode_actors, self.encode_actors, self.inflight = decode_actors, encode_actors, inflight
         self._owned = False
+        self._pools: dict[str, tuple] = {}  # "decode" | "encode" | "embed" -> (key, [actor handles])
 
     # -- cluster -------------------------------------------------------------------------
     def _connect(self) -> None:
         self._owned = connect(self.address) or self._owned
 
     def close(self) -> None:
-        """Shut Ray down if this runner started or joined it."""
+        """Kill the runner's actors, and shut Ray down if this runner started or joined it."""
+        for name in list(self._pools):
+            self._drop(name)
         if self._owned and ray.is_initialized():
             ray.shutdown()
         self._owned = False
@@ -104,24 +127,72 @@ class RayRunner:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # -- actors --------------------------------------------------------------------------
+    def _drop(self, name: str) -> None:
+        _, actors = self._pools.pop(name, (None, []))
+        if ray.is_initialized():
+            for a in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(a, no_restart=True)
+
+    def _pool(self, name: str, key: tuple, make) -> list:
+        """The pool ``name``, (re-)created by ``make()`` unless its ``key`` (the plan) is unchanged."""
+        if name in self._pools and self._pools[name][0] != key:
+            self._drop(name)
+        if name not in self._pools:
+            self._pools[name] = (key, make())
+        return self._pools[name][1]
+
+    def _decoders(self, plan: dict, cls=None) -> list:
+        cls = cls or _DecodeActor
+        actor = ray.remote(cls).options(num_cpus=0, scheduling_strategy="SPREAD", **_RESTART)
+        return self._pool("decode", (plan["n_dec"], cls), lambda: [actor.remote() for _ in range(plan["n_dec"])])
+
+    def _encoders(self, plan: dict) -> list:
+        actor = ray.remote(_EncodeActor).options(num_cpus=0, num_gpus=1 if plan["gpu"] else 0,
+                                                 scheduling_strategy="DEFAULT" if plan["gpu"] else "SPREAD",
+                                                 **_RESTART)
+        return self._pool("encode", (plan["n_enc"], plan["gpu"]),
+                          lambda: [actor.remote() for _ in range(plan["n_enc"])])
+
+    def _fused(self, plan: dict, cls=None) -> list:
+        cls = cls or _EmbedActor
+        actor = ray.remote(cls).options(num_cpus=0, max_concurrency=2, scheduling_strategy="SPREAD", **_RESTART)
+        return self._pool("embed", (plan["n_enc"], cls), lambda: [actor.remote() for _ in range(plan["n_enc"])])
+
+    def workers(self) -> dict[str, list[dict]]:
+        """The live actors' ``{"pid", "node", "loads"}`` per pool ("decode" and "encode", or "embed");
+        ``loads`` counts the checkpoints an encoder has loaded since it started."""
+        return {name: ray.get([a.info.remote() for a in actors]) for name, (_, actors) in self._pools.items()}
+
     # -- running -------------------------------------------------------------------------
     def __call__(self, work: list[tuple[EmbedJob, EmbedSink]]) -> None:
         _run(work, self)
 
-    def _plan(self, image_job: EmbedJob | None, specs: tuple, n_batches: int, n_image_batches: int) -> dict:
+    def _plan(self, image_job: EmbedJob | None, specs: tuple) -> dict:
+        """The pools' sizes and threads for this cluster (a call with fewer batches uses fewer actors)."""
         res = ray.cluster_resources()
         cpus, gpus = max(1, int(res.get("CPU", 1))), int(res.get("GPU", 0))
         gpu = gpus > 0 and all(s.device == "auto" or s.device.startswith("cuda") for s in specs)
-        n_enc = max(1, min(self.encode_actors or (gpus if gpu else 1), n_batches))
-        n_dec = max(1, min(self.decode_actors or max(1, cpus - (n_enc if gpu else 0)), n_image_batches))
-        # Every actor must fit at once, or the encoder waits for the decoders to finish (no
-        # streaming). On a CPU-only cluster the encoder shares the cores with the decoders, as the
-        # in-process executor's threads do; with a GPU it keeps one core to feed it.
-        enc_cpus = 1.0 if gpu else 0.5
-        dec_cpus = max(0.25, min(1.0, (cpus - enc_cpus * n_enc) / n_dec))
+        if not gpu and self.decode_actors is None and self.encode_actors is None:
+            # CPU only: one process per node decodes and encodes, as the in-process executor does (no
+            # pixels between processes, no extra processes competing for the cores)
+            nodes = max(1, sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU")))
+            per = max(1, cpus // nodes)
+            return {"gpu": False, "fused": True, "n_enc": nodes, "n_dec": 0, "dec_threads": per, "enc_threads": per}
+        n_enc = max(1, self.encode_actors or (gpus if gpu else 1))
+        # a decoder per core, less one per GPU encoder to feed it; on CPUs the encoder shares the cores
+        # with the decoders, as the in-process executor's threads do
+        n_dec = max(1, self.decode_actors or max(1, cpus - (n_enc if gpu else 0)))
         threads = image_job.decode_threads if image_job else 1
-        return {"gpu": gpu, "n_enc": n_enc, "n_dec": n_dec, "enc_cpus": enc_cpus, "dec_cpus": dec_cpus,
-                "dec_threads": max(1, threads // n_dec), "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
+        return {"gpu": gpu, "fused": False, "n_enc": n_enc, "n_dec": n_dec, "dec_threads": max(1, threads // n_dec),
+                "enc_threads": 0 if gpu else max(1, cpus // n_enc)}
+
+
+# A crashed actor is restarted (its constructor takes no arguments: every task carries its config)
+# and the batches it held are retried, a few times each: a batch that keeps killing its worker fails
+# the run instead of looping (pinned by tests/test_ray_dali.py).
+_RESTART = {"max_restarts": -1, "max_task_retries": 3}
 
 
 class ScanMapper:
@@ -147,37 +218,9 @@ class ScanMapper:
         self._owned = False
 
 
-@contextlib.contextmanager
-def _data_context():
-    """Quiet, row-preserving Ray Data settings for one run; the caller's settings come back after.
-    Settings an older Ray lacks (``print_on_execution_start`` is newer than 2.10) are left alone."""
-    ctx = ray.data.DataContext.get_current()
-    quiet = [k for k in ("enable_progress_bars", "enable_auto_log_stats", "print_on_execution_start")
-             if hasattr(ctx, k)]
-    old = {k: getattr(ctx, k) for k in (*quiet, "target_max_block_size")}
-    for k in quiet:
-        setattr(ctx, k, False)
-    # One row (one encoder batch of pixels) may exceed the default block size; never split rows.
-    ctx.target_max_block_size = max(ctx.target_max_block_size or 0, 1 << 30)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(ctx, k, v)
-
-
-def _source(work: list[tuple[EmbedJob, EmbedSink]]) -> list[dict]:
-    """One Ray row per source batch (``job.batches()``), texts first (they are quick). The items
-    travel as JSON: images as [uri, crop or null], texts as strings."""
-    out = []
-    for job, _ in sorted(work, key=lambda w: w[0].modality != "text"):
-        for b in job.batches():
-            items = b["items"]
-            if job.modality == "image":
-                items = [[r.uri, list(r.crop) if r.crop is not None else None] for r in items]
-            out.append({"batch": len(out), "modality": job.modality, "rows": _pack(b["rows"]),
-                        "items": json.dumps(items), "models": json.dumps(list(b["models"]))})
-    return out
+def _sources(work: list[tuple[EmbedJob, EmbedSink]]) -> list[tuple[dict, EmbedSink]]:
+    """Every source batch (``job.batches()``) with its sink, texts first (they are quick)."""
+    return [(b, sink) for job, sink in sorted(work, key=lambda w: w[0].modality != "text") for b in job.batches()]
 
 
 def _light(job: EmbedJob | None) -> EmbedJob | None:
@@ -185,148 +228,153 @@ def _light(job: EmbedJob | None) -> EmbedJob | None:
     return None if job is None else dataclasses.replace(job, rows=np.zeros(0, np.int64), items=())
 
 
-def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=None) -> None:
-    """Run ``work`` on one Ray Data pipeline; ``decode_cls`` replaces the decode actor class."""
+def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=None, embed_cls=None) -> None:
+    """Run ``work`` on ``runner``'s actors; ``decode_cls`` replaces the decode actor class (and picks the
+    split layout), ``embed_cls`` the fused actor class (tests: a new pool either way)."""
     jobs = {job.modality: job for job, _ in work}
-    sinks = {job.modality: sink for job, sink in work}
     if not jobs:
         return
     image_job, text_job = _light(jobs.get("image")), _light(jobs.get("text"))
     specs = next(iter(jobs.values())).specs
     runner._connect()
-    source = _source(work)
-    n_img = sum(1 for b in source if b["modality"] == "image")
-    plan = runner._plan(image_job, specs, len(source), n_img)
+    source = _sources(work)
+    n_img = sum(1 for b, _ in source if b["modality"] == "image")
+    plan = runner._plan(image_job, specs)
     log.info("ray executor: %d batches, plan %s", len(source), plan)
     t0 = time.perf_counter()
-    with _data_context():
-        # Ray Data actor pools default to max_restarts=-1, max_task_retries=-1: a crashed actor is
-        # restarted and its batch redone (pinned by tests/test_ray_dali.py).
-        ds = ray.data.from_items(source, override_num_blocks=len(source))  # a block per batch, no metadata tasks
-        if image_job is not None:
-            ds = ds.map_batches(decode_cls or _DecodeActor, fn_constructor_args=(image_job, plan["dec_threads"]),
-                                batch_size=1, batch_format="numpy", num_cpus=plan["dec_cpus"],
-                                compute=ray.data.ActorPoolStrategy(size=plan["n_dec"],
-                                                                   max_tasks_in_flight_per_actor=runner.inflight))
-        ds = ds.map_batches(_EncodeActor, fn_constructor_args=(image_job or text_job, plan["enc_threads"]),
-                            batch_size=1, batch_format="numpy", num_gpus=1 if plan["gpu"] else 0,
-                            num_cpus=plan["enc_cpus"],
-                            compute=ray.data.ActorPoolStrategy(size=plan["n_enc"],
-                                                               max_tasks_in_flight_per_actor=runner.inflight))
-        k = len(specs)
-        for out in ds.iter_batches(batch_size=None, batch_format="numpy"):  # streams as batches finish
-            for j in range(len(out["batch"])):
-                sink = sinks[str(out["modality"][j])]
-                models = set(json.loads(out["models"][j]))  # the checkpoints that encoded this batch
-                sink.deliver({"rows": _unpack(out["rows"][j]), "ok": _unpack(out["ok"][j]),
-                              "error": json.loads(out["error"][j]),
-                              "keys": json.loads(out["keys"][j]) if "keys" in out else None,
-                              "emb": [_unpack(out[f"emb{i}"][j]) if i in models else None for i in range(k)]})
-                sink.time("decode_actor", float(out["decode_s"][j]))
-                sink.time("encode_actor", float(out["encode_s"][j]))
+    fused = plan["fused"] and decode_cls is None
+    encoders = (runner._fused(plan, embed_cls) if fused else runner._encoders(plan))[:len(source)]
+    decoders = runner._decoders(plan, decode_cls)[:n_img] if n_img and not fused else []
+    dec_job, enc_job = ray.put(image_job), ray.put(image_job or text_job)  # once per call, not per batch
+    sinks = {id(s): s for _, s in source}
+    pending = collections.deque(source)
+    ready: collections.deque = collections.deque()  # (batch or decoded ref, sink): waiting for an encoder
+    decoding: dict = {}  # ref -> (decoder index, sink)
+    encoding: dict = {}  # ref -> (encoder index, sink)
+    dec_busy, enc_busy = [0] * len(decoders), [0] * len(encoders)
+    cap = runner.inflight + fused  # a fused actor runs two batches at once (one decodes, one encodes): one queued
+    ahead = cap * (len(encoders) + len(decoders))  # decoded or decoding batches not yet on an encoder
+    try:
+        while pending or ready or decoding or encoding:
+            while pending and (fused or pending[0][0]["modality"] == "text"):  # no separate decoding
+                ready.append(pending.popleft())
+            while pending and min(dec_busy) < cap and len(ready) + len(decoding) < ahead:
+                batch, sink = pending.popleft()
+                i = dec_busy.index(min(dec_busy))
+                decoding[decoders[i].decode.remote(dec_job, plan["dec_threads"], batch)] = (i, sink)
+                dec_busy[i] += 1
+            while ready and min(enc_busy) < cap:
+                batch, sink = ready.popleft()
+                i = enc_busy.index(min(enc_busy))
+                if fused:
+                    ref = encoders[i].embed.remote(dec_job, enc_job, plan["dec_threads"], plan["enc_threads"], batch)
+                else:
+                    ref = encoders[i].encode.remote(enc_job, plan["enc_threads"], batch)
+                encoding[ref] = (i, sink)
+                enc_busy[i] += 1
+            refs = [*decoding, *encoding]
+            ray.wait(refs, num_returns=1, fetch_local=False)
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+            for ref in done:
+                if ref in decoding:  # its ref goes to an encoder: the pixels never pass through here
+                    i, sink = decoding.pop(ref)
+                    dec_busy[i] -= 1
+                    ready.append((ref, sink))
+                    continue
+                i, sink = encoding.pop(ref)
+                enc_busy[i] -= 1
+                out = ray.get(ref)
+                sink.time("decode_actor", out.pop("decode_s"))
+                sink.time("encode_actor", out.pop("encode_s"))
+                sink.deliver(out)
+    except ray.exceptions.RayActorError:
+        for name in ("decode", "encode", "embed"):  # past its retries: the next call starts new actors
+            runner._drop(name)
+        raise
+    # on other errors (too many failures, an interrupt) the batches still queued on the actors run to
+    # their end and are dropped; the actors stay usable
     elapsed = time.perf_counter() - t0
     for sink in sinks.values():
         sink.time("ray", elapsed)
         sink.stats.seconds += elapsed
 
 
-def _batch(rows: dict, j: int) -> dict:
-    """Ray row j as the stages' batch dict (see hardrank.embed.job)."""
-    modality = str(rows["modality"][j])
-    items = json.loads(rows["items"][j])
-    if modality == "image":
-        items = [ImageRef(u, None if c is None else tuple(c)) for u, c in items]
-    b = {"modality": modality, "rows": _unpack(rows["rows"][j]), "items": items,
-         "models": tuple(json.loads(rows["models"][j]))}
-    if "ok" in rows:
-        b["ok"] = _unpack(rows["ok"][j])
-        b["error"] = json.loads(rows["error"][j])
-        if "keys" in rows:  # content keys the decode actor hashed (--key-by id)
-            b["keys"] = json.loads(rows["keys"][j])
-        if modality == "image":
-            b["pixels"] = torch.from_numpy(_unpack(rows["pixels"][j]))  # (n, 3, H, W) float32
-    return b
-
-
 class _DecodeActor:
-    """Ray Data UDF around the decode stage: Ray rows (one source batch each) -> decoded rows."""
+    """Decode actor: source batch -> decoded batch (pixels as numpy, which Ray hands over without a
+    copy). The decoder is built from the job's configs and rebuilt only when they change."""
 
-    def __init__(self, job: EmbedJob, threads: int):
-        self.stage = DecodeStage(job, threads)
-        self.hw = image_size(job.preprocess_cfg)
+    def __init__(self):
+        self.stage, self.key = None, None
 
-    def __call__(self, rows: dict) -> dict:
-        out = {c: [] for c in ("batch", "modality", "rows", "items", "models", "pixels", "ok", "error", "keys",
-                               "decode_s")}
-        for j in range(len(rows["batch"])):
-            b = _batch(rows, j)
-            t = time.perf_counter()
-            d = self.stage(b)
-            out["decode_s"].append(time.perf_counter() - t)
-            n = len(b["rows"])
-            pixels = d["pixels"].numpy() if "pixels" in d else np.zeros((0, 3, *self.hw), np.float32)
-            for c, v in (("batch", rows["batch"][j]), ("modality", rows["modality"][j]), ("rows", b["rows"]),
-                         ("items", rows["items"][j]), ("models", rows["models"][j]),
-                         ("pixels", pixels),  # (n, 3, H, W) float32
-                         ("ok", d.get("ok", np.ones(n, dtype=bool))),
-                         ("error", json.dumps(d.get("error") or [None] * n)),
-                         ("keys", json.dumps(d.get("keys")))):
-                out[c].append(v)
-        return _stack(out)
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(), "loads": 0}
+
+    def decode(self, job: EmbedJob, threads: int, batch: dict) -> dict:
+        key = (json.dumps(job.preprocess_cfg, sort_keys=True, default=str), job.decoder, job.batch_size,
+               job.key_by, threads)
+        if key != self.key:
+            self.stage, self.hw, self.key = DecodeStage(job, threads), image_size(job.preprocess_cfg), key
+        t = time.perf_counter()
+        d = self.stage(batch)
+        n = len(batch["rows"])
+        d["pixels"] = d["pixels"].numpy() if "pixels" in d else np.zeros((0, 3, *self.hw), np.float32)
+        d["decode_s"] = time.perf_counter() - t
+        d.setdefault("ok", np.ones(n, dtype=bool))
+        d["error"] = d.get("error") or [None] * n
+        return d
 
 
 class _EncodeActor:
-    """Ray Data UDF around the encode stage, holding all K checkpoints (loaded from the job's specs
-    and checked against the driver's fingerprints): decoded rows -> ``emb0..emb{K-1}``."""
+    """Encoder actor holding the call's K checkpoints (loaded from the job's specs, checked against
+    the driver's fingerprints, kept until the specs change): batch -> K embedding arrays."""
 
-    def __init__(self, job: EmbedJob, threads: int):
-        self.stage = EncodeStage(job, threads=threads)
+    def __init__(self):
+        self.stage, self.key, self.models, self.loads = None, None, {}, 0
 
-    def __call__(self, rows: dict) -> dict:
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(), "loads": self.loads}
+
+    def encode(self, job: EmbedJob, threads: int, batch: dict) -> dict:
+        key = (tuple(map(repr, job.specs)), tuple(job.fingerprints), threads)
+        if key != self.key:
+            models = {}
+            for s in job.specs:
+                k = repr(s)
+                if k not in models:
+                    models[k] = self.models.get(k)
+                    if models[k] is None:
+                        models[k], self.loads = load_model(s), self.loads + 1
+            self.models = models  # checkpoints of earlier calls that this one lacks are freed
+            self.stage = EncodeStage(job, [models[repr(s)] for s in job.specs], threads=threads)
+            self.key = key
+        if isinstance(batch.get("pixels"), np.ndarray):
+            with warnings.catch_warnings():  # Ray's zero-copy arrays are read-only; the encoder only reads them
+                warnings.simplefilter("ignore", UserWarning)
+                batch["pixels"] = torch.from_numpy(batch["pixels"])
+        t = time.perf_counter()
+        e = self.stage(batch)
         k = self.stage.k
-        out = {c: [] for c in ("batch", "modality", "rows", "models", "ok", "error", "keys", "decode_s", "encode_s")}
-        out.update({f"emb{i}": [] for i in range(k)})
-        for j in range(len(rows["batch"])):
-            b = _batch(rows, j)
-            if "ok" not in b:  # texts when no image decode stage ran
-                b["ok"], b["error"] = np.ones(len(b["rows"]), dtype=bool), [None] * len(b["rows"])
-            t = time.perf_counter()
-            e = self.stage(b)
-            out["encode_s"].append(time.perf_counter() - t)
-            for c, v in (("batch", rows["batch"][j]), ("modality", rows["modality"][j]), ("rows", e["rows"]),
-                         ("models", rows["models"][j]), ("ok", e["ok"]), ("error", json.dumps(e["error"])),
-                         ("keys", json.dumps(e.get("keys"))),
-                         ("decode_s", float(rows["decode_s"][j]) if "decode_s" in rows else 0.0)):
-                out[c].append(v)
-            for i in range(k):  # checkpoints that did not encode the batch send an empty array
-                emb = e["emb"][i] if e["emb"] else None
-                out[f"emb{i}"].append(emb if emb is not None else np.zeros((0, 1), np.float32))
-        return _stack(out)
+        return {"rows": e["rows"], "ok": e["ok"], "error": e["error"], "keys": e.get("keys"),
+                "emb": list(e["emb"]) if e["emb"] else [None] * k,
+                "decode_s": float(batch.get("decode_s", 0.0)), "encode_s": time.perf_counter() - t}
 
 
-def _pack(a: np.ndarray) -> bytes:
-    """An array as .npy bytes. Per-row arrays travel as bytes, not as Ray tensor columns: their
-    shapes differ from row to row, and Ray's variable-shaped tensor columns fail to concatenate in
-    some Ray releases; bytes are plain Arrow binary in every one."""
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
-    return buf.getvalue()
+class _EmbedActor:
+    """Decode and encode in one process (CPU-only clusters, one per node): two batches at a time
+    (``max_concurrency=2``), one decoding while the other encodes, as the in-process executor's
+    prefetch thread; a lock per stage keeps each stage single-file."""
 
+    def __init__(self):
+        self.dec, self.enc = _DecodeActor(), _EncodeActor()
+        self.dec_lock, self.enc_lock = threading.Lock(), threading.Lock()
 
-def _unpack(b: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(b), allow_pickle=False)
+    def info(self) -> dict:
+        return self.enc.info()
 
-
-def _stack(cols: dict) -> dict:
-    """Per-row values -> a numpy batch: arrays are packed to bytes, held (like all bytes) in object
-    arrays (a fixed-width bytes array would drop trailing zero bytes)."""
-    out = {}
-    for name, vals in cols.items():
-        vals = [_pack(v) if isinstance(v, np.ndarray) else v for v in vals]
-        if vals and isinstance(vals[0], bytes):
-            arr = np.empty(len(vals), dtype=object)
-            arr[:] = vals
-            out[name] = arr
-        else:
-            out[name] = np.asarray(vals)
-    return out
+    def embed(self, dec_job: EmbedJob | None, enc_job: EmbedJob, dec_threads: int, enc_threads: int,
+              batch: dict) -> dict:
+        if batch["modality"] == "image":
+            with self.dec_lock:
+                batch = self.dec.decode(dec_job, dec_threads, batch)
+        with self.enc_lock:
+            return self.enc.encode(enc_job, enc_threads, batch)

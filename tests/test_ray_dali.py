@@ -296,12 +296,12 @@ def test_ray_crashed_decode_actor_is_restarted_dali_within_bound(tmp_path, tiny,
     marker = tmp_path / "crashed"
 
     class CrashOnce(_DecodeActor):  # defined here, so Ray ships it by value
-        def __call__(self, batch):
+        def decode(self, *args):
             self.calls = getattr(self, "calls", 0) + 1
             if self.calls == 2 and not marker.exists():
                 marker.touch()
                 os._exit(1)  # the worker process dies mid-run
-            return super().__call__(batch)
+            return super().decode(*args)
 
     models = tiny["models"]
     tables = _world(tmp_path / "img")
@@ -320,6 +320,94 @@ def test_ray_crashed_decode_actor_is_restarted_dali_within_bound(tmp_path, tiny,
     for s in stores:
         keys = _shard_keys(s, "image")
         assert len(keys) == len(set(keys)) == 42
+    runner.close()
+
+
+@pytest.mark.slow
+def test_ray_crashed_fused_actor_is_restarted_and_its_batches_redone(tmp_path, tiny, ray_cluster):
+    """The CPU-only layout (one actor decoding and encoding two batches at a time): its process dies
+    mid-run, is restarted, and the batches it held are redone; the result equals the in-process one."""
+    from hardrank.jobs import ray_executor
+    from hardrank.jobs.ray_executor import RayRunner, _EmbedActor
+
+    marker = tmp_path / "crashed"
+
+    class CrashOnce(_EmbedActor):  # defined here, so Ray ships it by value
+        def embed(self, *args):
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls == 3 and not marker.exists():
+                marker.touch()
+                os._exit(1)  # the worker process dies with batches in flight
+            return super().embed(*args)
+
+    models = tiny["models"]
+    tables, ref_tables = _world(tmp_path / "img"), _world(tmp_path / "img")
+    stores, ref = _stores(tmp_path / "ray", models), _stores(tmp_path / "local", models)
+    runner = RayRunner()
+    st = embed_tables(tables, models, stores, batch_size=8, flush_rows=8,
+                      runner=lambda work: ray_executor._run(work, runner, embed_cls=CrashOnce))
+    assert marker.exists() and list(runner._pools) == ["embed"]
+    assert st["image"].encoded == 42 and st["image"].failed == 2 and st["text"].encoded == 23
+    embed_tables(ref_tables, models, ref, batch_size=8)
+    for s, a, b in zip(stores, _contents(ref, ref_tables), _contents(stores, tables)):
+        for mod in ("image", "text"):
+            assert np.array_equal(a[mod], b[mod]), mod
+            keys = _shard_keys(s, mod)
+            assert len(keys) == len(set(keys)) == s.count(mod)
+    runner.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pools", [{"decode": 2, "encode": 1}, {"embed": 1}], ids=["split", "fused"])
+def test_ray_runner_reuses_its_actors_across_calls_and_close_kills_them(tmp_path, tiny, ray_cluster, pools):
+    """Consecutive calls (a job file's entries: other checkpoints, then the first again) run on the same
+    actor processes, encoders re-load only checkpoints they lack, the embeddings equal the in-process
+    executor's bit for bit, and close() ends the processes. Split: decode actors feed an encoder actor (as
+    with GPUs); fused: the CPU-only default, one actor per node decodes and encodes."""
+    import ray
+
+    from hardrank.jobs.ray_executor import RayRunner
+
+    def pids(workers):
+        return {name: sorted(w["pid"] for w in ws) for name, ws in workers.items()}
+
+    models = tiny["models"]
+    runner = RayRunner(decode_actors=2) if "decode" in pools else RayRunner()
+    seen, loads = [], []
+    for i, chosen in enumerate([[models[0]], [models[1]], [models[1]], models]):
+        tables, ref_tables = _world(tmp_path / "img"), _world(tmp_path / "img")
+        stores = _stores(tmp_path / f"ray{i}", chosen)
+        st = embed_tables(tables, chosen, stores, batch_size=8, runner=runner)
+        assert st["image"].encoded == 42 and st["image"].failed == 2 and st["text"].encoded == 23
+        ref = _stores(tmp_path / f"local{i}", chosen)
+        embed_tables(ref_tables, chosen, ref, batch_size=8)
+        for a, b in zip(_contents(ref, ref_tables), _contents(stores, tables)):
+            for mod in ("image", "text"):
+                assert a[mod].shape[0] > 0 and np.array_equal(a[mod], b[mod]), (i, mod)
+        workers = runner.workers()
+        seen.append(pids(workers))
+        loads.append(sum(w["loads"] for w in workers["encode" if "encode" in pools else "embed"]))
+    assert {name: len(p) for name, p in seen[0].items()} == pools
+    assert all(s == seen[0] for s in seen), seen  # the same processes served every call
+    assert loads == [1, 2, 2, 3], loads  # model 1 kept for the third call; model 0 re-loaded for the fourth
+
+    handles = [a for _, actors in runner._pools.values() for a in actors]
+    gone = [p for ps in seen[0].values() for p in ps]
+    runner.close()
+    assert ray.is_initialized() and not runner._pools  # the fixture's session stays up
+    for a in handles:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(a.info.remote(), timeout=60)
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{p}").exists() for p in gone) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{p}").exists() for p in gone), "close() left actor processes running"
+
+    # a later call on the closed runner starts new actors and still works
+    tables = _world(tmp_path / "img")
+    st = embed_tables(tables, models[:1], _stores(tmp_path / "again", models[:1]), batch_size=8, runner=runner)
+    assert st["image"].encoded == 42 and not {p for ps in pids(runner.workers()).values() for p in ps} & set(gone)
+    runner.close()
 
 
 _KILLED_RUN = r"""

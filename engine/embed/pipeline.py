@@ -34,7 +34,7 @@ log = logging.getLogger("hardrank.embed")
 
 
 def make_runner(options: EmbedOptions, models: list[LoadedModel]):
-    """The executor ``options.executor`` names: in-process, or Ray Data actor pools (the Ray
+    """The executor ``options.executor`` names: in-process, or long-lived Ray actors (the Ray
     runner lives in ``hardrank.jobs``, the only package that imports Ray)."""
     if options.executor == "local":
         return LocalRunner(models)
