@@ -388,3 +388,28 @@ def test_watch_picks_up_a_checkpoint_written_while_it_runs(arch, tmp_path):
     res = json.loads((out / "epoch_2" / "karpathy.json").read_text())
     assert res["provenance"]["checkpoint_hash"] == hardrank.load_model(
         hardrank.ModelSpec("hr-tiny", str(target), device="cpu", quick_gelu=True)).checkpoint_hash
+
+
+def test_low_precision_text_tower_runs_sequence_first_with_the_same_embeddings(arch, tmp_path):
+    """bf16 loads run the text tower's blocks sequence-first (one flat GEMM per projection instead of a
+    bmm over a per-position copy of the weight); the embeddings are those of the batch-first tower."""
+    from hardrank.embed import TextEncoder
+    from hardrank.models import _text_sequence_first
+
+    ckpt = tmp_path / "c.safetensors"
+    save_file(arch["sd"], str(ckpt))
+    m16 = hardrank.load_model(hardrank.ModelSpec("hr-tiny", str(ckpt), precision="bf16", device="cpu"))
+    m32 = hardrank.load_model(hardrank.ModelSpec("hr-tiny", str(ckpt), precision="fp32", device="cpu"))
+    assert m16.model.transformer.batch_first is False
+    assert all(b.attn.batch_first is False for b in m16.model.transformer.resblocks)
+    assert m32.model.transformer.batch_first is True  # fp32 is left as open_clip builds it
+    texts = ["a dog on a red sofa", "two men", "", "a very long caption " * 4, "a dog on a red sofa"]
+    seq = TextEncoder([m16])({"text": texts})["emb0"]
+    ref = open_clip.create_model("hr-tiny", pretrained=None).eval()
+    ref.load_state_dict(arch["sd"])
+    ref = ref.to(torch.bfloat16).requires_grad_(False)  # batch-first, as loaded before
+    m16.model = ref
+    batch_first = TextEncoder([m16])({"text": texts})["emb0"]
+    assert np.allclose(seq, batch_first, atol=2e-2)  # bf16 rounding; bit-identical where both GEMMs agree
+    assert (seq * batch_first).sum(1).min() > 0.999
+    assert _text_sequence_first(torch.nn.Linear(2, 2)) is False  # not an open_clip text tower: untouched
