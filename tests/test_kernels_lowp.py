@@ -326,6 +326,10 @@ def test_bench_kernels_times_both_paths(tmp_path, capsys):
     assert {r["key"] for r in res["rows"]} == {"gemm", "gemm_lp", "grouped", "grouped_lp", "topk", "topk_lp"}
     assert res["bit_identical"] == {"grouped": True, "topk": True}
     assert "x the fp32 GEMM throughput" in capsys.readouterr().out
+    from hardrank.errors import UsageError
+    for flag in ("--nq", "--nb", "--repeat"):  # an empty problem is named, not a traceback
+        with pytest.raises(UsageError, match=f"{flag} must be >= 1, got 0"):
+            args.func(parser.parse_args(["kernels", flag, "0", "--out", str(out)]))
 
 
 def test_auto_precision_follows_the_hardware_and_says_why(monkeypatch):

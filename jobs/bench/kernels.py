@@ -162,6 +162,12 @@ def _time_once(fn, dev: torch.device) -> tuple[float, int, object]:
 
 def run_kernels_bench(args) -> int:
     """Time each method on one problem, in interleaved rounds; print the table, write the JSON."""
+    for flag, v, lo in (("--nq", args.nq, 1), ("--nb", args.nb, 1), ("--d", args.d, 1),
+                        ("--variants", args.variants, 0), ("--positives", args.positives, 1),
+                        ("--baseline-queries", args.baseline_queries, 1),
+                        ("--budget-mb", args.budget_mb, 1), ("--repeat", args.repeat, 1)):
+        if v < lo:
+            raise UsageError(f"{flag} must be >= {lo}, got {v}")
     dev = torch.device(resolve_device(args.device))
     tilings = _tilings(args.gemm_tiling)
     lp = resolve_precision("auto", dev) if args.precision == "auto" else args.precision
