@@ -208,7 +208,6 @@ class Levels:
         self.xb, self.device = xb, device
         self.d = d = xb.shape[1]
         self.flushes = _flushes_denormals(device)
-        self.first = first
         cuda = device.type == "cuda"
         ieee = _fp32_matmul_is_ieee(device)
         u8 = _UNIT["bf16"]

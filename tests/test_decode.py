@@ -145,13 +145,6 @@ def test_rgb_decode_skips_copy_but_matches_convert(tmp_path):
     assert np.array_equal(np.asarray(img), np.asarray(want))
 
 
-def _draft_ref(cfg, ref):
-    try:
-        return make_transform(cfg)(decode_image(ref)), None
-    except Exception as exc:
-        return None, failure_reason(exc)
-
-
 @pytest.mark.parametrize("cfg_name", sorted(CFGS))
 def test_pillow_draft_exact_where_it_cannot_reduce_and_close_where_it_does(tmp_path, cfg_name):
     """--decoder pillow-draft: identical bits for every image it cannot reduce (under 2x the resized size,
