@@ -135,30 +135,16 @@ class RayRunner:
                 with contextlib.suppress(Exception):
                     ray.kill(a, no_restart=True)
 
-    def _pool(self, name: str, key: tuple, make) -> list:
-        """The pool ``name``, (re-)created by ``make()`` unless its ``key`` (the plan) is unchanged."""
+    def _pool(self, name: str, cls, n: int, **options) -> list:
+        """The pool ``name``: ``n`` actors of ``cls`` (Ray ``options`` besides the restart policy and no CPU
+        reservation), reused while ``(cls, n, options)`` stay the same, re-created when they change."""
+        key = (cls, n, tuple(sorted(options.items())))
         if name in self._pools and self._pools[name][0] != key:
             self._drop(name)
         if name not in self._pools:
-            self._pools[name] = (key, make())
+            actor = ray.remote(cls).options(num_cpus=0, **_RESTART, **options)
+            self._pools[name] = (key, [actor.remote() for _ in range(n)])
         return self._pools[name][1]
-
-    def _decoders(self, plan: dict, cls=None) -> list:
-        cls = cls or _DecodeActor
-        actor = ray.remote(cls).options(num_cpus=0, scheduling_strategy="SPREAD", **_RESTART)
-        return self._pool("decode", (plan["n_dec"], cls), lambda: [actor.remote() for _ in range(plan["n_dec"])])
-
-    def _encoders(self, plan: dict) -> list:
-        actor = ray.remote(_EncodeActor).options(num_cpus=0, num_gpus=1 if plan["gpu"] else 0,
-                                                 scheduling_strategy="DEFAULT" if plan["gpu"] else "SPREAD",
-                                                 **_RESTART)
-        return self._pool("encode", (plan["n_enc"], plan["gpu"]),
-                          lambda: [actor.remote() for _ in range(plan["n_enc"])])
-
-    def _fused(self, plan: dict, cls=None) -> list:
-        cls = cls or _EmbedActor
-        actor = ray.remote(cls).options(num_cpus=0, max_concurrency=2, scheduling_strategy="SPREAD", **_RESTART)
-        return self._pool("embed", (plan["n_enc"], cls), lambda: [actor.remote() for _ in range(plan["n_enc"])])
 
     def workers(self) -> dict[str, list[dict]]:
         """The live actors' ``{"pid", "node", "loads"}`` per pool ("decode" and "encode", or "embed");
@@ -243,8 +229,15 @@ def _run(work: list[tuple[EmbedJob, EmbedSink]], runner: RayRunner, decode_cls=N
     log.info("ray executor: %d batches, plan %s", len(source), plan)
     t0 = time.perf_counter()
     fused = plan["fused"] and decode_cls is None
-    encoders = (runner._fused(plan, embed_cls) if fused else runner._encoders(plan))[:len(source)]
-    decoders = runner._decoders(plan, decode_cls)[:n_img] if n_img and not fused else []
+    if fused:
+        encoders = runner._pool("embed", embed_cls or _EmbedActor, plan["n_enc"], max_concurrency=2,
+                                scheduling_strategy="SPREAD")
+    else:
+        encoders = runner._pool("encode", _EncodeActor, plan["n_enc"], num_gpus=1 if plan["gpu"] else 0,
+                                scheduling_strategy="DEFAULT" if plan["gpu"] else "SPREAD")
+    encoders = encoders[:len(source)]
+    decoders = runner._pool("decode", decode_cls or _DecodeActor, plan["n_dec"],
+                            scheduling_strategy="SPREAD")[:n_img] if n_img and not fused else []
     dec_job, enc_job = ray.put(image_job), ray.put(image_job or text_job)  # once per call, not per batch
     sinks = {id(s): s for _, s in source}
     pending = collections.deque(source)

@@ -246,6 +246,20 @@ def _contents(stores, tables) -> list[dict]:
     return out
 
 
+def _crash_once(base: type, method: str, nth: int, marker: Path) -> type:
+    """A subclass of the actor class ``base`` whose process exits on the ``nth`` call of ``method``, once
+    per ``marker`` file. Built in a function, so Ray ships the class by value (workers need not import
+    the tests)."""
+    def call(self, *args):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == nth and not marker.exists():
+            marker.touch()
+            os._exit(1)  # the worker process dies mid-run
+        return getattr(base, method)(self, *args)
+
+    return type(f"CrashOnce{base.__name__}", (base,), {method: call})
+
+
 def _shard_keys(store: EmbeddingStore, modality: str) -> list[str]:
     import pyarrow as pa
     import pyarrow.ipc as ipc
@@ -295,13 +309,7 @@ def test_ray_crashed_decode_actor_is_restarted_dali_within_bound(tmp_path, tiny,
 
     marker = tmp_path / "crashed"
 
-    class CrashOnce(_DecodeActor):  # defined here, so Ray ships it by value
-        def decode(self, *args):
-            self.calls = getattr(self, "calls", 0) + 1
-            if self.calls == 2 and not marker.exists():
-                marker.touch()
-                os._exit(1)  # the worker process dies mid-run
-            return super().decode(*args)
+    CrashOnce = _crash_once(_DecodeActor, "decode", 2, marker)
 
     models = tiny["models"]
     tables = _world(tmp_path / "img")
@@ -332,13 +340,7 @@ def test_ray_crashed_fused_actor_is_restarted_and_its_batches_redone(tmp_path, t
 
     marker = tmp_path / "crashed"
 
-    class CrashOnce(_EmbedActor):  # defined here, so Ray ships it by value
-        def embed(self, *args):
-            self.calls = getattr(self, "calls", 0) + 1
-            if self.calls == 3 and not marker.exists():
-                marker.touch()
-                os._exit(1)  # the worker process dies with batches in flight
-            return super().embed(*args)
+    CrashOnce = _crash_once(_EmbedActor, "embed", 3, marker)  # dies with batches in flight
 
     models = tiny["models"]
     tables, ref_tables = _world(tmp_path / "img"), _world(tmp_path / "img")
