@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
+from hardrank.jobs.bench.kernels import bare_gemm  # the fp32 GEMM of the kernels' blocks, nothing else
 from hardrank.kernels import grouped_ranks, topk
-from hardrank.kernels._common import gallery_tiles, plan_tiles
+from hardrank.kernels._common import plan_tiles
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -23,18 +24,6 @@ OUT = Path(__file__).resolve().parent / "results"
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def bare_gemm(xq, xb, q_block, g_block):
-    """The fp32 GEMM work of grouped_ranks with nothing else: same blocks, same tiles (one reused
-    output buffer, as the kernels keep), no reduction."""
-    nq, nb = xq.shape[0], xb.shape[0]
-    tiles = gallery_tiles(nb, g_block)
-    out = torch.empty(min(q_block, nq), tiles[0][2] - tiles[0][0], device=xq.device)
-    for r0 in range(0, nq, q_block):
-        a = xq[r0:r0 + q_block].float()
-        for c0, _, c1 in tiles:
-            torch.mm(a, xb[c0:c1].float().T, out=out[:a.shape[0]])
 
 
 def full_matrix_ranks(xq, xb, pos_first):

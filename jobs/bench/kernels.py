@@ -76,6 +76,25 @@ def _tilings(text: str | None) -> list[tuple[int, int]]:
     return [tiling]
 
 
+def bare_gemm(xq: torch.Tensor, xb: torch.Tensor, qb: int, gb: int, dtype: torch.dtype = torch.float32) -> None:
+    """Every (qb, gb) score tile of xq @ xb.T into one reused buffer, nothing else done: the limit the
+    kernels are held to. ``dtype``: operands (the gallery tile is converted on the fly, as the kernels
+    do); the output is fp32, or the operand dtype where the device's GEMM returns that (CPU fp16/bf16)."""
+    dev = xq.device
+    cpu_lp = dev.type == "cpu" and dtype != torch.float32
+    out = torch.empty((min(qb, len(xq)), min(gb, len(xb))), device=dev, dtype=dtype if cpu_lp else torch.float32)
+    a_all = xq.to(dtype)
+    for q0 in range(0, len(xq), qb):
+        a = a_all[q0:q0 + qb]
+        for c0 in range(0, len(xb), gb):
+            b = xb[c0:c0 + gb].to(dtype)
+            o = out[:len(a), :len(b)]
+            if dtype == torch.float32 or cpu_lp:
+                torch.mm(a, b.T, out=o)
+            else:
+                o.copy_(torch.mm(a, b.T, out_dtype=torch.float32))
+
+
 class _Problem:
     """A COCO-shaped ranking problem: ``xq (nq, d)`` queries against ``xb (nb, d)``, a clean group
     of ``nb0`` items then ``variants`` added groups, ``npos`` positives per query in the clean group."""
@@ -106,21 +125,7 @@ class _Problem:
         self.pos_ptr = torch.arange(self.nq + 1, device=dev) * npos
 
     def bare_gemm(self, qb: int, gb: int, dtype: torch.dtype) -> None:
-        """Every (qb, gb) score tile into one reused buffer, nothing else done. ``dtype``: operands (the
-        gallery tile is converted on the fly, as the kernels do); the output is fp32, or the operand
-        dtype where the device's GEMM returns that (CPU fp16/bf16)."""
-        cpu_lp = self.dev.type == "cpu" and dtype != torch.float32
-        out = torch.empty((qb, gb), device=self.dev, dtype=dtype if cpu_lp else torch.float32)
-        a_all = self.xq.to(dtype)
-        for q0 in range(0, self.nq, qb):
-            a = a_all[q0:q0 + qb]
-            for c0 in range(0, self.nb, gb):
-                b = self.xb[c0:c0 + gb].to(dtype)
-                o = out[:len(a), :len(b)]
-                if dtype == torch.float32 or cpu_lp:
-                    torch.mm(a, b.T, out=o)
-                else:
-                    o.copy_(torch.mm(a, b.T, out_dtype=torch.float32))
+        bare_gemm(self.xq, self.xb, qb, gb, dtype)
 
     def full_argsort(self, m: int):
         """RoCOCO/BLIP reference style: whole score matrix, argsort each row."""
