@@ -32,6 +32,7 @@ import ray
 import torch
 
 from hardrank.kernels import GroupedRanks, best_positives, grouped_ranks
+from hardrank.kernels.ranking import check_rank_inputs
 from hardrank.mining.problem import f32
 
 from .ray_executor import connect
@@ -69,10 +70,6 @@ class _GalleryShard:
     def count(self, xq: np.ndarray, bounds: np.ndarray, ptr: np.ndarray, idx: np.ndarray, s_star: np.ndarray,
               p_star: np.ndarray, tie_rule: str, precision: str, budget_bytes: int):
         """(counts (nq, G), best negative score (nq, G), its global index (nq, G), info) of this slice."""
-        nq, G = len(xq), len(bounds) - 1
-        if self.xb.shape[0] == 0:
-            return (np.zeros((nq, G), np.int64), np.full((nq, G), -np.inf, np.float32),
-                    np.full((nq, G), -1, np.int64), {})
         r = grouped_ranks(torch.from_numpy(xq), self.xb, torch.from_numpy(bounds), torch.from_numpy(ptr),
                           torch.from_numpy(idx), tie_rule=tie_rule, precision=precision, budget_bytes=budget_bytes,
                           threshold=(torch.from_numpy(s_star), torch.from_numpy(p_star - self.lo)))
@@ -101,43 +98,38 @@ class ShardedRanker:
         bounds = np.asarray(group_bounds, np.int64)
         ptr, idx = np.asarray(pos_ptr, np.int64), np.asarray(pos_idx, np.int64)
         nq, nb = xq.shape[0], xb.shape[0]
+        check_rank_inputs(bounds, ptr, idx, nq, nb)  # before any actor starts, with the one-process messages
         n = gallery_shards(nb, xb.shape[1], self.shards, self.above_mb)
         cuts = np.linspace(0, nb, n + 1).astype(np.int64)  # contiguous slices (some empty if n > nb)
         cpus = max(1.0, float(ray.cluster_resources().get("CPU", 1)))
-        per = min(1.0, cpus / n)  # every actor must fit at once
+        per = min(1.0, cpus / n)  # every actor must fit at once (so each runs one thread)
         actor = ray.remote(max_restarts=-1, max_task_retries=-1)(_GalleryShard)
-        actors = [actor.options(num_cpus=per).remote(ray.put(xb[lo:hi]), int(lo), int(max(1, per)))
-                  for lo, hi in zip(cuts[:-1], cuts[1:])]
+        # the driver holds the slices' refs until the end: a crashed actor restarts from them (a ref
+        # passed inline is freed once the actor is built, and the restart then fails to load its slice)
+        slices = [ray.put(xb[lo:hi]) for lo, hi in zip(cuts[:-1], cuts[1:])]
+        actors = [actor.options(num_cpus=per).remote(ref, int(lo), 1) for ref, lo in zip(slices, cuts[:-1])]
         try:
             q = ray.put(xq)
             local = [local_csr((ptr, idx), int(lo), int(hi)) for lo, hi in zip(cuts[:-1], cuts[1:])]
             best = ray.get([a.best.remote(q, lp, li) for a, (lp, li) in zip(actors, local)])
             s_star, p_star = _merge_best([b[0] for b in best], [b[1] for b in best])
-            self._between_rounds(actors)
-            missing = np.nonzero(p_star < 0)[0]
-            if len(missing):
-                i = int(missing[0])
-                raise ValueError(f"query {i} has no positive (pos_ptr[{i}] == pos_ptr[{i + 1}]); every query "
-                                 "needs at least one positive in the gallery")
+            rs, rp = ray.put(s_star), ray.put(p_star)  # once, not once per shard
             calls = []
             for a, lo, hi, (lp, li) in zip(actors, cuts[:-1], cuts[1:], local):
                 lb = np.clip(bounds, lo, hi) - lo  # the groups cut to this slice (G + 1 bounds, some empty)
-                calls.append(a.count.remote(q, lb, lp, li, s_star, p_star, tie_rule, precision, budget_bytes))
+                calls.append(a.count.remote(q, lb, lp, li, rs, rp, tie_rule, precision, budget_bytes))
             parts = ray.get(calls)
         finally:
             for a in actors:
                 ray.kill(a)
-        counts = sum(p[0] for p in parts) if parts else np.zeros((nq, len(bounds) - 1), np.int64)
+        counts = sum(p[0] for p in parts)  # n >= 1 shards
         neg_score, neg_index = _merge_best([p[1] for p in parts], [p[2] for p in parts])
-        info = dict(next((p[3] for p in parts if p[3]), {}))
+        info = dict(parts[0][3])
         info["sharded"] = {"shards": n, "rows": np.diff(cuts).tolist()}
         log.info("ranked %d queries against a gallery of %d rows in %d shards", nq, nb, n)
-        return GroupedRanks(counts=torch.from_numpy(np.asarray(counts, np.int64)),
+        return GroupedRanks(counts=torch.from_numpy(counts),
                             pos_score=torch.from_numpy(s_star), pos_index=torch.from_numpy(p_star),
                             neg_score=torch.from_numpy(neg_score), neg_index=torch.from_numpy(neg_index), info=info)
-
-    def _between_rounds(self, actors) -> None:
-        """Called with the shard actors after the best positives are known (tests kill one here)."""
 
     def close(self) -> None:
         if self._owned and ray.is_initialized():

@@ -121,9 +121,9 @@ class ShardedSearch:
         self.d = problem.xb.shape[1]
         self.bounds = np.linspace(0, nb, shards + 1).astype(np.int64)  # contiguous slices (some empty if shards > nb)
         cpus = max(1.0, float(ray.cluster_resources().get("CPU", 1)))
-        per = min(1.0, cpus / (len(self.bounds) - 1))  # every actor must fit at once, or the search waits
+        per = min(1.0, cpus / (len(self.bounds) - 1))  # all actors fit at once (one thread each)
         actor = ray.remote(max_restarts=-1, max_task_retries=-1)(_Shard)
-        self.actors = [actor.options(num_cpus=per).remote(_slice(problem.xb, lo, hi), opts, int(max(1, per)))
+        self.actors = [actor.options(num_cpus=per).remote(_slice(problem.xb, lo, hi), opts, 1)
                        for lo, hi in zip(self.bounds[:-1], self.bounds[1:])]
         parts = ray.get([a.describe.remote() for a in self.actors])
         self.exact = all(p["exact"] for p in parts)

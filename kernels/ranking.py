@@ -145,6 +145,20 @@ def _check_bounds(group_bounds, nb: int) -> list[int]:
     return b.tolist()
 
 
+def check_rank_inputs(group_bounds, pos_ptr, pos_idx, nq: int, nb: int, every_query: bool = True
+                      ) -> tuple[list[int], list[int], torch.Tensor]:
+    """``grouped_ranks``'s checks of its groups and positives for nq queries against nb items: (bounds,
+    pos_ptr as a list, pos_idx int64). ``every_query``: each query needs a positive (not for one gallery
+    shard given its threshold). Callers that split the work (sharded galleries) run them up front."""
+    bounds = _check_bounds(group_bounds, nb)
+    ptr, pidx = check_csr("pos_ptr", "pos_idx", pos_ptr, pos_idx, nq, nb, "a gallery")
+    for i in range(nq if every_query else 0):
+        if ptr[i + 1] == ptr[i]:
+            raise ValueError(f"query {i} has no positive (pos_ptr[{i}] == pos_ptr[{i + 1}] == {ptr[i]}); "
+                             "every query needs at least one positive in the gallery")
+    return bounds, ptr, pidx
+
+
 def check_precision(precision) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -190,13 +204,8 @@ def grouped_ranks(xq: torch.Tensor, xb: torch.Tensor, group_bounds, pos_ptr, pos
     check_embeddings("xq", xq)
     check_embeddings("xb", xb, d=xq.shape[1])
     nq, nb = xq.shape[0], xb.shape[0]
-    bounds = _check_bounds(group_bounds, nb)
-    ptr, pidx = check_csr("pos_ptr", "pos_idx", pos_ptr, pos_idx, nq, nb, "a gallery")
+    bounds, ptr, pidx = check_rank_inputs(group_bounds, pos_ptr, pos_idx, nq, nb, every_query=threshold is None)
     given = None if threshold is None else _check_threshold(threshold, nq, xq.device)
-    for i in range(nq if given is None else 0):
-        if ptr[i + 1] == ptr[i]:
-            raise ValueError(f"query {i} has no positive (pos_ptr[{i}] == pos_ptr[{i + 1}] == {ptr[i]}); "
-                             "every query needs at least one positive in the gallery")
     device = xq.device
     first, why = first_level(precision, device, xq, xb)
     plan = plan_tiles(nq, budget_bytes, q_block, g_block, nb, low_precision_tile=lowp_tile(first, device))

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from test_kernels import assert_same  # tests/ on path
 
 from hardrank.kernels import TIE_RULES, grouped_ranks
 from hardrank.kernels.reference import grouped_ranks_reference
@@ -40,12 +41,6 @@ def _tied_gallery(seed=0, nq=29, nb=41, d=6, groups=(0, 13, 13, 30, 41)):
     return xq, xb, np.array(groups, np.int64), ptr, idx
 
 
-def _same(a, b):
-    for name in ("counts", "pos_score", "pos_index", "neg_score", "neg_index"):
-        x, y = getattr(a, name), getattr(b, name)
-        assert torch.equal(torch.as_tensor(x), torch.as_tensor(y)), name
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("shards, nb", [(1, 41), (3, 41), (7, 41), (9, 6)])  # 9 shards of 6 rows: empty
 @pytest.mark.parametrize("tie_rule", TIE_RULES)                                           # and one-row shards
@@ -59,8 +54,8 @@ def test_sharded_ranks_equal_the_one_process_pass(ray_cluster, shards, nb, tie_r
     ref = grouped_ranks_reference(T(xq), T(xb), T(bounds), T(ptr), T(idx), tie_rule=tie_rule)
     ranker = ShardedRanker(shards=shards)
     sharded = ranker(xq, xb, bounds, ptr, idx, tie_rule=tie_rule, budget_bytes=1 << 12)
-    _same(sharded, local)
-    _same(sharded, ref)
+    assert_same(sharded, local)
+    assert_same(sharded, ref)
     rows = sharded.info["sharded"]["rows"]
     assert rows == np.diff(np.linspace(0, nb, shards + 1).astype(int)).tolist()
     assert nb > shards or (0 in rows and 1 in rows)
@@ -83,17 +78,28 @@ def test_a_query_without_a_positive_fails_as_in_one_process(ray_cluster):
 
 
 @pytest.mark.slow
-def test_a_killed_shard_actor_does_not_change_the_ranks(ray_cluster):
-    from hardrank.jobs.ray_rank import ShardedRanker
+def test_a_killed_shard_actor_does_not_change_the_ranks(ray_cluster, tmp_path, monkeypatch):
+    """A shard actor's process dies in the counting round; Ray restarts it (reloading its slice) and
+    retries the call: the ranks are those of one process."""
+    import os
 
-    class KillOne(ShardedRanker):
-        def _between_rounds(self, actors):  # the actor dies; Ray restarts it (reloading its slice), retries
-            ray.kill(actors[1], no_restart=False)
+    from hardrank.jobs import ray_rank
 
+    marker = tmp_path / "died"
+
+    def count(self, *args):
+        if not marker.exists():
+            marker.touch()
+            os._exit(1)
+        return ray_rank._GalleryShard.count(self, *args)
+
+    # built here, so Ray ships the class by value
+    monkeypatch.setattr(ray_rank, "_GalleryShard", type("DiesOnce", (ray_rank._GalleryShard,), {"count": count}))
     xq, xb, bounds, ptr, idx = _tied_gallery(seed=5)
     T = torch.from_numpy
     local = grouped_ranks(T(xq), T(xb), T(bounds), T(ptr), T(idx))
-    _same(KillOne(shards=3)(xq, xb, bounds, ptr, idx), local)
+    assert_same(ray_rank.ShardedRanker(shards=3)(xq, xb, bounds, ptr, idx), local)
+    assert marker.exists()
 
 
 def test_shard_count_follows_the_gallery_size():
