@@ -188,7 +188,18 @@ def identity(url: str) -> str:
 
 
 def exists(url: str) -> bool:
-    return _probe(url, os.path.exists, "exists")
+    """Whether a file or folder is there. For a URL only a missing object is False: an unreachable server
+    or refused access raises, named with the fix (fsspec's ``exists`` reads those as "missing")."""
+    path = local_path(url)
+    if not is_url(path):
+        return os.path.exists(path)
+    fs, p = filesystem(path)
+    try:
+        with _errors(path, "looking up"):
+            fs.info(p)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def is_dir(url: str) -> bool:
@@ -293,8 +304,6 @@ def expand(pattern: str, *, what: str = "shards") -> list[str]:
         raise FileNotFoundError(f"{what} pattern {pattern!r} matches no file ({missing[0]} has none)")
     absent = [n for n in out if not exists(n)]
     if absent:
-        if is_url(absent[0]):
-            stat(absent[0])  # raises what the backend says when it is not a missing object (no server, no access)
         fix = ("check the range in braces (it names every shard, first..last)" if "{" in pattern
                else "check the name (`ls` the folder, or `aws s3 ls` / `gsutil ls` the bucket)")
         raise FileNotFoundError(f"{what} pattern {pattern!r}: {len(absent)} of {len(out)} files do not exist, e.g. "
