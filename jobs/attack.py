@@ -3,6 +3,7 @@ evaluation (summary) and the transfer matrix (variants found against A evaluated
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -34,7 +35,8 @@ from hardrank.embed import EmbedPipeline
 from hardrank.errors import EXIT_OK, UsageError
 from hardrank.evaluate import evaluate
 from hardrank.items import ImageRef, Tables
-from hardrank.suites.karpathy import N_PERTURBED, ROCOCO_TEXT_VARIANTS, read_karpathy
+from hardrank.perturb_images import variant_name
+from hardrank.suites.karpathy import N_PERTURBED, ROCOCO_TEXT_VARIANTS, image_variant_names, read_karpathy
 from hardrank.text import pre_caption
 
 from .flags import Formatter, expand_globs
@@ -325,7 +327,13 @@ def attack_images(args) -> int:
     embs = [pipe.embeddings(k, tables) for k in range(len(pipe.models))]
     neighbours = [nearest_images(e["image"][img_rows], args.k) for e in embs]
     pairs = list(dict.fromkeys(p for nb in neighbours for p in image_candidates(paths, nb)))
-    tag = f"{args.method}_{args.lam:g}_s{args.seed}"
+    # the folder keys all the files depend on: kept files are reused only for the same images, order
+    # (partners are named by index, patch boxes drawn in image order), size and quality
+    order = hashlib.blake2b("\n".join([os.path.abspath(root), *paths]).encode(), digest_size=4).hexdigest()
+    tag = f"{args.method}_{args.lam:g}_s{args.seed}_{args.size}px_q{args.quality}_{order}"
+    # `perturb images`' folder for these settings, less its seed: the published baseline, and the stem of
+    # the adversarial folders' names
+    published = variant_name(args.method, args.lam, args.seed).removesuffix(f"_s{args.seed}")
     device = resolve_device(args.device)
     t1 = time.perf_counter()
     files, written = write_image_candidates(root, paths, pairs, out / "candidates" / tag, method=args.method,
@@ -356,7 +364,7 @@ def attack_images(args) -> int:
             margins[cap_img, t, slot] = own_scores(alt, ctext, cap_img, device=device) - base
         choice, wins, mean = pick_partners(margins, kk)
         t_score += time.perf_counter() - ts
-        name = f"adv_{label}_{args.method}_{args.lam:g}"
+        name = f"adv_{label}_{published}"
         folder = root / f"{name}_s{args.seed}"
         for i in range(n):
             src = file_of[(i, int(neighbours[k][i, choice[i]]))]
@@ -370,13 +378,12 @@ def attack_images(args) -> int:
                     "caption_success_rate": 100.0 * float(wins.sum()) / len(cap_img),
                     "mean_margin": float(mean.mean()),
                     "partner_rank": {str(r): int((choice == r).sum()) for r in range(kk)}})
-    published = f"{args.method}_{args.lam:g}"
     base_views = [published] if (root / f"{published}_s{args.seed}").is_dir() else []
     opts = SuiteOptions(annotations=str(ann), images=str(root), text_variants=(),
                         image_variants=tuple(views + base_views), seeds=(args.seed,))
     results = _evaluate(args, pipe, out / "eval", opts)
     labels = list(pipe.labels)
-    seeded = [f"{v}_s{args.seed}" for v in views]
+    seeded = image_variant_names(views, [args.seed])
     for p, label, view in zip(per, labels, seeded):
         res = results[label]
         p["clean"] = _view(res, "original", "t2i")

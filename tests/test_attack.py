@@ -263,7 +263,8 @@ def test_image_attack_outranks_random_partners(world, tmp_path):
     assert p["adversarial"]["false_rate"] >= p["published"]["mix_0.9_s1"]["false_rate"]
     assert sum(p["partner_rank"].values()) == 40
     # every written image is one candidate, byte for byte, and loads as an image variant
-    cands = {f.read_bytes() for f in (out / "candidates" / "mix_0.9_s1").rglob("*.jpg")}
+    cand_dir, = (out / "candidates").glob("mix_0.9_s1_64px_q*")  # keyed by size, quality, the image list
+    cands = {f.read_bytes() for f in cand_dir.rglob("*.jpg")}
     assert all(f.read_bytes() in cands for f in folder.rglob("*.jpg"))
     tables = Tables.empty()
     (suite,) = load_suites(["rococo"], tables, SuiteOptions(annotations=str(world / "karpathy_test.json"),
