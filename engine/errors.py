@@ -54,7 +54,7 @@ def ray_module(name: str, what: str):
     try:
         return importlib.import_module(f"hardrank.jobs.{name}")
     except ImportError as exc:
-        if "ray" not in str(exc):
+        if (exc.name or "").split(".")[0] != "ray":  # an import error of our own module is a bug, not the extra
             raise
         raise MissingExtra(what, "ray", "ray[data]") from exc
 
