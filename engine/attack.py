@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .kernels import choice_scores, topk
 from .perturb_images import _alter_batch, _load, _rand_box, _save_jpeg, _to_uint8
 from .suites.aro import OrderTagger, order_tagger
 from .suites.karpathy import N_PERTURBED, read_karpathy, read_rococo_variant
@@ -247,21 +248,19 @@ def make_candidates(captions: list[str], classes: list[list[str | None]], vocab:
     return Candidates(texts, np.array(ptr, dtype=np.int64), np.array(pos, dtype=np.int64), orig, repl, wcls)
 
 
-@torch.inference_mode()
 def own_scores(query_emb: np.ndarray, item_emb: np.ndarray, owner: np.ndarray, *, device: str = "cpu",
                chunk: int = 1 << 16) -> np.ndarray:
     """(N,) float32 score of each item against its own query: ``item_emb[n] . query_emb[owner[n]]``,
-    the one grouped pass of an attack (every caption's candidates against its image), in chunks on
-    ``device``, float32 accumulation."""
+    the one grouped pass of an attack (every caption's candidates against its image): the kernels'
+    ``choice_scores`` on ``device``, ``chunk`` rows at a time (equal embeddings score equal)."""
     if len(item_emb) != len(owner):
         raise ValueError(f"{len(item_emb)} items but {len(owner)} owners")
-    out = np.empty(len(owner), dtype=np.float32)
-    q = torch.from_numpy(np.ascontiguousarray(query_emb, dtype=np.float32)).to(device)
-    for s in range(0, len(owner), chunk):
-        x = torch.from_numpy(np.ascontiguousarray(item_emb[s:s + chunk], dtype=np.float32)).to(device)
-        o = torch.from_numpy(np.ascontiguousarray(owner[s:s + chunk], dtype=np.int64)).to(device)
-        out[s:s + chunk] = (x * q[o]).sum(1).cpu().numpy()
-    return out
+    if not len(owner):
+        return np.empty(0, dtype=np.float32)
+    items = torch.from_numpy(np.ascontiguousarray(item_emb, dtype=np.float32)).to(device)
+    queries = torch.from_numpy(np.ascontiguousarray(query_emb, dtype=np.float32)).to(device)
+    own = torch.from_numpy(np.asarray(owner, dtype=np.int64))[:, None]
+    return choice_scores(items, queries, torch.arange(len(owner))[:, None], own, block=chunk)[:, 0, 0].cpu().numpy()
 
 
 def segment_winners(values: np.ndarray, ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -288,19 +287,15 @@ def segment_winners(values: np.ndarray, ptr: np.ndarray) -> tuple[np.ndarray, np
 
 def nearest_images(emb: np.ndarray, k: int, *, chunk: int = 1024) -> np.ndarray:
     """(n, min(k, n-1)) int64: each image's k most similar other images (dot product), most similar
-    first, the lower index first among ties. An image never lists itself."""
+    first, the lower index first among ties: the kernels' exact ``topk`` with each image excluded from
+    its own list, ``chunk`` queries at a time."""
     n = len(emb)
     k = min(k, n - 1)
     if k < 1:
         raise ValueError(f"the image attack needs at least 2 images and k >= 1 (got {n} images, k={k})")
-    e = np.asarray(emb, dtype=np.float32)
-    out = np.empty((n, k), dtype=np.int64)
-    for s in range(0, n, chunk):
-        sim = e[s:s + chunk] @ e.T
-        rows = np.arange(s, min(s + chunk, n))
-        sim[rows - s, rows] = -np.inf
-        out[s:s + chunk] = np.argsort(-sim, axis=1, kind="stable")[:, :k]
-    return out
+    e = torch.from_numpy(np.ascontiguousarray(emb, dtype=np.float32))
+    self_ptr, self_idx = torch.arange(n + 1), torch.arange(n)
+    return topk(e, e, k, exclude_ptr=self_ptr, exclude_idx=self_idx, q_block=chunk)[1].numpy()
 
 
 def image_candidates(images: list[str], neighbours: np.ndarray) -> list[tuple[int, int]]:
