@@ -15,12 +15,12 @@ _DEFAULT_G_BLOCK = 1024  # gallery columns per tile: ~1k keeps a 2k x 1k fp32 ti
 _DEFAULT_Q_BLOCK = 2048  # queries per block
 # A CPU low-precision first pass keeps its tile in the GEMM's 2-byte output (``_levels.BlockScorer.tile``):
 # 2 bytes a score plus row gathers. Its GEMM runs ~2x faster than fp32, so the fixed cost of visiting a
-# tile (some 30 small ops) weighs twice as much: larger tiles. Measured on 5,000 x 125,010 x 512 bf16
-# (benchmarks/README.md): 1,667 x 1,024 tiles 1.56x the fp32 GEMM, 5,000 x 2,048 2.00x, 5,000 x 4,096 1.95x.
+# tile (some 30 small ops) weighs twice as much: larger tiles (with the 2-byte tiles, the bf16 path went
+# from 1.48x to 1.83-1.86x the fp32 GEMM at RoCOCO shape: `hardrank bench kernels`, benchmarks/README.md).
 _WORK_BYTES_PER_SCORE_LP = 6
-# The fixed cost of visiting one tile in columns of its GEMM (~1 ms against ~10 us per fp32 column of a
-# 1,667-row block on 2 AVX-512 cores; a bf16 column costs half): minimising waste alone had picked
-# 1,408-wide bf16 tiles for 125,010 columns, 1.62x the fp32 GEMM against 1.72x at 2,048 (topk).
+# The fixed cost of visiting one tile, in columns of its GEMM (~1 ms against ~10 us per fp32 column of a
+# 1,667-row block on 2 AVX-512 cores; a bf16 column costs half), so the width is not cut to save a few
+# wasted columns at the price of many more tiles (125,010 columns: 2,048-wide bf16 tiles, not 1,408).
 _TILE_VISIT_COLS = 128
 _TILE_VISIT_COLS_LP = 256
 _DEFAULT_G_BLOCK_LP = 2048
