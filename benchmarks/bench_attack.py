@@ -34,11 +34,11 @@ def main() -> None:
     ap.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "hardrank-bench-data"))
     ap.add_argument("--json", default="benchmarks/results/bench_attack.json")
     args = ap.parse_args()
-    import numpy as np
     import torch
     from _common import coco_like_jpegs, small_checkpoints
 
     from hardrank.attack import (
+        attack_sources,
         build_vocab,
         concepts_from_rococo,
         make_candidates,
@@ -55,19 +55,12 @@ def main() -> None:
 
     ann = Path(args.annotations)
     clean = read_karpathy(ann)[:args.images]
-    sources, owner, forbidden = [], [], []
-    for i, (_, caps) in enumerate(clean):
-        norm = {pre_caption(c) for c in caps}
-        for c in caps[:5]:
-            sources.append(pre_caption(c))
-            owner.append(i)
-            forbidden.append(norm)
-    owner = np.array(owner)
+    sources, owner, forbidden = attack_sources(clean)
     t = time.perf_counter()
     classes = tag_captions(sources)
     concepts = concepts_from_rococo(ann, ann.parent / "same_concept.json")
-    vocab = build_vocab(tag_captions([pre_caption(c) for _, cs in read_karpathy(ann) for c in cs]),
-                        [pre_caption(c) for _, cs in read_karpathy(ann) for c in cs], 200)
+    every = [pre_caption(c) for _, cs in read_karpathy(ann) for c in cs]  # the file's captions, all images
+    vocab = build_vocab(tag_captions(every), every, 200)
     cands = make_candidates(sources, classes, vocab, concepts, budget=args.budget, forbidden=forbidden)
     t_build = time.perf_counter() - t
     n = len(cands.texts)

@@ -263,6 +263,20 @@ def own_scores(query_emb: np.ndarray, item_emb: np.ndarray, owner: np.ndarray, *
     return choice_scores(items, queries, torch.arange(len(owner))[:, None], own, block=chunk)[:, 0, 0].cpu().numpy()
 
 
+def attack_sources(clean: list[tuple[str, list[str]]]) -> tuple[list[str], np.ndarray, list[set[str]]]:
+    """The captions an attack perturbs, as RoCOCO does: the first ``N_PERTURBED`` of each image, normalised
+    (``pre_caption``); each one's image (int64) and the image's normalised captions (candidates equal to
+    one of them are not perturbations)."""
+    sources, owner, forbidden = [], [], []
+    for i, (_, caps) in enumerate(clean):
+        norm = {pre_caption(c) for c in caps}
+        for c in caps[:N_PERTURBED]:
+            sources.append(pre_caption(c))
+            owner.append(i)
+            forbidden.append(norm)
+    return sources, np.array(owner, dtype=np.int64), forbidden
+
+
 def segment_winners(values: np.ndarray, ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per segment ``[ptr[i], ptr[i+1])``: the index of its largest value (the first among ties) and
     that value; -1 and -inf for an empty segment."""

@@ -17,6 +17,7 @@ import numpy as np
 from hardrank.atomic import atomic_path, write_json_atomic, write_text_atomic
 from hardrank.attack import (
     WORD_CLASSES,
+    attack_sources,
     build_vocab,
     concepts_from_rococo,
     image_candidates,
@@ -181,14 +182,7 @@ def attack_texts(args) -> int:
             raise UsageError(f"no concept grouping: {sc} does not exist; pass --concepts FILE (a RoCOCO "
                              f"same_concept.json made from {ann.name}) or --concepts none")
         concepts = concepts_from_rococo(ann, sc)
-    sources, owner, forbidden = [], [], []  # captions attacked: the first 5 of each image, as RoCOCO
-    for i, (_, caps) in enumerate(clean):
-        norm = {pre_caption(c) for c in caps}
-        for c in caps[:N_PERTURBED]:
-            sources.append(pre_caption(c))
-            owner.append(i)
-            forbidden.append(norm)
-    owner = np.array(owner, dtype=np.int64)
+    sources, owner, forbidden = attack_sources(clean)
     t0 = time.perf_counter()
     classes = tag_captions(sources)
     if args.vocab.isdigit():
