@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,3 +33,19 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 def write_json_atomic(path: str | os.PathLike, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def copy_into(src: str | os.PathLike, dst: str | os.PathLike, fix: str = "use another --out") -> None:
+    """``dst`` becomes a copy of ``src`` (a hard link when possible), atomically; an equal file is left
+    alone, a different one is an error ending with ``fix``."""
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        if dst.samefile(src) or dst.read_bytes() == src.read_bytes():
+            return
+        raise ValueError(f"{dst} exists and differs from {src}; {fix}")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(dst) as tmp:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hardrank.atomic import atomic_path, write_json_atomic, write_text_atomic
+from hardrank.atomic import atomic_path, copy_into, write_json_atomic, write_text_atomic
 from hardrank.attack import (
     WORD_CLASSES,
     attack_sources,
@@ -124,20 +124,6 @@ def _pipe(args) -> EmbedPipeline:
                                           pretrained=args.pretrained, random_init=args.random_init)
 
 
-def _copy_into(src: Path, dst: Path) -> None:
-    """``dst`` becomes a copy of ``src`` (a hard link when possible); an equal file is left alone."""
-    if dst.exists():
-        if dst.samefile(src) or dst.read_bytes() == src.read_bytes():
-            return
-        raise ValueError(f"{dst} exists and differs from {src}; use another --out")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(dst) as tmp:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
-
-
 def _evaluate(args, pipe: EmbedPipeline, out: Path, opts: SuiteOptions) -> dict[str, dict]:
     """Every checkpoint on the rococo suite with the given variants (one grouped pass per checkpoint);
     results under ``out``; returns the result per checkpoint label."""
@@ -209,10 +195,10 @@ def attack_texts(args) -> int:
     write_json_atomic(out / "concepts.json", concepts.to_json())
     write_json_atomic(out / "vocab.json", vocab.to_json())
     copy = out / ann.name
-    _copy_into(ann, copy)
+    copy_into(ann, copy)
     published = [v for v in ROCOCO_TEXT_VARIANTS if args.suite == "rococo" and (data / f"{v}.json").is_file()]
     for v in published:
-        _copy_into(data / f"{v}.json", out / f"{v}.json")
+        copy_into(data / f"{v}.json", out / f"{v}.json")
     device = resolve_device(args.device)
     per, views, t_score = [], [], 0.0
     for k, label in enumerate(pipe.labels):

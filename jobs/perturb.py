@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
-from hardrank.atomic import atomic_path
+from hardrank.atomic import copy_into
 from hardrank.config import PRECISIONS
 from hardrank.models import ModelSpec, load_model
 from hardrank.perturb_images import alter_images
@@ -119,12 +118,8 @@ def _texts(args) -> int:
             _say(f"{out / f'{k}.json'} exists, skipped (pass --overwrite to regenerate)")
     out.mkdir(parents=True, exist_ok=True)
     copy = out / ann.name
-    if copy.exists() and not copy.samefile(ann) and copy.read_bytes() != ann.read_bytes():
-        raise ValueError(f"{copy} exists and differs from --annotations {ann}; the variant files must sit next "
-                         f"to the clean file they were made from: use another --out")
-    if not copy.exists():
-        with atomic_path(copy) as tmp:
-            shutil.copyfile(ann, tmp)
+    copy_into(ann, copy, "the variant files must sit next to the clean file they were made from "
+                                   "(--annotations): use another --out")
     if todo:
         lm = load_model(ModelSpec(arch=args.model, checkpoint=args.checkpoint, precision=args.precision,
                                   device=args.device, pretrained=args.pretrained, random_init=args.random_init))
