@@ -105,6 +105,8 @@ def main(argv=None):
     ap.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mine_scale.json"))
     args = ap.parse_args(argv)
+    if args.no_local and not args.ray_shards:
+        ap.error("--no-local skips the local run in favour of the sharded one: give --ray-shards N too")
     work = Path(args.workdir) / f"latent_{args.corpus}x{args.d}_q{args.queries}"
     work.mkdir(parents=True, exist_ok=True)
     if args.generate_only:
@@ -139,7 +141,7 @@ def main(argv=None):
     out = work / "mined"
     opts = MineOptions(k=args.k, search=args.search, budget_mb=args.budget_mb, block_size=args.block_size,
                        nprobe=args.nprobe, recall_sample=args.recall_sample)
-    local = not (args.no_local and args.ray_shards)
+    local = not args.no_local
     rows = [_run(problem, opts, out, rss, args, t_gen, t_load, shards=None)] if local else []
     if args.ray_shards:
         rows.append(_run(problem, opts, work / "mined_ray", rss, args, t_gen, t_load, shards=args.ray_shards))
