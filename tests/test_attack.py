@@ -283,10 +283,13 @@ def test_image_candidates_use_the_perturb_alteration(world, tmp_path, method):
     rs = np.random.RandomState(3)
     boxes = [_rand_box(rs, 48, 48, 0.7) for _ in paths]
     x = torch.from_numpy(np.stack([_load(world / "images" / p, 48) for p in paths])).permute(0, 3, 1, 2).float() / 255
-    y = _to_uint8(_alter_batch(x, torch.tensor([2, 0, 1]), method=method, lam=0.7,
-                               box=boxes[0] if method == "patch" else None)).numpy()
-    _save_jpeg(y[0], tmp_path / "ref.jpg", 95)
-    assert files[0].read_bytes() == (tmp_path / "ref.jpg").read_bytes()  # byte for byte: the same code path
+    for f, (i, j) in zip(files, [(0, 2), (1, 0)]):  # each pair with its own image's box
+        perm = torch.arange(3)
+        perm[i] = j
+        y = _to_uint8(_alter_batch(x, perm, method=method, lam=0.7,
+                                   box=boxes[i] if method == "patch" else None)).numpy()
+        _save_jpeg(y[i], tmp_path / "ref.jpg", 95)
+        assert f.read_bytes() == (tmp_path / "ref.jpg").read_bytes(), (i, j)  # byte for byte: the same code path
 
 
 def test_report_shows_the_transfer_heat_map(text_attack, tmp_path):
