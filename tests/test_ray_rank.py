@@ -62,6 +62,10 @@ def test_sharded_ranks_equal_the_one_process_pass(ray_cluster, shards, nb, tie_r
     if tie_rule == "index" and nb > shards:  # the planted ties really straddle the boundaries: some count, some do not
         ties = (xb @ xq.T).T == sharded.pos_score.numpy()[:, None]
         assert ties.sum() > 2 * len(xq)
+        if shards > 1:  # items tying with p* in shards before its own (they count) and after it (they do not)
+            shard = np.searchsorted(np.cumsum(rows), np.arange(nb), side="right")  # (nb,) shard of each item
+            mine = shard[sharded.pos_index.numpy()][:, None]
+            assert (ties & (shard[None, :] < mine)).any() and (ties & (shard[None, :] > mine)).any()
 
 
 @pytest.mark.slow
