@@ -12,7 +12,8 @@ A model is an architecture plus weights:
   its ``open_clip_config.json`` (model and preprocess config) and its weights file.
 
 Checkpoint files load with ``weights_only``: safetensors, state dicts and open_clip training
-checkpoints; OpenAI's original TorchScript archives through open_clip's OpenAI path (with QuickGELU).
+checkpoints; OpenAI's original TorchScript archives (a zip with constants.pkl) with ``torch.jit.load``
+alone, with QuickGELU. No file ever reaches a full unpickle (``weights_only=False``).
 Every failure says which kind of file it met and what to do.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 import open_clip
 import torch
 from huggingface_hub import hf_hub_download, snapshot_download
+from open_clip.model import resize_pos_embed, resize_text_pos_embed
 from open_clip.transform import PreprocessCfg
 from safetensors import SafetensorError
 
@@ -222,9 +224,11 @@ def _weights_format(path: Path) -> str:
     if path.suffix == ".safetensors":
         return "safetensors"
     if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:  # TorchScript archives carry their code and constants
+        # torch's own test: a zip whose records include constants.pkl is a TorchScript archive. Any other
+        # zip (a torch.save file, whatever else it carries) is read with weights_only=True.
+        with zipfile.ZipFile(path) as z:
             names = z.namelist()
-        if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+        if any(n.split("/", 1)[-1] == "constants.pkl" for n in names):
             return "torchscript"
         return "torch"
     if len(head) == 9 and int.from_bytes(head[:8], "little") < (1 << 28) and head[8:9] == b"{":
@@ -339,23 +343,47 @@ def _text_sequence_first(model: torch.nn.Module) -> bool:
     return True
 
 
+def _load_torchscript(model: torch.nn.Module, path: str) -> None:
+    """Load an OpenAI TorchScript archive's parameters with ``torch.jit.load`` alone: its unpickler
+    resolves TorchScript types only, never Python globals (``torch.load(weights_only=False)`` would run
+    any pickle in the archive). The state dict is then fitted as open_clip's loader fits it."""
+    try:
+        sd = torch.jit.load(path, map_location="cpu").state_dict()
+    except RuntimeError as exc:
+        raise DataError(f"checkpoint {path} is a zip with constants.pkl, the mark of a TorchScript archive, but "
+                        f"torch.jit.load cannot read it ({str(exc).splitlines()[0][:200]}); it is corrupt or not "
+                        f"TorchScript. Pass the weights as .safetensors or a state dict of tensors") from exc
+    for key in ("input_resolution", "context_length", "vocab_size"):  # OpenAI's buffers, not weights
+        sd.pop(key, None)
+    resize_pos_embed(sd, model)
+    resize_text_pos_embed(sd, model)
+    model.load_state_dict(sd, strict=True)
+
+
 def _load_weights(model: torch.nn.Module, path: str, fmt: str, name: str) -> None:
     """Load ``path`` into ``model`` (strict), or raise a DataError saying what the file is and what to do."""
     try:
-        # TorchScript archives go through torch.jit.load (no Python pickle is executed); all else weights_only
-        open_clip.load_checkpoint(model, path, strict=True, weights_only=fmt != "torchscript")
+        if fmt == "torchscript":
+            _load_torchscript(model, path)
+        else:  # open_clip's loader with its default, weights_only=True: never a full unpickle
+            open_clip.load_checkpoint(model, path, strict=True, weights_only=True)
     except SafetensorError as exc:
         raise DataError(f"checkpoint {path} is not a readable .safetensors file ({exc}): it is truncated or "
                         f"corrupt; copy or save it again") from exc
     except pickle.UnpicklingError as exc:
         msg = str(exc)
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", msg)
+        # torch words the refusal differently across releases ("Unsupported global: GLOBAL x.y",
+        # "unsupported GLOBAL x.y whose module x is blocked"); its text also advises weights_only=False,
+        # which must never reach the user: only the refused name is quoted
+        found = re.search(r"unsupported global:?\s+(?:GLOBAL\s+)?([\w.]+)", msg, re.IGNORECASE)
         if found:
-            raise DataError(f"checkpoint {path} holds pickled Python objects ({found.group(1)}) that safe "
-                            f"(weights_only) loading refuses. Re-save only its tensors from a trusted copy, e.g. "
-                            f"torch.save(torch.load(path, weights_only=False)['state_dict'], 'clean.pt'), or as "
-                            f".safetensors") from exc
-        raise DataError(f"checkpoint {path} is not a PyTorch checkpoint ({msg[:200]}): the file is corrupt or of "
+            raise DataError(f"checkpoint {path} is a pickle holding Python objects ({found.group(1)}), not only "
+                            f"tensors; hardrank loads checkpoints with safe (weights_only) loading, which refuses "
+                            f"them, because unpickling such objects can run arbitrary code. Ask its author for the "
+                            f"weights as .safetensors or as a plain state dict of tensors") from exc
+        detail = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:Check the documentation|$)", msg, re.DOTALL)
+        reason = (detail.group(1) if detail else msg.splitlines()[0] if msg else type(exc).__name__)[:200]
+        raise DataError(f"checkpoint {path} is not a PyTorch checkpoint ({reason}): the file is corrupt or of "
                         f"another format; pass a .pt/.pth/.bin state dict, a .safetensors file or an OpenAI "
                         f"TorchScript archive") from exc
     except (EOFError, zipfile.BadZipFile) as exc:

@@ -254,8 +254,8 @@ def test_each_bad_checkpoint_says_what_it_is(arch, tmp_path):
     cases["truncated.pt"] = (pt.read_bytes()[:4000], "truncated or corrupt PyTorch archive")
     cases["random.pt"] = (bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8)),
                           "not a PyTorch checkpoint")
-    cases["pickled.pt"] = (None, r"holds pickled Python objects \(test_models._Opaque\) that safe \(weights_only\) "
-                                 r"loading refuses")
+    cases["pickled.pt"] = (None, r"is a pickle holding Python objects \(test_models._Opaque\), not only tensors; "
+                                 r"hardrank loads checkpoints with safe \(weights_only\) loading, which refuses them")
     wrong = dict(arch["sd"])
     wrong["text_projection"] = torch.zeros(3, 3)
     cases["wrong.safetensors"] = (None, "does not fit model 'hr-tiny'")
@@ -270,8 +270,9 @@ def test_each_bad_checkpoint_says_what_it_is(arch, tmp_path):
             save_file(wrong if name.startswith("wrong") else other, str(path))
         else:
             path.write_bytes(data)
-        with pytest.raises(DataError, match=message):
+        with pytest.raises(DataError, match=message) as err:
             hardrank.load_model(hardrank.ModelSpec("hr-tiny", str(path), device="cpu"))
+        assert "weights_only=False" not in str(err.value) and "set to `False" not in str(err.value)  # safety stays on
 
 
 def test_a_model_without_weights_is_refused(arch, tmp_path, capsys):
