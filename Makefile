@@ -33,7 +33,7 @@ test-fast: $(STAMP)  ## the tests not marked slow (no Ray cluster, no real-size 
 	$(PY) -m pytest -q -m "not slow" tests
 
 toy-checkpoints: $(STAMP)  ## retrain the bundled toy checkpoints (deterministic, ~2 min)
-	$(VENV)/bin/hardrank toy train --out engine/data/toy_checkpoints
+	$(VENV)/bin/hardrank toy train --out engine/assets/toy_checkpoints
 
 bench: $(STAMP)  ## the ranking kernels against a bare GEMM, FAISS flat and full-matrix baselines
 	$(VENV)/bin/hardrank bench kernels

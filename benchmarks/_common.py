@@ -80,7 +80,7 @@ def images_and_models(data: str | Path, n_images: int, k: int, size: str):
     bench model, and a fresh work folder for their stores."""
     import tempfile
 
-    from hardrank.models import ModelSpec, load_model
+    from hardrank.models.openclip import ModelSpec, load_model
 
     paths = coco_like_jpegs(data, n_images)
     cfg, ckpts = small_checkpoints(Path(data) / "models", k, size)

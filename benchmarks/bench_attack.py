@@ -37,7 +37,11 @@ def main() -> None:
     import torch
     from _common import coco_like_jpegs, small_checkpoints
 
-    from hardrank.attack import (
+    from hardrank.config import EmbedOptions
+    from hardrank.embed import EmbedPipeline, encode_text
+    from hardrank.items import ImageRef, Tables
+    from hardrank.models.openclip import ModelSpec, load_model
+    from hardrank.perturb.attack import (
         attack_sources,
         build_vocab,
         concepts_from_rococo,
@@ -46,10 +50,6 @@ def main() -> None:
         segment_winners,
         tag_captions,
     )
-    from hardrank.config import EmbedOptions
-    from hardrank.embed import EmbedPipeline, encode_text
-    from hardrank.items import ImageRef, Tables
-    from hardrank.models import ModelSpec, load_model
     from hardrank.suites.karpathy import read_karpathy
     from hardrank.text import pre_caption
 

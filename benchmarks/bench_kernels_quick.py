@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from hardrank.jobs.bench.kernels import bare_gemm  # the fp32 GEMM of the kernels' blocks, nothing else
+from hardrank.jobs.bench.kernel_bench import bare_gemm  # the fp32 GEMM of the kernels' blocks, nothing else
 from hardrank.kernels import grouped_ranks, topk
 from hardrank.kernels._common import plan_tiles
 

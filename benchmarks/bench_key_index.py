@@ -15,7 +15,7 @@ its memory is its own:
   key -> (shard, row)), at ``--dict-rows`` (a prefix of the shards; at 50M it needs ~10 GB, more than
   this shared machine should give one benchmark), and the same lookups;
 - ``index`` again at the ``--dict-rows`` sizes, for a like-for-like row;
-- with ``--ids``: the ``--key-by id`` records (``hardrank.idkeys.IdIndex``, the same key index over
+- with ``--ids``: the ``--key-by id`` records (``hardrank.store.idkeys.IdIndex``, the same key index over
   record shards ``ids/ids-*.arrow`` of ``--rows`` identities, ``d`` + 32 hex -> ``i`` + 32 hex),
   ``lookup`` of ``--queries`` identities, against the dict of identity -> key it used before
   (``ids-dict``, at ``--dict-rows``).
@@ -97,7 +97,7 @@ def generate(folder: Path, rows: int, shard_rows: int) -> None:
     """The store folder <folder>/fp/text/shard-*.arrow, as EmbeddingStore.write lays shards out."""
     import pyarrow as pa
 
-    from hardrank.store import _DIGEST, _digest, embedding_schema
+    from hardrank.store.embedding_store import _DIGEST, _digest, embedding_schema
 
     (folder / "fp" / "image").mkdir(parents=True, exist_ok=True)
     schema = embedding_schema(2, "float16")
@@ -117,7 +117,7 @@ def generate_ids(folder: Path, rows: int, shard_rows: int) -> None:
     """Identity records <folder>/ids-root/fp/ids/ids-*.arrow, as IdIndex.commit writes them."""
     import pyarrow as pa
 
-    from hardrank.idkeys import _SCHEMA
+    from hardrank.store.idkeys import _SCHEMA
 
     _write_shards(folder / "ids-root" / "fp" / "ids", "ids", rows, shard_rows,
                   lambda g: pa.Table.from_arrays([key_array(g, "d"), key_array(g, "i")], schema=_SCHEMA),
@@ -166,8 +166,8 @@ def worker(method: str, folder: Path, rows: int, total_rows: int, shard_rows: in
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from hardrank.key_index import KeyIndex
-    from hardrank.store import EmbeddingStore
+    from hardrank.store.embedding_store import EmbeddingStore
+    from hardrank.store.key_index import KeyIndex
 
     if method in ("ids", "ids-dict"):
         return ids_worker(method, folder, rows, total_rows, shard_rows, n_queries)
@@ -240,7 +240,7 @@ def ids_worker(method: str, folder: Path, rows: int, total_rows: int, shard_rows
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from hardrank.idkeys import IdIndex
+    from hardrank.store.idkeys import IdIndex
 
     g = queries(rows, total_rows, n_queries)
     q = key_array(g, "d").to_pylist()

@@ -118,12 +118,12 @@ def main(argv=None):
                         str(args.queries), "--d", str(args.d), "--workdir", args.workdir], check=True)
     t_gen = time.perf_counter() - t0
 
-    from hardrank import faiss_search
     from hardrank.config import MineOptions
     from hardrank.mining import MineProblem
+    from hardrank.scoring import faiss_index
 
     if args.threads:
-        faiss_search.faiss.omp_set_num_threads(args.threads)
+        faiss_index.faiss.omp_set_num_threads(args.threads)
     rss = _RssSampler()
     rss.start()
     t0 = time.perf_counter()
@@ -163,8 +163,8 @@ def main(argv=None):
 
 def _run(problem, opts, out: Path, rss: _RssSampler, args, t_gen: float, t_load: float, shards: int | None) -> dict:
     """One full mining run (output removed first: a full run, not a resume), measured."""
-    from hardrank import faiss_search
     from hardrank.mining import mine_arrays
+    from hardrank.scoring import faiss_index
 
     for f in sorted(out.glob("negatives/*.parquet")) + [out / "mine_run.json", out / "summary.json"]:
         if f.exists():
@@ -173,7 +173,7 @@ def _run(problem, opts, out: Path, rss: _RssSampler, args, t_gen: float, t_load:
     if shards:
         import ray
 
-        from hardrank.jobs.ray_search import ShardedSearchFactory
+        from hardrank.executors.ray_search import ShardedSearchFactory
 
         ray.init(include_dashboard=False, logging_level="WARNING")
         factory = ShardedSearchFactory(shards=shards)
@@ -204,7 +204,7 @@ def _run(problem, opts, out: Path, rss: _RssSampler, args, t_gen: float, t_load:
         "exact_bruteforce_estimate_s": round(exact_est, 1) if exact_est else None,
         "speedup_vs_exact": round(exact_est / t_mine, 1) if exact_est else None,
         "negatives": s["counts"]["negatives"], "queries_short": s["counts"]["queries_short"],
-        "dropped": s["counts"]["dropped"], "faiss_threads": faiss_search.faiss.omp_get_max_threads(),
+        "dropped": s["counts"]["dropped"], "faiss_threads": faiss_index.faiss.omp_get_max_threads(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_after": os.getloadavg()},
     }
 

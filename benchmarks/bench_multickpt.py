@@ -27,7 +27,7 @@ def main() -> None:
     from benchmarks._common import images_and_models
     from hardrank.embed import embed_tables
     from hardrank.items import ImageRef, Tables
-    from hardrank.store import EmbeddingStore
+    from hardrank.store.embedding_store import EmbeddingStore
 
     paths, models, work = images_and_models(args.data, args.images, args.k, args.model)
     threads = os.cpu_count() or 1

@@ -33,7 +33,7 @@ def main() -> None:
     from benchmarks._common import Timeline, images_and_models
     from hardrank.embed import embed_tables
     from hardrank.items import ImageRef, Tables
-    from hardrank.store import EmbeddingStore
+    from hardrank.store.embedding_store import EmbeddingStore
 
     paths, all_models, work = images_and_models(args.data, args.images, args.k * args.entries, args.model)
     entry_models = [all_models[e * args.k:(e + 1) * args.k] for e in range(args.entries)]
@@ -54,7 +54,7 @@ def main() -> None:
 
     import ray
 
-    from hardrank.jobs.ray_executor import RayRunner
+    from hardrank.executors.ray_embed import RayRunner
 
     n = len(paths)
     local_tl = Timeline()

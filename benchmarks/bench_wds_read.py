@@ -34,9 +34,9 @@ from _common import coco_like_jpegs  # noqa: E402
 
 from hardrank import urls  # noqa: E402
 from hardrank.embed import DecodeStage, EmbedJob  # noqa: E402
-from hardrank.idkeys import IdIndex, table_keys  # noqa: E402
+from hardrank.inputs import read_samples, scan_shard, write_shard  # noqa: E402
 from hardrank.items import ImageRef, ItemTable  # noqa: E402
-from hardrank.sources import read_samples, scan_shard, write_shard  # noqa: E402
+from hardrank.store.idkeys import IdIndex, table_keys  # noqa: E402
 
 PREPROCESS = {"size": 224, "mode": "RGB", "mean": [0.48145466, 0.4578275, 0.40821073],
               "std": [0.26862954, 0.26130258, 0.27577711], "interpolation": "bicubic", "resize_mode": "shortest",

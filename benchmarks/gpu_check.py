@@ -837,8 +837,8 @@ def part_faiss_gpu(rec: Recorder, profile: dict, work: Path, args) -> None:
     import faiss
     import torch
 
-    from hardrank.faiss_search import faiss_topk
     from hardrank.kernels import topk
+    from hardrank.scoring.faiss_index import faiss_topk
 
     if not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
         rec.result["skipped"] = "faiss imports but has no GPU support (faiss-cpu)"

@@ -22,17 +22,17 @@ The public API (``help(hardrank)``). Options are the names of the command line's
 - Errors: ``HardrankError`` and its kinds ``UsageError``, ``DataError``, ``TooManyFailures``,
   ``MissingExtra``.
 """
-from .config import EmbedOptions, EvalConfig, MineConfig, MineOptions, SearchSpec, SuiteOptions
-from .embed import EmbedPipeline
-from .errors import DataError, HardrankError, MissingExtra, TooManyFailures, UsageError
-from .evaluate import EvalReport, evaluate, plan
-from .items import ImageRef, Tables
-from .mining import mine
-from .models import LoadedModel, ModelSpec, load_model
-from .results import ResultFile, read_results
-from .store import EmbeddingStore, open_store
-from .store_export import export_embeddings
-from .toyworld import demo_inputs as toy_inputs
+from hardrank.config import EmbedOptions, EvalConfig, MineConfig, MineOptions, SearchSpec, SuiteOptions
+from hardrank.embed import EmbedPipeline
+from hardrank.errors import DataError, HardrankError, MissingExtra, TooManyFailures, UsageError
+from hardrank.evaluate import EvalReport, evaluate, plan
+from hardrank.items import ImageRef, Tables
+from hardrank.mining import mine
+from hardrank.models.openclip import LoadedModel, ModelSpec, load_model
+from hardrank.scoring.results import ResultFile, read_results
+from hardrank.store.embedding_store import EmbeddingStore, open_store
+from hardrank.store.id_export import export_embeddings
+from hardrank.toyworld import demo_inputs as toy_inputs
 
 __all__ = [
     "evaluate", "plan", "EvalConfig", "EvalReport", "SuiteOptions", "EmbedOptions", "SearchSpec",

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from . import urls
-from .errors import UsageError
-from .kernels import PRECISIONS as RANK_PRECISIONS
-from .kernels import TIE_RULES
+from hardrank import urls
+from hardrank.errors import UsageError
+from hardrank.kernels import PRECISIONS as RANK_PRECISIONS
+from hardrank.kernels import TIE_RULES
 
 __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES",
            "DIRECTIONS", "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
@@ -32,12 +32,12 @@ __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS",
            "default_decode_threads", "resolve_device", "check_writable_dir",
            "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
-DATA_DIR = Path(__file__).resolve().parent / "data"  # bundled model configs, toy checkpoints, vocabularies
+DATA_DIR = Path(__file__).resolve().parent / "assets"  # bundled model configs, toy checkpoints, vocabularies
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 EXECUTORS = ("local", "ray")
 DECODERS = ("pillow", "dali", "pillow-draft")
-KEY_BY = ("content", "id")  # = hardrank.idkeys.KEY_BY
+KEY_BY = ("content", "id")  # = hardrank.store.idkeys.KEY_BY
 DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text"), "i2i": ("image", "image")}
 BASELINES = ("clip-regions",)  # mask suites: answer with the candidate region most similar to the question
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")

@@ -1,8 +1,6 @@
 """hardrank's errors and the one map from an error to the command line's exit code."""
 from __future__ import annotations
 
-import importlib
-
 __all__ = ["HardrankError", "UsageError", "DataError", "TooManyFailures", "MissingExtra", "exit_code",
            "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_DATA", "EXIT_FAILURES", "EXIT_INTERRUPTED", "EXIT_CODES_HELP"]
 
@@ -46,17 +44,6 @@ class MissingExtra(HardrankError, ImportError):
         super().__init__(f"{what} needs the optional package {module!r}, which is not installed; "
                          f"install it with: pip install 'hardrank[{extra}]'")
         self.extra, self.module = extra, module
-
-
-def ray_module(name: str, what: str):
-    """``hardrank.jobs.<name>``, a module that imports Ray (the engine never does), or MissingExtra
-    naming ``what`` and the ray extra when Ray is not installed."""
-    try:
-        return importlib.import_module(f"hardrank.jobs.{name}")
-    except ImportError as exc:
-        if (exc.name or "").split(".")[0] != "ray":  # an import error of our own module is a bug, not the extra
-            raise
-        raise MissingExtra(what, "ray", "ray[data]") from exc
 
 
 def exit_code(exc: BaseException) -> int:

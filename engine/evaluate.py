@@ -14,25 +14,26 @@ import open_clip
 import pyarrow as pa
 import torch
 
-from . import urls
-from .byo import embeddings_for_tables
-from .choice_macro import suite_aggregates
-from .clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
-from .config import EvalConfig, build, check_writable_dir, resolve_device
-from .counts import embed_line, item_counts
-from .embed import EmbedPipeline, make_scan_mapper
-from .errors import DataError, UsageError, ray_module
-from .items import Tables
-from .mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
-from .metrics import add_drops, average_views, choice_metrics, ranking_metrics
-from .models import file_hash
-from .results import outcome_schema, summary_row, write_result
-from .runs import model_specs
-from .search import score_choice, score_ranking
-from .sources import scan_with
-from .suites import expand_suites, load_suites
-from .suites.toy import TOY_SUITES, pending_world
-from .tasks import MaskTask, Suite
+from hardrank import urls
+from hardrank.config import EvalConfig, build, check_writable_dir, resolve_device
+from hardrank.embed import EmbedPipeline, make_scan_mapper
+from hardrank.errors import DataError, UsageError
+from hardrank.executors import executor
+from hardrank.inputs import scan_with
+from hardrank.inputs.clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
+from hardrank.inputs.embedding_files import embeddings_for_tables
+from hardrank.items import Tables
+from hardrank.models.openclip import file_hash
+from hardrank.models.runs import model_specs
+from hardrank.scoring.choice_macro import suite_aggregates
+from hardrank.scoring.counts import embed_line, item_counts
+from hardrank.scoring.mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
+from hardrank.scoring.metrics import add_drops, average_views, choice_metrics, ranking_metrics
+from hardrank.scoring.rank import score_choice, score_ranking
+from hardrank.scoring.results import outcome_schema, summary_row, write_result
+from hardrank.suites import expand_suites, load_suites
+from hardrank.suites.toy import TOY_SUITES, pending_world
+from hardrank.tasks import MaskTask, Suite
 
 __all__ = ["evaluate", "plan", "EvalReport"]
 
@@ -53,7 +54,7 @@ class EvalReport:
 
 
 @dataclass
-class _Source:
+class _EmbeddingSource:
     """Embeddings to score: one checkpoint of the model, or a precomputed embeddings file."""
 
     label: str                                  # results sub-folder
@@ -283,13 +284,11 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
 
 
 def _sharded_ranker(cfg: EvalConfig):
-    """Ranking galleries sharded over Ray actors (``hardrank.jobs.ray_rank``: the engine never imports
-    Ray): with --shard-gallery N, or with --executor ray for galleries above --shard-gallery-above-mb."""
-    if cfg.search_spec.method != "exhaustive" or not (cfg.shard_gallery or cfg.embed.executor == "ray"):
+    """Ranking galleries sharded over Ray actors (``hardrank.executors``): with --shard-gallery N, or with
+    --executor ray for galleries above --shard-gallery-above-mb; None for the one-process pass."""
+    if cfg.search_spec.method != "exhaustive":
         return None
-    ray_rank = ray_module("ray_rank", "eval --shard-gallery")
-    return ray_rank.ShardedRanker(shards=cfg.shard_gallery, above_mb=cfg.shard_gallery_above_mb,
-                                  address=cfg.embed.ray_address)
+    return executor(cfg.embed).sharded_ranker(cfg.shard_gallery, cfg.shard_gallery_above_mb)
 
 
 def _pending_world(cfg: EvalConfig) -> Path | None:
@@ -339,7 +338,7 @@ def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_i
 
 
 def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites: list[Suite], report: EvalReport,
-             common: dict, progress, echo) -> list[_Source]:
+             common: dict, progress, echo) -> list[_EmbeddingSource]:
     if cfg.embeddings:
         if any(t.needs_embeddings for s in suites for t in s.mask):
             raise UsageError("the clip-regions baseline embeds region crops with --model; precomputed "
@@ -362,7 +361,7 @@ def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites
                  "provenance": {"architecture": model.arch_name, "precision": model.precision, "device": model.device,
                                 "checkpoint_hash": model.checkpoint_hash, "model_source": _model_source(model)}}
         embed = {mod: st.for_checkpoint(i) for mod, st in stats.items()}
-        sources.append(_Source(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables), embed))
+        sources.append(_EmbeddingSource(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables), embed))
     return sources
 
 
@@ -374,7 +373,7 @@ def _model_source(model) -> dict:
             "preprocess": model.preprocess_cfg, "warnings": i.get("warnings", [])}
 
 
-def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _Source:
+def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _EmbeddingSource:
     path = Path(cfg.embeddings)
     emb = embeddings_for_tables(path, tables)
     device = resolve_device(cfg.embed.device)
@@ -384,7 +383,7 @@ def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _Source:
              "provenance": {"architecture": "precomputed", "precision": "float32", "device": device,
                             "checkpoint_hash": None}}
     report.embed_stats = {m: {"total": len(tables.of(m)), "from_file": len(tables.of(m))} for m in ("image", "text")}
-    return _Source(path.stem, ident, device, lambda: emb)
+    return _EmbeddingSource(path.stem, ident, device, lambda: emb)
 
 
 def plan(cfg: EvalConfig | None = None, **options) -> dict:

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from PIL import Image, UnidentifiedImageError
 
-from . import urls
+from hardrank import urls
 
 __all__ = ["ImageRef", "ItemTable", "Tables", "read_image_bytes", "prefetched", "bytes_key", "text_key",
            "failure_reason"]
@@ -151,7 +151,7 @@ class ItemTable:
         return dict(self._known)
 
     def set_keys(self, keys: list[str]) -> None:
-        """Use ``keys`` as the table's keys (``hardrank.idkeys``: keys decided without reading bytes);
+        """Use ``keys`` as the table's keys (``hardrank.store.idkeys``: keys decided without reading bytes);
         the list is kept, so keys learned later (by the workers that decode) update it in place."""
         if len(keys) != len(self.entries):
             raise ValueError(f"got {len(keys)} keys for {len(self.entries)} rows")

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .errors import DataError, MissingExtra, UsageError
+from hardrank.errors import DataError, MissingExtra, UsageError
 
 __all__ = ["staged_dir", "is_url", "local_path", "join", "basename", "filesystem", "read_bytes", "read_many", "stat",
            "identity", "exists", "is_dir", "list_files", "expand", "brace_expand", "member_uri", "parse_member_uri",

@@ -8,24 +8,23 @@ import sys
 from hardrank.config import DATA_DIR, EvalConfig, SuiteOptions
 from hardrank.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, HardrankError, TooManyFailures, exit_code
 from hardrank.evaluate import evaluate, plan
-from hardrank.results import format_table
-from hardrank.sources.convert import write_karpathy_shards
+from hardrank.inputs.convert import write_karpathy_shards
+from hardrank.jobs.bench import add_bench_parser
+from hardrank.jobs.cmd_attack import add_attack_parser
+from hardrank.jobs.cmd_demo import add_demo_parser
+from hardrank.jobs.cmd_export import add_export_parser
+from hardrank.jobs.cmd_mine import add_mine_parser
+from hardrank.jobs.cmd_perturb import add_perturb_parser
+from hardrank.jobs.cmd_store import add_store_parser
+from hardrank.jobs.cmd_watch import add_watch_parser
+from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
+from hardrank.jobs.grid import add_run_parser, print_plan
+from hardrank.jobs.progress import make_progress
+from hardrank.jobs.report import add_report_parser
+from hardrank.scoring.results import format_table
 from hardrank.suites.toy import default_world_dir, ensure_world
 from hardrank.toyworld import build_world
 from hardrank.toyworld.train import train_toy
-
-from .attack import add_attack_parser
-from .bench import add_bench_parser
-from .demo import add_demo_parser
-from .export import add_export_parser
-from .flags import Formatter, add_options, expand_globs, options_from_args
-from .grid import add_run_parser, print_plan
-from .mine import add_mine_parser
-from .perturb import add_perturb_parser
-from .progress import make_progress
-from .report import add_report_parser
-from .store import add_store_parser
-from .watch import add_watch_parser
 
 __all__ = ["main", "build_parser"]
 
@@ -80,10 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                                         "  hardrank report results/demo\n"
                                         "  hardrank store list results/demo/store\n"
                                         "  hardrank eval --model toy-clip --checkpoint "
-                                        "engine/data/toy_checkpoints/toy-clip_step0700.safetensors --suite toy "
+                                        "engine/assets/toy_checkpoints/toy-clip_step0700.safetensors --suite toy "
                                         "--data results/demo/toy_world --store results/demo/store --out results/mine\n"
                                         "  hardrank mine --model toy-clip --checkpoint "
-                                        "engine/data/toy_checkpoints/toy-clip_step0700.safetensors --queries "
+                                        "engine/assets/toy_checkpoints/toy-clip_step0700.safetensors --queries "
                                         "results/demo/toy_world/karpathy_test.json "
                                         "--images results/demo/toy_world/images "
                                         "--corpus results/demo/toy_world/images/test --store results/demo/store "
@@ -102,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="evaluate checkpoints on benchmark suites", formatter_class=Formatter,
                         epilog="the first two examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
                                "  hardrank eval --model toy-clip --checkpoint "
-                               "engine/data/toy_checkpoints/*.safetensors --suite toy --data results/demo/toy_world "
+                               "engine/assets/toy_checkpoints/*.safetensors --suite toy --data results/demo/toy_world "
                                "--store results/demo/store --out results/toy\n"
                                "  hardrank eval --embeddings results/demo_emb.parquet --suite toy "
                                "--data results/demo/toy_world --out results/byo   # after hardrank store export\n"
@@ -133,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--out", required=True, help="folder or URL for 00000.tar, 00001.tar, ...")
     ts.add_argument("--world", default=None, help="toy world folder (default: the cache; built if missing)")
     ts.add_argument("--per-shard", type=int, default=250, help="samples per shard (default: 250)")
-    tt = tsub.add_parser("train", help="train the toy checkpoints (regenerates engine/data/toy_checkpoints)",
+    tt = tsub.add_parser("train", help="train the toy checkpoints (regenerates engine/assets/toy_checkpoints)",
                          formatter_class=Formatter,
                          epilog="examples:\n  hardrank toy train\n"
                                 "  hardrank toy train --out /tmp/ckpts --world /tmp/toy_world")

@@ -17,13 +17,12 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package
     import tomli as tomllib
 
 from hardrank.config import EvalConfig, build, flat_fields, opt
-from hardrank.embed import make_runner
 from hardrank.errors import EXIT_OK, HardrankError, TooManyFailures, UsageError, exit_code
 from hardrank.evaluate import evaluate, plan
-from hardrank.results import format_table
-
-from .flags import Formatter
-from .progress import make_progress
+from hardrank.executors import executor
+from hardrank.jobs.flags import Formatter
+from hardrank.jobs.progress import make_progress
+from hardrank.scoring.results import format_table
 
 __all__ = ["JobFile", "JobModel", "JobFileError", "load_job", "print_plan", "add_run_parser", "OPTION_KEYS"]
 
@@ -276,12 +275,12 @@ def _shared_runner(cfg: EvalConfig, runners: dict):
     """One Ray executor per cluster address for every entry of a job file (``--executor ray``): the Ray
     session started (or joined) for the first entry serves the later ones, instead of a ``ray.init`` and
     ``ray.shutdown`` per entry. None for the in-process executor (each entry uses its own live models)."""
-    e = cfg.embed
-    if e.executor != "ray" or cfg.embeddings is not None:
+    ex = executor(cfg.embed)
+    key = ex.shared_runner_key()
+    if key is None or cfg.embeddings is not None:
         return None
-    key = e.ray_address or os.environ.get("RAY_ADDRESS") or ""
     if key not in runners:
-        runners[key] = make_runner(e, [])
+        runners[key] = ex.embed_runner([])
     return runners[key]
 
 

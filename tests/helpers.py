@@ -23,7 +23,7 @@ def save_random_checkpoint(cfg_path: Path, out: Path, seed: int, fmt: str = "saf
     import open_clip
     import torch
 
-    from hardrank.models import resolve_arch
+    from hardrank.models.openclip import resolve_arch
 
     name = resolve_arch(str(cfg_path))
     torch.manual_seed(seed)

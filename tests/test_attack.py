@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from hardrank.attack import (
+from hardrank.config import EmbedOptions, SuiteOptions
+from hardrank.embed import EmbedPipeline
+from hardrank.items import ImageRef, Tables
+from hardrank.jobs.cli import main
+from hardrank.models.openclip import ModelSpec, load_model
+from hardrank.perturb.attack import (
     Concepts,
     Vocabulary,
     concepts_from_rococo,
@@ -22,12 +27,7 @@ from hardrank.attack import (
     word_class,
     write_image_candidates,
 )
-from hardrank.config import EmbedOptions, SuiteOptions
-from hardrank.embed import EmbedPipeline
-from hardrank.items import ImageRef, Tables
-from hardrank.jobs.cli import main
-from hardrank.models import ModelSpec, load_model
-from hardrank.perturb_images import _alter_batch, _load, _rand_box, _save_jpeg, _to_uint8
+from hardrank.perturb.images import _alter_batch, _load, _rand_box, _save_jpeg, _to_uint8
 from hardrank.suites import load_suites
 from hardrank.suites.aro import _tag
 from hardrank.suites.karpathy import read_karpathy

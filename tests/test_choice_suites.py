@@ -8,9 +8,9 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from hardrank.choice_macro import ChoiceAggregate, aggregate_accuracy, suite_aggregates
 from hardrank.items import Tables, decode_image
-from hardrank.metrics import choice_metrics
+from hardrank.scoring.choice_macro import ChoiceAggregate, aggregate_accuracy, suite_aggregates
+from hardrank.scoring.metrics import choice_metrics
 from hardrank.suites import SUITES, SuiteFormatError, SuiteOptions, load_suites
 from hardrank.suites.aro import ARO_SYMMETRIC_RELATIONS, order_perturbations
 from hardrank.suites.sugarcrepe import SUGARCREPE_CATEGORIES, SUGARCREPE_FILES

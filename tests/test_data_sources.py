@@ -17,10 +17,10 @@ from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_conf
 import hardrank
 from hardrank import urls
 from hardrank.errors import DataError, MissingExtra, UsageError
-from hardrank.idkeys import IDS_FOLDER
+from hardrank.inputs import read_samples
+from hardrank.inputs.convert import write_karpathy_shards
 from hardrank.jobs.cli import main
-from hardrank.sources import read_samples
-from hardrank.sources.convert import write_karpathy_shards
+from hardrank.store.idkeys import IDS_FOLDER
 
 pytest.importorskip("webdataset")
 
@@ -311,7 +311,7 @@ def test_written_shards_read_back_with_webdataset(tmp_path):
     import webdataset as wds
     from PIL import Image
 
-    from hardrank.sources import write_shard
+    from hardrank.inputs import write_shard
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 8), (255, 0, 0)).save(buf, format="JPEG")
@@ -386,8 +386,8 @@ def test_ray_workers_read_s3_shards_and_the_driver_reads_none(tmp_path, model, w
     actors (range requests), so the driver reads no shard byte; metrics equal the local executor's, and with
     --key-by id the actors hash what they decode, so the store holds the same content keys."""
     ray = pytest.importorskip("ray")
-    from hardrank.jobs.ray_executor import RayRunner
-    from hardrank.sources import wds as wds_mod
+    from hardrank.executors.ray_embed import RayRunner
+    from hardrank.inputs import webdataset as wds_mod
 
     pat = write_wds_shards(world["clean"], world["images"], tmp_path / "shards", per_shard=5)
     for f in sorted((tmp_path / "shards").glob("*.tar")):
@@ -413,7 +413,7 @@ def test_ray_workers_read_s3_shards_and_the_driver_reads_none(tmp_path, model, w
     assert got.embed_stats["image"]["encoded"] == 12
     local_keys = sorted(p.name for p in (tmp_path / "s-local").rglob("shard-*.arrow"))
     assert len(local_keys) == len(sorted(p.name for p in (tmp_path / "s-ray").rglob("shard-*.arrow")))
-    from hardrank.store import open_store
+    from hardrank.store.embedding_store import open_store
 
     (a,) = list((tmp_path / "s-local").iterdir())
     (b,) = list((tmp_path / "s-ray").iterdir())
@@ -423,7 +423,7 @@ def test_ray_workers_read_s3_shards_and_the_driver_reads_none(tmp_path, model, w
 def test_tar_reader_handles_long_names_pax_and_a_cut_at_a_member_boundary(tmp_path):
     """Long member names (GNU and pax headers, as Python's tarfile writes them) are read; a shard cut between
     two members (no end-of-archive marker) is reported as truncated, its whole samples kept."""
-    from hardrank.sources import scan_shard
+    from hardrank.inputs import scan_shard
 
     long_key = "d" * 120 + "/000000001"
     for fmt in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):

@@ -8,19 +8,19 @@ import pytest
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
 
 from hardrank.config import MineOptions
-from hardrank.faiss_search import FaissIndex, _split_topk, faiss_grouped_ranks, faiss_topk, recall_at_k
 from hardrank.mining import MineProblem, mine_arrays
+from hardrank.scoring.faiss_index import FaissIndex, _split_topk, faiss_grouped_ranks, faiss_topk, recall_at_k
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_faiss_thread():
     # tiny problems on 2 shared cores: OpenMP spin-waiting makes 2 threads up to 10x slower than 1
-    from hardrank import faiss_search
+    from hardrank.scoring import faiss_index
 
-    n = faiss_search.faiss.omp_get_max_threads()
-    faiss_search.faiss.omp_set_num_threads(1)
+    n = faiss_index.faiss.omp_get_max_threads()
+    faiss_index.faiss.omp_set_num_threads(1)
     yield
-    faiss_search.faiss.omp_set_num_threads(n)
+    faiss_index.faiss.omp_set_num_threads(n)
 
 
 @pytest.fixture
@@ -183,7 +183,7 @@ def _grouped_case(rng):
 def test_faiss_grouped_ranks_equals_kernel_up_to_censoring(kernels, tie_rule):
     import torch
 
-    from hardrank.metrics import recall_metrics
+    from hardrank.scoring.metrics import recall_metrics
 
     xq, xb, bounds, pos = _grouped_case(np.random.default_rng(3))
     ptr, idx = _csr(pos)
@@ -223,8 +223,8 @@ def test_faiss_grouped_ranks_approximate_reports_recall():
 
 
 def test_score_ranking_dispatches_to_faiss(kernels):
-    from hardrank.metrics import ranking_metrics
-    from hardrank.search import score_ranking
+    from hardrank.scoring.metrics import ranking_metrics
+    from hardrank.scoring.rank import score_ranking
     from hardrank.tasks import RankingTask
 
     xq, xb, bounds, pos = _grouped_case(np.random.default_rng(5))
@@ -319,7 +319,7 @@ def test_mine_approximate_path_reports_recall(kernels, tmp_path):
 
 
 def test_auto_search_switches_to_faiss_beyond_budget(monkeypatch):
-    from hardrank.mining import search as mine_mod
+    from hardrank.mining import searcher as mine_mod
 
     prob, _ = _mining_case(nb=400, d=16)
     assert mine_mod._choose(prob, MineOptions(budget_mb=1)) == ("exact", None)

@@ -17,10 +17,10 @@ import pytest
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
 
 from hardrank import DataError, MineConfig, SuiteOptions, Tables, evaluate, mine
-from hardrank.clip_retrieval import ClipRetrievalFolder, VectorRows
 from hardrank.config import build
+from hardrank.inputs.clip_retrieval import ClipRetrievalFolder, VectorRows
 from hardrank.jobs.cli import main
-from hardrank.mining.sources import build_problem
+from hardrank.mining.inputs import build_problem
 from hardrank.suites import load_suites
 
 
@@ -209,7 +209,7 @@ def test_mining_pairs_each_caption_with_its_own_image_and_stays_lazy(tmp_path):
 
 def test_mining_ray_shards_read_clip_retrieval_slices(tmp_path):
     """The Ray path hands each actor a slice view: picklable, read by the actor."""
-    from hardrank.jobs.ray_search import _slice
+    from hardrank.executors.ray_search import _slice
 
     rng = np.random.default_rng(3)
     samples = [(f"{i}.jpg", f"c {i}", rng.normal(size=8), rng.normal(size=8)) for i in range(50)]

@@ -314,7 +314,7 @@ def test_bench_kernels_times_both_paths(tmp_path, capsys):
     import argparse
     import json
 
-    from hardrank.jobs.bench.kernels import add_kernels_parser
+    from hardrank.jobs.bench.kernel_bench import add_kernels_parser
 
     parser = argparse.ArgumentParser()
     add_kernels_parser(parser.add_subparsers())

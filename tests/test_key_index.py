@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from hardrank import key_index
-from hardrank.idkeys import IdIndex
-from hardrank.key_index import KeyIndex, hash_keys
-from hardrank.store import EmbeddingStore, _digest
+from hardrank.store import key_index
+from hardrank.store.embedding_store import EmbeddingStore, _digest
+from hardrank.store.idkeys import IdIndex
+from hardrank.store.key_index import KeyIndex, hash_keys
 
 
 def _twin(blocks):
@@ -153,7 +153,7 @@ def test_store_shards_hold_no_file_descriptor(tmp_path):
     assert again.read("text", ["k39"]).tolist() == [[1, 1]]
 
 
-# -- the --key-by id records (hardrank.idkeys.IdIndex): the same key index, over record shards --------------
+# -- the --key-by id records (hardrank.store.idkeys.IdIndex): the same key index, over record shards --------------
 def _id_twin(shards):
     first = {}
     for records in shards:

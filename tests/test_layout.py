@@ -100,7 +100,8 @@ def test_function_level_imports_only_for_heavy_optional_dependencies():
 
 
 # where each heavy dependency may be imported (module names, or a prefix ending in "_")
-HOMES = {"ray": ("hardrank.jobs.ray_",), "nvidia.dali": ("hardrank.embed.dali",), "faiss": ("hardrank.faiss_search",),
+HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.embed.dali",),
+         "faiss": ("hardrank.scoring.faiss_index",),
          "matplotlib": ("hardrank.jobs.report.plots",),
          # fsspec only in hardrank.urls, inside its functions: local paths never import it; its backends
          # (s3fs, gcsfs, adlfs) are found by fsspec from the URL's protocol, never imported by name; the
@@ -129,7 +130,8 @@ def test_heavy_dependencies_live_in_their_home_modules():
 
 
 def test_no_import_cycles():
-    graph = {m: sorted({x for x in _imports(m)[0] if x in MODULES and x != m}) for m in MODULES}
+    """No circle of hardrank modules, counting imports inside functions (a lazy import is still an arrow)."""
+    graph = {m: sorted({x for x in _imports(m)[0] + _imports(m)[1] if x in MODULES and x != m}) for m in MODULES}
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -148,6 +150,33 @@ def test_no_import_cycles():
     for m in graph:
         if m not in state:
             visit(m)
+
+
+def test_the_library_never_reaches_up_into_jobs():
+    """jobs/ (the CLI) sits on top: no library or kernel module imports it, not even inside a function,
+    and none loads a module by a name built at run time (importlib), which the graph could not see."""
+    up = []
+    for name in MODULES:
+        if name.startswith("hardrank.jobs"):
+            continue
+        top, inner = _imports(name)
+        up += [f"{name} -> {m}" for m in top + inner if m.startswith("hardrank.jobs")]
+        if "importlib" in top + inner:
+            up.append(f"{name} imports importlib")
+    assert not up, "upward arrows:\n" + "\n".join(up)
+
+
+def test_one_executor_factory_reads_the_executor_option():
+    """The executor's name is compared in one place (``hardrank.executors``), not wherever work runs."""
+    readers = []
+    for name, path in MODULES.items():
+        if name == "hardrank.executors" or name == "hardrank.config":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            operands = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+            if any(isinstance(c, ast.Constant) and c.value in ("ray", "local") for c in operands):
+                readers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not readers, readers
 
 
 def test_core_imports_without_the_extras():
@@ -174,7 +203,7 @@ def test_missing_extra_names_the_install_command(tmp_path, monkeypatch, capsys):
     base = ["eval", "--model", str(cfg), "--checkpoint", str(ckpt), "--suite", "karpathy", "--annotations",
             str(w["annotations"]), "--images", str(w["images"]), "--store", str(tmp_path / "s"), "--quiet"]
     monkeypatch.setitem(sys.modules, "ray", None)
-    monkeypatch.delitem(sys.modules, "hardrank.jobs.ray_executor", raising=False)
+    monkeypatch.delitem(sys.modules, "hardrank.executors.ray_embed", raising=False)
     assert main([*base, "--out", str(tmp_path / "o1"), "--executor", "ray"]) == 1
     assert "pip install 'hardrank[ray]'" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)
@@ -193,5 +222,5 @@ def test_wheel_installs_one_name(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"hardrank", wheel.name.split("-py3")[0] + ".dist-info"}
     assert "hardrank/kernels/ranking.py" in names and "hardrank/jobs/cli.py" in names
-    assert any(n.startswith("hardrank/data/toy_checkpoints/") for n in names)
+    assert any(n.startswith("hardrank/assets/toy_checkpoints/") for n in names)
     assert "hardrank/embed/pipeline.py" in names and "hardrank/mining/run.py" in names

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hardrank.metrics import add_drops, average_views, choice_metrics, ranking_metrics, recall_metrics
+from hardrank.scoring.metrics import add_drops, average_views, choice_metrics, ranking_metrics, recall_metrics
 from hardrank.tasks import ChoiceTask, RankingTask
 
 

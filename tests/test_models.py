@@ -24,8 +24,8 @@ import hardrank
 from hardrank.config import EvalConfig, build
 from hardrank.errors import DataError, UsageError
 from hardrank.jobs.cli import main
-from hardrank.models import tag_preprocess
-from hardrank.runs import checkpoint_complete, model_specs, read_params
+from hardrank.models.openclip import tag_preprocess
+from hardrank.models.runs import checkpoint_complete, model_specs, read_params
 
 # OpenAI-shaped (heads of 64, so open_clip's OpenAI path can infer the architecture from the weights)
 TINY = {"embed_dim": 32, "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "head_width": 64, "patch_size": 16},
@@ -395,7 +395,7 @@ def test_low_precision_text_tower_runs_sequence_first_with_the_same_embeddings(a
     """bf16 loads run the text tower's blocks sequence-first (one flat GEMM per projection instead of a
     bmm over a per-position copy of the weight); the embeddings are those of the batch-first tower."""
     from hardrank.embed import TextEncoder
-    from hardrank.models import _text_sequence_first
+    from hardrank.models.openclip import _text_sequence_first
 
     ckpt = tmp_path / "c.safetensors"
     save_file(arch["sd"], str(ckpt))

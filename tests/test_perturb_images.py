@@ -10,7 +10,7 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
-from hardrank.perturb_images import (
+from hardrank.perturb.images import (
     _alter_batch,
     _altered_batches,
     _load,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hardrank import ModelSpec, load_model
-from hardrank.jobs.perturb import add_perturb_parser, run_perturb
-from hardrank.perturb_texts import (
+from hardrank.jobs.cmd_perturb import add_perturb_parser, run_perturb
+from hardrank.perturb.texts import (
     DEFAULT_VOCAB,
     KINDS,
     embedding_influence,

@@ -272,7 +272,7 @@ def _shard_keys(store: EmbeddingStore, modality: str) -> list[str]:
 
 @pytest.mark.slow
 def test_ray_executor_equals_local_exactly_and_records_failures(tmp_path, tiny, ray_cluster):
-    from hardrank.jobs.ray_executor import RayRunner
+    from hardrank.executors.ray_embed import RayRunner
 
     models = tiny["models"]
     local_tables, ray_tables = _world(tmp_path / "img"), _world(tmp_path / "img")
@@ -304,8 +304,8 @@ def test_ray_executor_equals_local_exactly_and_records_failures(tmp_path, tiny, 
 
 @pytest.mark.slow
 def test_ray_crashed_decode_actor_is_restarted_dali_within_bound(tmp_path, tiny, ray_cluster):
-    from hardrank.jobs import ray_executor
-    from hardrank.jobs.ray_executor import RayRunner, _DecodeActor
+    from hardrank.executors import ray_embed as ray_executor
+    from hardrank.executors.ray_embed import RayRunner, _DecodeActor
 
     marker = tmp_path / "crashed"
 
@@ -335,8 +335,8 @@ def test_ray_crashed_decode_actor_is_restarted_dali_within_bound(tmp_path, tiny,
 def test_ray_crashed_fused_actor_is_restarted_and_its_batches_redone(tmp_path, tiny, ray_cluster):
     """The CPU-only layout (one actor decoding and encoding two batches at a time): its process dies
     mid-run, is restarted, and the batches it held are redone; the result equals the in-process one."""
-    from hardrank.jobs import ray_executor
-    from hardrank.jobs.ray_executor import RayRunner, _EmbedActor
+    from hardrank.executors import ray_embed as ray_executor
+    from hardrank.executors.ray_embed import RayRunner, _EmbedActor
 
     marker = tmp_path / "crashed"
 
@@ -368,7 +368,7 @@ def test_ray_runner_reuses_its_actors_across_calls_and_close_kills_them(tmp_path
     with GPUs); fused: the CPU-only default, one actor per node decodes and encodes."""
     import ray
 
-    from hardrank.jobs.ray_executor import RayRunner
+    from hardrank.executors.ray_embed import RayRunner
 
     def pids(workers):
         return {name: sorted(w["pid"] for w in ws) for name, ws in workers.items()}
@@ -419,7 +419,7 @@ sys.path[:0] = [{tests!r}]
 from hardrank.embed import embed_tables
 from hardrank import ModelSpec, load_model
 from hardrank import EmbeddingStore
-from hardrank.jobs.ray_executor import RayRunner
+from hardrank.executors.ray_embed import RayRunner
 from test_ray_dali import _world, _stores
 
 write = EmbeddingStore.write
@@ -437,7 +437,7 @@ print("finished", flush=True)
 
 @pytest.mark.slow
 def test_killed_run_resumes_without_duplicates_or_gaps(tmp_path, tiny, ray_cluster):
-    from hardrank.jobs.ray_executor import RayRunner
+    from hardrank.executors.ray_embed import RayRunner
 
     models = tiny["models"]
     store_root, img = tmp_path / "store", tmp_path / "img"
@@ -503,7 +503,7 @@ def test_evaluate_with_ray_executor_matches_local(tmp_path, tiny, ray_cluster):
     from helpers import make_karpathy_world
 
     from hardrank import evaluate
-    from hardrank.jobs.ray_executor import RayRunner
+    from hardrank.executors.ray_embed import RayRunner
     from hardrank.suites import SuiteOptions
 
     w = make_karpathy_world(tmp_path / "w")

@@ -45,7 +45,7 @@ def _tied_gallery(seed=0, nq=29, nb=41, d=6, groups=(0, 13, 13, 30, 41)):
 @pytest.mark.parametrize("shards, nb", [(1, 41), (3, 41), (7, 41), (9, 6)])  # 9 shards of 6 rows: empty
 @pytest.mark.parametrize("tie_rule", TIE_RULES)                                           # and one-row shards
 def test_sharded_ranks_equal_the_one_process_pass(ray_cluster, shards, nb, tie_rule):
-    from hardrank.jobs.ray_rank import ShardedRanker
+    from hardrank.executors.ray_rank import ShardedRanker
 
     groups = (0, 13, 13, 30, 41) if nb == 41 else (0, 2, 2, 5, 6)
     xq, xb, bounds, ptr, idx = _tied_gallery(seed=shards, nb=nb, groups=groups)
@@ -70,7 +70,7 @@ def test_sharded_ranks_equal_the_one_process_pass(ray_cluster, shards, nb, tie_r
 
 @pytest.mark.slow
 def test_a_query_without_a_positive_fails_as_in_one_process(ray_cluster):
-    from hardrank.jobs.ray_rank import ShardedRanker
+    from hardrank.executors.ray_rank import ShardedRanker
 
     xq, xb, bounds, ptr, idx = _tied_gallery()
     lists = [idx[a:b] for a, b in zip(ptr[:-1], ptr[1:])]
@@ -87,7 +87,7 @@ def test_a_killed_shard_actor_does_not_change_the_ranks(ray_cluster, tmp_path, m
     retries the call: the ranks are those of one process."""
     import os
 
-    from hardrank.jobs import ray_rank
+    from hardrank.executors import ray_rank
 
     marker = tmp_path / "died"
 
@@ -107,7 +107,7 @@ def test_a_killed_shard_actor_does_not_change_the_ranks(ray_cluster, tmp_path, m
 
 
 def test_shard_count_follows_the_gallery_size():
-    from hardrank.jobs.ray_rank import gallery_shards
+    from hardrank.executors.ray_rank import gallery_shards
 
     assert gallery_shards(1000, 512, 3, 8192) == 3                    # explicit
     assert gallery_shards(1000, 512, 0, 8192) == 1                    # small: one process

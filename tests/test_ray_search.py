@@ -9,7 +9,7 @@ import pytest
 
 from hardrank.config import MineOptions
 from hardrank.mining import MineProblem, mine_arrays
-from hardrank.mining.search import merge_topk
+from hardrank.mining.searcher import merge_topk
 
 ray = pytest.importorskip("ray")
 
@@ -78,7 +78,7 @@ def _mine_sharded(prob, opts, out, factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("shards, nb", [(1, 53), (3, 53), (7, 5)])   # 7 shards of 5 rows: empty and one-row shards
 def test_sharded_mining_equals_local(ray_cluster, tmp_path, shards, nb):
-    from hardrank.jobs.ray_search import ShardedSearchFactory
+    from hardrank.executors.ray_search import ShardedSearchFactory
 
     prob = _tied_case(nb=nb)
     opts = MineOptions(k=6, dup_threshold=0.9, max_sim=0.9, search="exact", block_size=16, budget_mb=1)
@@ -90,7 +90,7 @@ def test_sharded_mining_equals_local(ray_cluster, tmp_path, shards, nb):
 
 @pytest.mark.slow
 def test_a_killed_shard_actor_does_not_change_the_output(ray_cluster, tmp_path):
-    from hardrank.jobs.ray_search import ShardedSearchFactory
+    from hardrank.executors.ray_search import ShardedSearchFactory
 
     prob = _tied_case(seed=2, nq=64)
     opts = MineOptions(k=5, search="exact", block_size=8)
@@ -118,7 +118,7 @@ def test_a_killed_shard_actor_does_not_change_the_output(ray_cluster, tmp_path):
 
 @pytest.mark.slow
 def test_approximate_shards_report_recall_against_exact_shards(ray_cluster, tmp_path):
-    from hardrank.jobs.ray_search import ShardedSearchFactory
+    from hardrank.executors.ray_search import ShardedSearchFactory
 
     rng = np.random.default_rng(3)
     unit = lambda x: (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
@@ -154,7 +154,7 @@ def test_mine_cli_with_the_ray_executor_equals_local(ray_cluster, tmp_path):
 def test_actors_open_a_memory_mapped_corpus_themselves(ray_cluster, tmp_path):
     """A memory-mapped corpus (what a corpus too large for the driver is) travels to the actors as
     (file, offset, shape): each maps its own rows; the output equals local mining."""
-    from hardrank.jobs.ray_search import ShardedSearchFactory, _slice
+    from hardrank.executors.ray_search import ShardedSearchFactory, _slice
 
     prob = _tied_case(seed=3, nb=29)
     np.save(tmp_path / "corpus.npy", prob.xb.astype(np.float16))

@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import hardrank
-from hardrank.results import outcome_schema
-from hardrank.toy_amodal import build_amodal_world
+from hardrank.scoring.results import outcome_schema
 from hardrank.toyworld import TOY_CHECKPOINTS, TOY_MODEL, WorldConfig, build_world
+from hardrank.toyworld.amodal import build_amodal_world
 
 GOLDEN = Path(__file__).parent / "golden"
 REGENERATE = os.environ.get("HARDRANK_REGENERATE_GOLDEN") == "1"

@@ -4,7 +4,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from hardrank.items import ImageRef, ItemTable, text_key
-from hardrank.store import EmbeddingStore, embedding_schema
+from hardrank.store.embedding_store import EmbeddingStore, embedding_schema
 from hardrank.text import pre_caption
 
 

@@ -115,7 +115,7 @@ def test_a_real_torchscript_archive_still_loads_and_no_torch_load_of_it_unpickle
     """The TorchScript path reads parameters with torch.jit.load: a scripted module's weights arrive."""
     import open_clip
 
-    name = hardrank.models.resolve_arch(str(world["cfg"]))
+    name = hardrank.models.openclip.resolve_arch(str(world["cfg"]))
     torch.manual_seed(3)
     ref = open_clip.create_model(name, pretrained=None)
 

@@ -14,9 +14,9 @@ import torch
 from nvidia.dali import Pipeline
 from PIL import Image
 
-from ..config import resolve_device
-from ..items import ImageRef, read_image_bytes
-from .decode import PillowDecoder, image_size
+from hardrank.config import resolve_device
+from hardrank.embed.decode import PillowDecoder, image_size
+from hardrank.items import ImageRef, read_image_bytes
 
 __all__ = ["DaliDecoder"]
 

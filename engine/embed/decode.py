@@ -16,11 +16,9 @@ from open_clip.transform import (
 )
 from torchvision.transforms import CenterCrop, Normalize, Resize, ToTensor
 
-from ..config import DECODERS
-from ..errors import MissingExtra, UsageError
-from ..items import ImageRef, decode_image, failure_reason
+from hardrank.items import ImageRef, decode_image, failure_reason
 
-__all__ = ["make_transform", "PillowDecoder", "make_decoder", "image_size"]
+__all__ = ["make_transform", "PillowDecoder", "image_size"]
 
 # transform steps that take and return a PIL image, run in the decode threads
 _PIL_STEPS = (Resize, CenterCrop, MaybeConvertMode, ResizeKeepRatio, CenterCropOrPad)
@@ -154,19 +152,3 @@ def image_size(preprocess_cfg: dict) -> tuple[int, int]:
     """(H, W) of the model's input images."""
     size = preprocess_cfg.get("size", 224)
     return (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
-
-
-def make_decoder(preprocess_cfg: dict, decoder: str = "pillow", *, threads: int = 2, batch_size: int = 256):
-    """A decode stage ``{"ref": [ImageRef]} -> {"pixels", "ok", "error"}``: Pillow (the reference) or
-    DALI (GPU when present, else its CPU-only mode). Build it inside the worker that runs it."""
-    if decoder not in DECODERS:
-        raise UsageError(f"decoder must be one of {list(DECODERS)}, got {decoder!r}")
-    if decoder == "pillow-draft":
-        return PillowDecoder(preprocess_cfg, threads=threads, draft=True)
-    if decoder == "dali":
-        try:
-            from .dali import DaliDecoder
-        except ImportError as exc:
-            raise MissingExtra("--decoder dali", "dali", "nvidia-dali-cuda130") from exc
-        return DaliDecoder(preprocess_cfg, threads=threads, batch_size=batch_size, device="auto")
-    return PillowDecoder(preprocess_cfg, threads=threads)

@@ -8,7 +8,7 @@ A batch moves through the stages as a plain dict, the same under every executor:
     encoded {"modality", "rows", "ok", "error", "emb": [K arrays (n_ok, D) float32], "keys"?}   (K checkpoints)
 
 and ``EmbedSink.deliver`` records the failed rows and commits the embeddings of the others (under the
-content keys the decoders computed, for rows whose key was provisional: ``hardrank.idkeys``).
+content keys the decoders computed, for rows whose key was provisional: ``hardrank.store.idkeys``).
 """
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .. import urls
-from ..errors import TooManyFailures
-from ..idkeys import IdIndex, is_provisional
-from ..items import ItemTable, bytes_key, prefetched, read_image_bytes
-from ..models import LoadedModel, load_model
-from ..store import EmbeddingStore
-from .decode import make_decoder
-from .encode import ImageEncoder, TextEncoder
+from hardrank import urls
+from hardrank.embed.decoders import make_decoder
+from hardrank.embed.encode import ImageEncoder, TextEncoder
+from hardrank.errors import TooManyFailures
+from hardrank.items import ItemTable, bytes_key, prefetched, read_image_bytes
+from hardrank.models.openclip import LoadedModel, load_model
+from hardrank.store.embedding_store import EmbeddingStore
+from hardrank.store.idkeys import IdIndex, is_provisional
 
 __all__ = ["EmbedJob", "EmbedStats", "EmbedSink", "DecodeStage", "EncodeStage", "check_failures"]
 

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import urls
-from ..config import DECODERS, EmbedOptions
-from ..errors import UsageError, ray_module
-from ..idkeys import IdIndex, table_keys
-from ..items import ItemTable, Tables
-from ..models import LoadedModel, ModelSpec, load_model
-from ..store import EmbeddingStore, is_store_folder
-from .job import EmbedJob, EmbedSink, EmbedStats, check_failures
-from .local import LocalRunner
+from hardrank import urls
+from hardrank.config import DECODERS, EmbedOptions
+from hardrank.embed.job import EmbedJob, EmbedSink, EmbedStats, check_failures
+from hardrank.errors import UsageError
+from hardrank.executors import LocalRunner, executor
+from hardrank.items import ItemTable, Tables
+from hardrank.models.openclip import LoadedModel, ModelSpec, load_model
+from hardrank.store.embedding_store import EmbeddingStore, is_store_folder
+from hardrank.store.idkeys import IdIndex, table_keys
 
 __all__ = ["EmbedPipeline", "embed_tables", "table_embeddings", "make_runner", "make_scan_mapper", "unique_labels"]
 
@@ -34,21 +34,14 @@ log = logging.getLogger("hardrank.embed")
 
 
 def make_runner(options: EmbedOptions, models: list[LoadedModel]):
-    """The executor ``options.executor`` names: in-process, or long-lived Ray actors (the Ray
-    runner lives in ``hardrank.jobs``, the only package that imports Ray)."""
-    if options.executor == "local":
-        return LocalRunner(models)
-    ray_executor = ray_module("ray_executor", "--executor ray")
-    return ray_executor.RayRunner(address=options.ray_address)
+    """The embed runner of the executor ``options.executor`` names (``hardrank.executors``)."""
+    return executor(options).embed_runner(models)
 
 
 def make_scan_mapper(options: EmbedOptions):
-    """How tar shards are scanned (``hardrank.sources.scan_with``): None (threads here) for the local
+    """How tar shards are scanned (``hardrank.inputs.scan_with``): None (threads here) for the local
     executor; with ``ray``, Ray tasks, so the workers read the shards and the driver reads none."""
-    if options.executor == "local":
-        return None
-    ray_executor = ray_module("ray_executor", "--executor ray")
-    return ray_executor.ScanMapper(address=options.ray_address)
+    return executor(options).scan_mapper()
 
 
 def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[EmbeddingStore], *,
@@ -69,7 +62,7 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
     seconds to each sink's stats; None runs in-process on ``models`` (``LocalRunner``).
 
     key_by: ``content`` hashes every image's bytes here before deciding; ``id`` decides from identities
-    recorded in ``ids`` and lets the decoders hash the new ones (``hardrank.idkeys``). Either way the
+    recorded in ``ids`` and lets the decoders hash the new ones (``hardrank.store.idkeys``). Either way the
     store is keyed by content and ``ids`` records each image's identity."""
     if decoder not in DECODERS:
         raise UsageError(f"decoder must be one of {list(DECODERS)}, got {decoder!r}")
@@ -269,7 +262,7 @@ class EmbedPipeline:
 
     @property
     def ids(self) -> IdIndex:
-        """The store root's identity -> content key records (``hardrank.idkeys``)."""
+        """The store root's identity -> content key records (``hardrank.store.idkeys``)."""
         if self._ids is None:
             self._ids = IdIndex(self.store_root(), [self.fingerprint(i) for i in range(len(self.models))])
         return self._ids

@@ -6,8 +6,8 @@ from collections import Counter
 
 import numpy as np
 
-from ..config import MineOptions
-from .problem import MineProblem, csr_take, f32, gather
+from hardrank.config import MineOptions
+from hardrank.mining.problem import MineProblem, csr_take, f32, gather
 
 __all__ = ["mine_block"]
 

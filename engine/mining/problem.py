@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ..store import EmbeddingStore, open_store
+from hardrank.store.embedding_store import EmbeddingStore, open_store
 
 __all__ = ["MineProblem", "StoreRows", "negatives_schema", "csr_take", "f32", "gather"]
 

@@ -14,15 +14,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import urls
-from ..atomic import atomic_path, write_json_atomic
-from ..config import DIRECTIONS, MineConfig, MineOptions, build, check_writable_dir, resolve_device
-from ..errors import DataError, UsageError, ray_module
-from .block import mine_block
-from .export import check_training, shard_path, write_training
-from .problem import MineProblem, negatives_schema
-from .search import build_searcher, measure_recall
-from .sources import build_problem
+from hardrank import urls
+from hardrank.atomic import atomic_path, write_json_atomic
+from hardrank.config import DIRECTIONS, MineConfig, MineOptions, build, check_writable_dir, resolve_device
+from hardrank.errors import DataError, UsageError
+from hardrank.executors import executor
+from hardrank.mining.block import mine_block
+from hardrank.mining.inputs import build_problem
+from hardrank.mining.problem import MineProblem, negatives_schema
+from hardrank.mining.searcher import build_searcher, measure_recall
+from hardrank.mining.training_table import check_training, shard_path, write_training
 
 __all__ = ["mine", "mine_arrays"]
 
@@ -66,7 +67,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     index (approximate ones over-fetch 2-8x candidates and re-score them exactly); ``auto`` = exact
     while the fp32 corpus fits ``budget_mb``, else IVF with fast-scan PQ codes (``_auto_factory``).
     ``searcher``: a factory ``searcher(problem, opts)`` replacing the in-process search (the Ray
-    shards of ``hardrank.jobs.ray_search``); the blocks, filters and outputs are the same."""
+    shards of ``hardrank.executors.ray_search``); the blocks, filters and outputs are the same."""
     echo = echo or (lambda s: None)
     problem.validate()
     if export_training:
@@ -180,13 +181,13 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     if cfg.export_training:
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
     t0 = time.perf_counter()
-    sharded = cfg.embed.executor == "ray"
+    searcher = executor(cfg.embed).sharded_search(cfg.options.shards)
+    sharded = searcher is not None
     problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=sharded)
     t_inputs = time.perf_counter() - t0
     echo(f"{len(problem.query_ids)} {DIRECTIONS[cfg.direction][0]} queries, {len(problem.corpus_ids)} "
          f"{problem.modality} corpus items ({t_inputs:.1f}s)")
     problem.meta.setdefault("timings", {})["inputs"] = round(t_inputs, 3)
-    searcher = _sharded_searcher(cfg) if sharded else None
     try:
         with urls.staged_dir(cfg.out) as out:  # a URL: written here, uploaded (shards before the summary)
             return mine_arrays(problem, cfg.options, out, export_training=cfg.export_training, echo=echo,
@@ -194,9 +195,3 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     finally:
         if searcher is not None:
             searcher.close()
-
-
-def _sharded_searcher(cfg: MineConfig):
-    """The corpus sharded over Ray actors (``hardrank.jobs.ray_search``: the engine never imports Ray)."""
-    ray_search = ray_module("ray_search", "mine --executor ray")
-    return ray_search.ShardedSearchFactory(shards=cfg.options.shards, address=cfg.embed.ray_address)

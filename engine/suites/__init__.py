@@ -1,18 +1,18 @@
 """Suite loaders: each compiles a benchmark's published files into tasks over shared tables."""
 from __future__ import annotations
 
-from ..errors import UsageError
-from ..items import Tables
-from ..tasks import Suite
-from ._common import SuiteFormatError, SuiteOptions
-from .amodal import load_amodal_suite
-from .aro import load_aro, load_coco_order, load_flickr_order
-from .hard_positives import load_hard_positives
-from .inpaintcoco import load_inpaintcoco
-from .karpathy import load_karpathy, load_rococo
-from .sugarcrepe import load_sugarcrepe
-from .toy import TOY_SUITES, load_toy
-from .wds import load_wds
+from hardrank.errors import UsageError
+from hardrank.items import Tables
+from hardrank.suites._common import SuiteFormatError, SuiteOptions
+from hardrank.suites.amodal import load_amodal_suite
+from hardrank.suites.aro import load_aro, load_coco_order, load_flickr_order
+from hardrank.suites.hard_positives import load_hard_positives
+from hardrank.suites.inpaintcoco import load_inpaintcoco
+from hardrank.suites.karpathy import load_karpathy, load_rococo
+from hardrank.suites.sugarcrepe import load_sugarcrepe
+from hardrank.suites.toy import TOY_SUITES, load_toy
+from hardrank.suites.webdataset import load_wds
+from hardrank.tasks import Suite
 
 __all__ = ["SUITES", "ALIASES", "SuiteOptions", "SuiteFormatError", "load_suites", "expand_suites"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..config import SuiteOptions
-from ..errors import DataError
+from hardrank.config import SuiteOptions
+from hardrank.errors import DataError
 
 __all__ = ["SuiteOptions", "read_json", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS"]
 

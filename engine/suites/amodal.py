@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..config import SuiteOptions
-from ..errors import DataError
-from ..items import ImageRef, Tables
-from ..kernels.masks import PRED_KINDS
-from ..masks_io import polygons_to_mask, rle_decode
-from ..tasks import MaskTask, Suite
-from ._common import SuiteFormatError, read_json
+from hardrank.config import SuiteOptions
+from hardrank.errors import DataError
+from hardrank.inputs.masks import polygons_to_mask, rle_decode
+from hardrank.items import ImageRef, Tables
+from hardrank.kernels.masks import PRED_KINDS
+from hardrank.suites._common import SuiteFormatError, read_json
+from hardrank.tasks import MaskTask, Suite
 
 # ---------------------------------------------------------------------------------------------
 # Annotation schema (one JSON file; `--data DIR` means DIR/annotations.json)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..choice_macro import ChoiceAggregate, attach_aggregates
-from ..items import ImageRef, Tables
-from ..tasks import ChoiceTask, Suite
-from ..text import pre_caption
-from ._common import SuiteFormatError, SuiteOptions, find_annotation, read_bbox, read_json, require_keys
-from .karpathy import read_karpathy
+from hardrank.items import ImageRef, Tables
+from hardrank.scoring.choice_macro import ChoiceAggregate, attach_aggregates
+from hardrank.suites._common import SuiteFormatError, SuiteOptions, find_annotation, read_bbox, read_json, require_keys
+from hardrank.suites.karpathy import read_karpathy
+from hardrank.tasks import ChoiceTask, Suite
+from hardrank.text import pre_caption
 
 __all__ = ["load_aro", "load_coco_order", "load_flickr_order", "order_perturbations", "order_tagger",
            "OrderTagger", "WORD_LISTS", "ARO_FILES", "ARO_SYMMETRIC_RELATIONS", "ORDER_PERTURBATIONS"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..items import ImageRef, Tables
-from ..tasks import ChoiceTask, Suite
-from ._common import SuiteFormatError, SuiteOptions, read_bbox, read_json, require_keys
+from hardrank.items import ImageRef, Tables
+from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_bbox, read_json, require_keys
+from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_hard_positives", "HARD_POSITIVE_SETS"]
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..items import ImageRef, Tables, parquet_uri
-from ..tasks import ChoiceTask, Suite
-from ._common import SuiteFormatError, SuiteOptions
+from hardrank.items import ImageRef, Tables, parquet_uri
+from hardrank.suites._common import SuiteFormatError, SuiteOptions
+from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_inpaintcoco"]
 

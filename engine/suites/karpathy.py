@@ -5,11 +5,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import urls
-from ..items import ImageRef, Tables
-from ..tasks import RankingTask, Suite
-from ..text import pre_caption
-from ._common import SuiteFormatError, SuiteOptions, find_annotation, read_json, require_keys
+from hardrank import urls
+from hardrank.items import ImageRef, Tables
+from hardrank.suites._common import SuiteFormatError, SuiteOptions, find_annotation, read_json, require_keys
+from hardrank.tasks import RankingTask, Suite
+from hardrank.text import pre_caption
 
 __all__ = ["read_karpathy", "read_rococo_variant", "build_retrieval", "load_karpathy", "load_rococo",
            "ROCOCO_TEXT_VARIANTS", "image_variant_names"]

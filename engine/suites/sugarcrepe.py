@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..choice_macro import ChoiceAggregate, attach_aggregates
-from ..items import ImageRef, Tables
-from ..tasks import ChoiceTask, Suite
-from ._common import SuiteFormatError, SuiteOptions, read_json, require_keys
+from hardrank.items import ImageRef, Tables
+from hardrank.scoring.choice_macro import ChoiceAggregate, attach_aggregates
+from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_json, require_keys
+from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_sugarcrepe", "SUGARCREPE_FILES", "SUGARCREPE_CATEGORIES"]
 

@@ -5,15 +5,15 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import cache_dir
-from ..items import Tables
-from ..tasks import Suite
-from ..toyworld import WorldConfig, build_world, world_config
-from ..toyworld.world import WORLD_VERSION
-from ._common import SuiteOptions
-from .hard_positives import load_hard_positives
-from .inpaintcoco import load_inpaintcoco
-from .karpathy import load_rococo
+from hardrank.config import cache_dir
+from hardrank.items import Tables
+from hardrank.suites._common import SuiteOptions
+from hardrank.suites.hard_positives import load_hard_positives
+from hardrank.suites.inpaintcoco import load_inpaintcoco
+from hardrank.suites.karpathy import load_rococo
+from hardrank.tasks import Suite
+from hardrank.toyworld import WorldConfig, build_world, world_config
+from hardrank.toyworld.world import WORLD_VERSION
 
 __all__ = ["load_toy", "default_world_dir", "pending_world", "TOY_SUITES"]
 

@@ -1,9 +1,9 @@
 """The toy world: rendered coloured-shape scenes with every perturbation kind of the real suites."""
 from __future__ import annotations
 
-from ..config import DATA_DIR
-from ..errors import DataError
-from .world import WorldConfig, build_world, world_config
+from hardrank.config import DATA_DIR
+from hardrank.errors import DataError
+from hardrank.toyworld.world import WorldConfig, build_world, world_config
 
 __all__ = ["WorldConfig", "build_world", "world_config", "demo_inputs", "TOY_MODEL", "TOY_CHECKPOINTS"]
 

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from ..atomic import atomic_path
-from . import TOY_MODEL
+from hardrank.atomic import atomic_path
+from hardrank.toyworld import TOY_MODEL
 
 __all__ = ["train_toy", "recall_at_k", "evaluate_checkpoints", "MODEL_NAME", "MODEL_CONFIG", "DEFAULT_STEPS"]
 

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .scenes import ANCHOR_TEMPLATE, BACKGROUNDS, COLOURS, RELATION_WORDS, REWORDED_TEMPLATE, SHAPES, SIZES, Scene
+from hardrank.toyworld.scenes import (
+    ANCHOR_TEMPLATE,
+    BACKGROUNDS,
+    COLOURS,
+    RELATION_WORDS,
+    REWORDED_TEMPLATE,
+    SHAPES,
+    SIZES,
+    Scene,
+)
 
 # Replacement sources, as in RoCOCO: same concept class, another concept class, random vocabulary,
 # danger words. None of these words occurs in a clean toy caption.

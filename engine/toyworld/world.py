@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..perturb_images import alter_images
-from .scenes import (
+from hardrank.perturb.images import alter_images
+from hardrank.toyworld.scenes import (
     ANCHOR_TEMPLATE,
     BACKGROUNDS,
     COLOURS,
@@ -29,7 +29,7 @@ from .scenes import (
     render,
     sample_scene,
 )
-from .variants import (
+from hardrank.toyworld.variants import (
     DANGER_WORDS,
     OTHER_CONCEPT,
     RANDOM_VOCAB,

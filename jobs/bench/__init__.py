@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import argparse
 
+from hardrank.jobs.bench.end_to_end import (
+    PipelineBenchConfig,
+    add_pipeline_parser,
+    bench_pipeline,
+    format_bench,
+    write_bench,
+)
+from hardrank.jobs.bench.kernel_bench import add_kernels_parser, run_kernels_bench
 from hardrank.jobs.flags import Formatter
-
-from .kernels import add_kernels_parser, run_kernels_bench
-from .pipeline import PipelineBenchConfig, add_pipeline_parser, bench_pipeline, format_bench, write_bench
 
 __all__ = ["add_bench_parser", "PipelineBenchConfig", "bench_pipeline", "format_bench", "write_bench",
            "run_kernels_bench"]

@@ -7,13 +7,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from hardrank.embed import image_size, make_transform
 from hardrank.items import Tables, decode_image
+from hardrank.jobs.bench.options import PipelineBenchConfig
+from hardrank.jobs.bench.timing import Clock
 from hardrank.kernels.reference import naive_rank
-from hardrank.metrics import choice_metrics
-from hardrank.models import ModelSpec, load_model
+from hardrank.models.openclip import ModelSpec, load_model
+from hardrank.scoring.metrics import choice_metrics
 from hardrank.suites import load_suites
-
-from .config import PipelineBenchConfig
-from .timing import Clock
 
 __all__ = ["NaivePipeline", "naive_loader", "view_slice"]
 

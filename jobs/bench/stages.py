@@ -9,13 +9,12 @@ import torch
 
 from hardrank.embed import EmbedPipeline, ImageEncoder, PillowDecoder, TextEncoder, encode_text, make_transform
 from hardrank.items import ItemTable, Tables, decode_image
+from hardrank.jobs.bench.naive import naive_loader, view_slice
+from hardrank.jobs.bench.options import PipelineBenchConfig
+from hardrank.jobs.bench.timing import Clock, bare_gemm_gflops, flops_per_item
 from hardrank.kernels.reference import naive_rank
-from hardrank.search import score_ranking
-from hardrank.store import EmbeddingStore
-
-from .config import PipelineBenchConfig
-from .naive import naive_loader, view_slice
-from .timing import Clock, bare_gemm_gflops, flops_per_item
+from hardrank.scoring.rank import score_ranking
+from hardrank.store.embedding_store import EmbeddingStore
 
 __all__ = ["STAGES", "time_stages", "stage_rows"]
 

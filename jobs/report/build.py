@@ -8,11 +8,10 @@ from pathlib import Path
 
 from hardrank.atomic import atomic_path, write_text_atomic
 from hardrank.errors import MissingExtra
-
-from .failures import Thumbs, worst_failures
-from .load import checkpoint_axis, load_results
-from .render import render_html, render_md
-from .tables import leaderboard, write_csv
+from hardrank.jobs.report.failures import Thumbs, worst_failures
+from hardrank.jobs.report.load import checkpoint_axis, load_results
+from hardrank.jobs.report.render import render_html, render_md
+from hardrank.jobs.report.tables import leaderboard, write_csv
 
 __all__ = ["build_report", "plot_bench"]
 

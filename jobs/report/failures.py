@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from PIL import Image
 
-from .load import Result
+from hardrank.jobs.report.load import Result
 
 __all__ = ["worst_failures", "image_roots", "is_image", "Thumbs"]
 

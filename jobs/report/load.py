@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hardrank.results import read_results
+from hardrank.scoring.results import read_results
 
 __all__ = ["Result", "Axis", "parse_step", "load_results", "checkpoint_axis"]
 

@@ -10,9 +10,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from hardrank.atomic import atomic_path
-
-from .load import Axis, Result
-from .tables import MASK_ROLES, directions, drop, main_metric, num, top_level
+from hardrank.jobs.report.load import Axis, Result
+from hardrank.jobs.report.tables import MASK_ROLES, directions, drop, main_metric, num, top_level
 
 __all__ = ["report_plots", "plot_bench", "plot_transfer"]
 

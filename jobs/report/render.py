@@ -5,8 +5,8 @@ import base64
 import html
 from pathlib import Path
 
-from .failures import Thumbs, image_roots, is_image
-from .tables import MASK_ROLES, num, pivot
+from hardrank.jobs.report.failures import Thumbs, image_roots, is_image
+from hardrank.jobs.report.tables import MASK_ROLES, num, pivot
 
 __all__ = ["render_html", "render_md"]
 

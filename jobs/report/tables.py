@@ -6,9 +6,8 @@ import math
 from pathlib import Path
 
 from hardrank.atomic import atomic_path
-from hardrank.results import summary_row
-
-from .load import Axis, Result
+from hardrank.jobs.report.load import Axis, Result
+from hardrank.scoring.results import summary_row
 
 __all__ = ["num", "directions", "top_level", "drop", "main_metric", "leaderboard", "write_csv", "pivot",
            "MASK_ROLES"]

@@ -1,0 +1,152 @@
+"""Bring your own embeddings: score precomputed image/text embeddings with the same protocols."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from hardrank.errors import DataError
+from hardrank.inputs.clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder, match_tables
+from hardrank.items import Tables
+
+__all__ = ["load_embedding_file", "embeddings_for_tables"]
+
+_COLUMNS = ("kind", "id", "embedding")
+
+
+def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarray]]:
+    """{kind: (ids, (n, d) float32 L2-normalised)} from a Parquet file with columns kind, id, embedding.
+    Every problem (missing or mistyped column, null, duplicated id, NaN, all-zero vector) raises a
+    DataError naming the file and the first offending id."""
+
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder, but not clip-retrieval's output (img_emb/, text_emb/, metadata/)" if path.is_dir() \
+            else "does not exist"
+        raise DataError(f"embeddings file {path} {what}; pass a Parquet file (kind, id, embedding) or a "
+                        f"clip-retrieval output folder")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    missing = [c for c in _COLUMNS if c not in table.column_names]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {missing}; expected kind ('image'|'text'), id, embedding "
+                        f"(list of floats); found {table.column_names}")
+    for name in ("kind", "id"):
+        t = table.schema.field(name).type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise DataError(f"{path}: column {name!r} is {t}, expected strings")
+        nulls = table.column(name).null_count
+        if nulls:
+            raise DataError(f"{path}: column {name!r} has {nulls} null value(s); every row needs a {name}")
+    etype = table.schema.field("embedding").type
+    if not (pa.types.is_list(etype) or pa.types.is_large_list(etype) or pa.types.is_fixed_size_list(etype)) \
+            or not (pa.types.is_floating(etype.value_type) or pa.types.is_integer(etype.value_type)):
+        raise DataError(f"{path}: column 'embedding' is {etype}, expected a list of floats per row (list<float>); "
+                        f"if the vectors were saved as text, parse them into float lists before writing the file")
+    out = {}
+    kinds = table.column("kind").to_pylist()
+    bad = sorted({k for k in kinds if k not in ("image", "text")})
+    if bad:
+        raise DataError(f"{path}: column 'kind' holds {bad}; only 'image' and 'text' are allowed")
+    for kind in ("image", "text"):
+        sub = table.filter(pc.equal(table.column("kind"), kind))
+        if sub.num_rows == 0:
+            continue
+        ids = sub.column("id").to_pylist()
+        col = sub.column("embedding").combine_chunks()
+        if col.null_count:
+            first = int(np.nonzero(col.is_null().to_numpy(zero_copy_only=False))[0][0])
+            raise DataError(f"{path}: {kind} id {ids[first]!r} has a null embedding")
+        lengths = np.asarray(pc.list_value_length(col).to_numpy(zero_copy_only=False))
+        if len(set(lengths.tolist())) != 1:
+            first = int(np.nonzero(lengths != lengths[0])[0][0])
+            raise DataError(f"{path}: {kind} embeddings have different lengths ({lengths[0]} vs {lengths[first]} "
+                            f"at {kind} row {first}, id {ids[first]!r})")
+        flat = pc.list_flatten(col)
+        if flat.null_count:
+            raise DataError(f"{path}: {kind} embeddings hold {flat.null_count} null value(s)")
+        emb = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(lengths), -1)
+        finite = np.isfinite(emb).all(1)
+        if not finite.all():
+            raise DataError(f"{path}: {kind} id {ids[int(np.nonzero(~finite)[0][0])]!r} has a NaN or infinite "
+                            f"value in its embedding ({int((~finite).sum())} such row(s))")
+        ids, emb = _one_row_per_id(path, kind, ids, emb)
+        norms = np.linalg.norm(emb, axis=1, keepdims=True)
+        if (norms == 0).any():
+            raise DataError(f"{path}: {kind} id {ids[int(np.nonzero(norms[:, 0] == 0)[0][0])]!r} "
+                            f"has an all-zero embedding")
+        out[kind] = (ids, emb / norms)
+    dims = {v[1].shape[1] for v in out.values()}
+    if len(dims) > 1:
+        raise DataError(f"{path}: image and text embeddings differ in dimension {sorted(dims)}")
+    return out
+
+
+def _one_row_per_id(path: Path, kind: str, ids: list[str], emb: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """Rows of a repeated id (a caption written once per occurrence) must hold the same vector; they
+    become one. Different vectors under one id would make the result depend on row order: an error."""
+    counts = Counter(ids)
+    if len(counts) == len(ids):
+        return ids, emb
+    first: dict[str, int] = {}
+    keep = []
+    for r, i in enumerate(ids):
+        j = first.setdefault(i, r)
+        if j == r:
+            keep.append(r)
+        elif not np.array_equal(emb[j], emb[r]):
+            raise DataError(f"{path}: {kind} id {i!r} appears {counts[i]} times with different embeddings (rows "
+                            f"{j} and {r} of the {kind} rows); each id needs one embedding: drop or fix the "
+                            f"duplicates")
+    return [ids[r] for r in keep], emb[keep]
+
+
+def _suffixes(uri: str):
+    parts = PurePosixPath(Path(uri).as_posix()).parts
+    for i in range(len(parts)):  # longest suffix first: 'mix_0.9_s1/val2014/x.jpg' before 'val2014/x.jpg'
+        yield "/".join(parts[i:]).lstrip("/")
+
+
+def embeddings_for_tables(path: str | Path, tables: Tables) -> dict[str, np.ndarray]:
+    """Whole-table embedding arrays in row order. Rows are matched by the id the annotation file
+    writes (image path / raw caption); images may also match by the longest path suffix of their
+    file (a cropped region: that suffix plus ``@crop:x,y,w,h``, as ``hardrank store export`` writes
+    it, else the path alone). Missing ids fail, listing the first few. ``path`` may also be a
+    clip-retrieval output folder, streamed part by part (``clip_retrieval.match_tables``)."""
+    if is_clip_retrieval_folder(path):
+        return match_tables(ClipRetrievalFolder(path), tables)
+    data = load_embedding_file(path)
+    out = {}
+    for modality in ("image", "text"):
+        table = tables.of(modality)
+        if len(table) == 0:
+            out[modality] = np.zeros((0, 1), np.float32)
+            continue
+        if modality not in data:
+            raise DataError(f"{path}: holds no '{modality}' rows but the suites need {len(table)} {modality}s")
+        ids, emb = data[modality]
+        lookup = {i: r for r, i in enumerate(ids)}
+        rows, missing = np.empty(len(table), dtype=np.int64), []
+        for r, (tid, entry) in enumerate(zip(table.ids, table.entries)):
+            hit = lookup.get(tid)
+            if hit is None and modality == "image":  # a cropped region first under its own id (path@crop:...)
+                tags = [f"@{entry.recipe}", ""] if entry.recipe else [""]
+                hit = next((lookup[s + t] for t in tags for s in _suffixes(entry.uri) if s + t in lookup), None)
+            if hit is None and modality == "text":
+                hit = lookup.get(entry)
+            if hit is None:
+                missing.append(tid)
+                hit = 0
+            rows[r] = hit
+        if missing:
+            raise DataError(f"{path}: {len(missing)} {modality} id(s) needed by the suites are missing, e.g. "
+                             f"{missing[:5]}; ids are the image path as the annotation file writes it (altered "
+                             f"images under their variant folder) or the caption exactly as in the file")
+        out[modality] = emb[rows]
+    return out

@@ -1,0 +1,150 @@
+"""RoCOCO perturbations of tar shards, written back as shards beside them (altered images, perturbed captions).
+
+Layout, as for folders (``<images>/<variant>/<path>``): the shards ``DIR/00000.tar ...`` get
+
+- ``DIR/<method>_<lam>_s<seed>/00000.tar ...``: every sample's image mixed or patched (the reference plan:
+  the samples in shard order are the annotation order), its text members copied, same keys;
+- ``DIR/<kind>/00000.tar ...``: text-only samples, same keys, whose captions are the originals followed by
+  one perturbed caption for each of the first five (RoCOCO's variant-file layout), as ``.txt`` lines and
+  under the ``.json`` key the captions were read from.
+
+``--suite wds --image-variants mix_0.9 --text-variants same_concept`` then reads them back into the RoCOCO
+protocol. Each output shard is written atomically; shards that exist are skipped, so a killed run resumes.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import numpy as np
+import torch
+from PIL import Image
+
+from hardrank import urls
+from hardrank.config import resolve_device
+from hardrank.inputs.webdataset import (
+    SampleSet,
+    _common_dir,
+    _rel,
+    parse_captions,
+    read_samples,
+    sample_captions,
+    write_shard,
+)
+from hardrank.perturb.images import _altered_batches, _check_args, _plan, variant_name
+from hardrank.perturb.texts import _check_kind, _perturb
+from hardrank.suites.karpathy import N_PERTURBED
+from hardrank.text import pre_caption
+
+__all__ = ["alter_shards", "perturb_shard_texts", "variant_shards"]
+
+
+def variant_shards(ss: SampleSet, folder: str, variant: str) -> list[str]:
+    """The shard names of ``variant`` for the shards of ``ss``, under ``folder`` (default their folder)."""
+    root = _common_dir(ss.shards)
+    return [urls.join(folder or root, variant, _rel(s, root)) for s in ss.shards]
+
+
+def _by_shard(ss: SampleSet) -> list[list[int]]:
+    """Sample indices (among samples with an image) of each shard, in order."""
+    out: dict[str, list[int]] = {s: [] for s in ss.shards}
+    j = 0
+    for s in ss.samples:
+        if s.image is None:
+            continue
+        out[urls.parse_member_uri(s.image)[0]].append(j)
+        j += 1
+    return list(out.values())
+
+
+def alter_shards(spec: str, out: str | None, *, method: str, lam: float = 0.9, seed: int = 1, size: int = 384,
+                 batch_size: int = 64, device: str | None = None, quality: int = 75) -> dict:
+    """Write RoCOCO Mix/Patch copies of the images of tar shards as shards (see the module docstring)."""
+    _check_args(method, lam, seed)
+    ss = read_samples(spec, hash_images=False)
+    if ss.layout != "webdataset":
+        raise ValueError(f"{spec}: perturb images writes tar shards back for tar shard inputs; for a folder of "
+                         f"images use --images FOLDER --annotations FILE")
+    name = variant_name(method, lam, seed)
+    samples = [s for s in ss.samples if s.image is not None]
+    targets = variant_shards(ss, out or "", name)
+    groups = _by_shard(ss)
+    todo = {i for i, t in enumerate(targets) if not urls.exists(t)}
+    shard_of = {j: i for i, g in enumerate(groups) for j in g}
+    dev = torch.device(resolve_device(device or "auto"))
+    done: dict[int, bytes] = {}
+    written = 0
+
+    def load(idx: list[int]) -> list[np.ndarray]:
+        data = urls.read_many([samples[i].image for i in idx])
+        arrs = []
+        for i, b in zip(idx, data):
+            if isinstance(b, Exception):
+                raise ValueError(f"cannot read {samples[i].id}: {b}") from b
+            try:
+                with Image.open(io.BytesIO(b)) as im:
+                    im = im.convert("RGB")
+                    if im.size != (size, size):
+                        im = im.resize((size, size), Image.BICUBIC)
+                    arrs.append(np.asarray(im, dtype=np.uint8).copy())
+            except (OSError, SyntaxError, ValueError) as e:
+                raise ValueError(f"cannot decode image {samples[i].id}: {e} (the sample is corrupt; re-write the "
+                                 f"shard without it)") from e
+        return arrs
+
+    plan = _plan(len(samples), method=method, lam=float(lam), seed=seed, size=size, batch_size=batch_size)
+    needed = (lambda b: any(shard_of[i] in todo for i in b.indices))
+    for b, y in _altered_batches(plan, load, method=method, lam=float(lam), device=dev, needed=needed):
+        for j, i in enumerate(b.indices):
+            if shard_of[i] in todo:
+                buf = io.BytesIO()
+                Image.fromarray(y[j]).save(buf, format="JPEG", quality=quality)
+                done[i] = buf.getvalue()
+        for si in sorted(todo):
+            if all(i in done for i in groups[si]):
+                write_shard(targets[si], [(samples[i].key, {"jpg": done.pop(i), **_texts(samples[i])})
+                                          for i in groups[si]])
+                written += len(groups[si])
+                todo.discard(si)
+    self_pairs = sum(int(p == j) for b in plan for j, p in enumerate(b.perm))
+    return {"method": method, "lam": float(lam), "seed": seed, "images": len(samples), "self_pairs": self_pairs,
+            "written": written, "skipped": len(samples) - written, "shards": targets}
+
+
+def _texts(sample) -> dict[str, bytes]:
+    return {ext: str(v).encode("utf-8") for ext, v in sample.texts.items() if ext in ("txt", "json", "cls")}
+
+
+def perturb_shard_texts(spec: str, out: str | None, kind: str, model, tokenizer, seed: int, *, captions: str = "txt",
+                        vocab=None, influence=None, batch_size: int = 512) -> dict:
+    """Write the ``kind`` caption variant of tar shards as text-only shards (see the module docstring)."""
+    _check_kind(kind)
+    how = parse_captions(captions)
+    ss = read_samples(spec, hash_images=False)
+    if ss.layout != "webdataset":
+        raise ValueError(f"{spec}: perturb texts writes tar shards back for tar shard inputs")
+    samples = [s for s in ss.samples if s.image is not None]
+    caps = [sample_captions(s, how) for s in samples]
+    sources = [c for cs in caps for c in cs[:N_PERTURBED]]
+    perturbed, n_fallback = _perturb(sources, model, tokenizer, kind, seed, vocab, influence, batch_size)
+    targets = variant_shards(ss, out or "", kind)
+    json_key = how[1] or "captions"
+    per_sample, k, unchanged = [], 0, 0
+    for cs in caps:
+        m = min(len(cs), N_PERTURBED)
+        new = perturbed[k:k + m]
+        k += m
+        unchanged += sum(p in {pre_caption(c) for c in cs} for p in new)
+        per_sample.append(list(cs) + new)
+    written = 0
+    for si, group in enumerate(_by_shard(ss)):
+        if urls.exists(targets[si]):
+            continue
+        write_shard(targets[si], [(samples[i].key, {"txt": "\n".join(per_sample[i]).encode("utf-8"),
+                                                    "json": json.dumps({json_key: per_sample[i]}).encode("utf-8")})
+                                  for i in group])
+        written += 1
+    return {"kind": kind, "seed": int(seed), "images": len(samples), "originals": sum(len(c) for c in caps),
+            "perturbed": len(perturbed), "fallback": n_fallback, "unchanged": unchanged, "shards": targets,
+            "shards_written": written, "folder": os.path.dirname(targets[0]) if targets else None}

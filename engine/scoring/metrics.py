@@ -1,0 +1,155 @@
+"""Retrieval and choice metrics from kernel outputs, exactly as BENCHMARKS.md defines them."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from hardrank.tasks import ChoiceTask, RankingTask
+
+__all__ = ["view_outcomes", "recall_metrics", "ranking_metrics", "choice_verdicts", "choice_metrics",
+           "add_drops", "average_views", "RECALL_KS"]
+
+RECALL_KS = (1, 5, 10)
+
+
+def view_outcomes(task: RankingTask, ranks, view: str) -> dict[str, np.ndarray]:
+    """Per query over one view: ``rank`` (0 = top-1), top-1 gallery position and its group.
+
+    ``ranks`` is the kernel's GroupedRanks (tensors or arrays). The top-1 is the best positive
+    when rank == 0, otherwise the best non-positive of the view (score desc, then lowest index),
+    so it agrees with the tie rule that produced the counts."""
+    gi = np.array([task.groups.index(g) for g in task.views[view]], dtype=np.int64)
+    counts = np.asarray(ranks.counts)[:, gi]
+    rank = counts.sum(1)
+    neg_s = np.asarray(ranks.neg_score)[:, gi]
+    neg_i = np.asarray(ranks.neg_index)[:, gi]
+    # best over groups: max score, ties -> lowest gallery index (groups are contiguous, ordered)
+    best = np.full(len(rank), -1, dtype=np.int64)
+    best_s = np.full(len(rank), -np.inf, dtype=np.float64)
+    for j in range(len(gi)):
+        s, i = neg_s[:, j], neg_i[:, j]
+        better = (i >= 0) & ((s > best_s) | ((s == best_s) & ((best < 0) | (i < best))))
+        best = np.where(better, i, best)
+        best_s = np.where(better, s, best_s)
+    top1 = np.where(rank == 0, np.asarray(ranks.pos_index), best)
+    gid = np.searchsorted(task.group_bounds, top1, side="right") - 1
+    return {"rank": rank, "top1": top1, "top1_group": gid}
+
+
+def recall_metrics(rank: np.ndarray) -> dict[str, float]:
+    """R@K (% of queries with rank < K), mean and median rank (1-based)."""
+    if len(rank) == 0:
+        return {**{f"R@{k}": float("nan") for k in RECALL_KS}, "mean_rank": float("nan"), "median_rank": float("nan")}
+    out = {f"R@{k}": 100.0 * float(np.mean(rank < k)) for k in RECALL_KS}
+    out["mean_rank"] = float(np.mean(rank + 1))
+    out["median_rank"] = float(np.median(rank + 1))
+    return out
+
+
+def ranking_metrics(task: RankingTask, ranks) -> tuple[dict, dict]:
+    """{view: {R@1, R@5, R@10, mean_rank, median_rank, false_rate}} and per-view outcomes.
+    false_rate = % of queries whose top-1 lies in an added (non-original) group."""
+    metrics, outcomes = {}, {}
+    for view in task.views:
+        o = view_outcomes(task, ranks, view)
+        m = recall_metrics(o["rank"])
+        if view != task.groups[0]:
+            m["false_rate"] = 100.0 * float(np.mean(o["top1_group"] != 0)) if len(o["rank"]) else float("nan")
+        metrics[view] = m
+        outcomes[view] = o
+    return metrics, outcomes
+
+
+def add_drops(metrics: dict, base: str = "original") -> None:
+    """In place: for each view and direction, ``drop`` = clean - variant in points (R@K)."""
+    for view, dirs in metrics.items():
+        if view == base or not isinstance(dirs, dict):
+            continue
+        for d, m in dirs.items():
+            if d in metrics.get(base, {}) and isinstance(m, dict) and "R@1" in m:
+                m["drop"] = {f"R@{k}": metrics[base][d][f"R@{k}"] - m[f"R@{k}"] for k in RECALL_KS}
+
+
+def average_views(metrics: dict, averages: dict[str, list[str]]) -> None:
+    """In place: metrics[name] = mean over member views (e.g. the three seeds of mix_0.9)."""
+    for name, members in averages.items():
+        present = [metrics[m] for m in members if m in metrics]
+        if not present:
+            continue
+        out = {}
+        for d in present[0]:
+            if not isinstance(present[0][d], dict):
+                continue
+            keys = [k for k, v in present[0][d].items() if isinstance(v, (int, float))]
+            out[d] = {k: float(np.mean([p[d][k] for p in present])) for k in keys}
+        out["members"] = members
+        metrics[name] = out
+
+
+# -- choice ---------------------------------------------------------------------------------
+def choice_verdicts(task: ChoiceTask, scores: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-row boolean outcomes of a choice task from its (n, A, B) scores."""
+    s = np.asarray(scores, dtype=np.float64)
+    if task.rule in ("first_strict", "first_ties_win"):
+        row = s[:, 0, :]
+        best_other = row[:, 1:].max(1)
+        ok = row[:, 0] > best_other if task.rule == "first_strict" else row[:, 0] >= best_other
+        return {"correct": ok, "tie": row[:, 0] == best_other}
+    if task.rule == "triplet":
+        c, p, n = s[:, 0, 0], s[:, 0, 1], s[:, 0, 2]
+        # The reference (hard_positives run_eval.py) places c_N against c and c_P; the four orderings
+        # and the ties with c_N partition the rows. c vs c_P never matters, so c == c_P is no tie.
+        return {
+            "original": c > n,
+            "augmented": (c > n) & (p > n),
+            "brittle": (c > n) & (n > p),
+            "c_and_p_gt_n": (c > n) & (p > n), "c_gt_n_gt_p": (c > n) & (n > p),
+            "p_gt_n_gt_c": (p > n) & (n > c), "n_gt_c_and_p": (n > c) & (n > p),
+            "tie": (c == n) | (p == n),
+        }
+    if task.rule == "grid2x2":
+        s00, s01, s10, s11 = s[:, 0, 0], s[:, 0, 1], s[:, 1, 0], s[:, 1, 1]
+        i2t0, i2t1 = s00 > s01, s11 > s10     # each image picks its caption
+        t2i0, t2i1 = s00 > s10, s11 > s01     # each caption picks its image
+        text, image = i2t0 & i2t1, t2i0 & t2i1
+        return {"i2t_0": i2t0, "i2t_1": i2t1, "t2i_0": t2i0, "t2i_1": t2i1,
+                "text": text, "image": image, "group": text & image,
+                "tie": (s00 == s01) | (s11 == s10) | (s00 == s10) | (s11 == s01)}
+    raise ValueError(f"unknown choice rule {task.rule!r}")
+
+
+def _summarise(task: ChoiceTask, v: dict[str, np.ndarray], sel: np.ndarray) -> dict:
+    n = int(sel.sum())
+    pct = (lambda x: 100.0 * float(x[sel].mean()) if n else float("nan"))
+    if task.rule in ("first_strict", "first_ties_win"):
+        return {"accuracy": pct(v["correct"]), "items": n, "ties": int(v["tie"][sel].sum())}
+    if task.rule == "triplet":
+        out = {"original_accuracy": pct(v["original"]), "augmented_accuracy": pct(v["augmented"]),
+               "brittleness": pct(v["brittle"]), "items": n, "ties": int(v["tie"][sel].sum())}
+        out["orderings"] = {k: int(v[k][sel].sum()) for k in v if "_gt_" in k}
+        return out
+    if task.rule == "grid2x2":
+        i2t = np.concatenate([v["i2t_0"][sel], v["i2t_1"][sel]])
+        t2i = np.concatenate([v["t2i_0"][sel], v["t2i_1"][sel]])
+        return {"i2t_accuracy": 100.0 * float(i2t.mean()) if n else float("nan"),
+                "t2i_accuracy": 100.0 * float(t2i.mean()) if n else float("nan"),
+                "text_score": pct(v["text"]), "image_score": pct(v["image"]), "group_score": pct(v["group"]),
+                "items": n, "ties": int(v["tie"][sel].sum())}
+    raise ValueError(task.rule)
+
+
+def choice_metrics(task: ChoiceTask, scores: np.ndarray) -> tuple[dict, dict]:
+    """{"all": {...}, "<subset>": {...}} and the per-row verdicts."""
+    v = choice_verdicts(task, scores)
+    n = len(task.ids)
+    out = {"all": _summarise(task, v, np.ones(n, dtype=bool))}
+    if task.subset is not None:
+        groups = defaultdict(list)
+        for i, s in enumerate(task.subset):
+            groups[s].append(i)
+        for s, rows in sorted(groups.items()):
+            sel = np.zeros(n, dtype=bool)
+            sel[rows] = True
+            out[s] = _summarise(task, v, sel)
+    return out, v

@@ -1,0 +1,107 @@
+"""Karpathy-style retrieval built from WebDataset shards' (or img2dataset outputs') own images and captions."""
+from __future__ import annotations
+
+from collections import Counter
+
+from hardrank import urls
+from hardrank.errors import DataError, UsageError
+from hardrank.inputs import SampleSet, parse_captions, read_samples, read_shards, sample_captions
+from hardrank.items import ImageRef, Tables
+from hardrank.perturb.shards import variant_shards
+from hardrank.suites._common import SuiteFormatError, SuiteOptions
+from hardrank.suites.karpathy import N_PERTURBED, ROCOCO_TEXT_VARIANTS, build_retrieval, image_variant_names
+from hardrank.tasks import Suite
+
+__all__ = ["load_wds"]
+
+
+def load_wds(tables: Tables, opts: SuiteOptions, name: str = "wds") -> Suite:
+    """i2t and t2i over every sample that has an image and at least one caption, in shard order: the
+    protocol of ``karpathy`` (each image's captions are its positives; a caption's image is its one
+    positive). ``--images`` names the shards (``dir/{00000..00099}.tar``, local or a URL), an img2dataset
+    files folder or its Parquet files; ``--captions`` where the captions are (``txt`` | ``json:KEY``).
+
+    RoCOCO on shards: caption variants ``dir/<kind>/<shard>`` and altered images
+    ``dir/<method>_<lam>_s<seed>/<shard>`` (what ``hardrank perturb texts|images`` write for shards) join
+    as in ``rococo``: ``--text-variants`` (default: every kind present), ``--image-variants --seeds``."""
+    if not opts.images:
+        raise UsageError(f"suite {name} needs --images: tar shards (e.g. 'shards/{{00000..00099}}.tar', local or "
+                         f"s3://...), an img2dataset output folder, or img2dataset .parquet files")
+    how = parse_captions(opts.captions)
+    ss = read_samples(opts.images)
+    clean, refs, keys = [], [], []
+    skipped: Counter = Counter()
+    for s in ss.samples:
+        if s.image is None:
+            skipped["no image"] += 1
+            continue
+        caps = sample_captions(s, how)
+        if not caps:
+            skipped["no caption"] += 1
+            continue
+        clean.append((s.id, caps))
+        refs.append(ImageRef(s.image))
+        keys.append(s.image_key)
+    if not clean:
+        raise DataError(f"suite {name}: {opts.images} holds {len(ss.samples)} sample(s) and none has both an image "
+                        f"and a caption ({dict(skipped)}); the captions are read with --captions {opts.captions}: "
+                        f"try --captions txt or --captions json:KEY naming the .json field that holds them")
+    kept = [s for s in ss.samples if s.image is not None and sample_captions(s, how)]
+    text_variants, img_variants, variant_refs = {}, [], {}
+    if ss.layout == "webdataset":
+        text_variants = _text_variants(ss, kept, clean, opts, how)
+        img_variants = image_variant_names(opts.image_variants, opts.seeds)
+        variant_refs = {v: _image_variant(ss, kept, v) for v in img_variants}
+    elif opts.image_variants or opts.text_variants:
+        raise UsageError(f"suite {name}: --image-variants / --text-variants need tar shard inputs (written back by "
+                         f"hardrank perturb images|texts); {opts.images} is {ss.layout}")
+    i2t, t2i = build_retrieval(tables, None, clean, refs=refs, image_keys=keys, text_variants=text_variants,
+                               image_variants=img_variants, variant_refs=variant_refs or None)
+    averages = {v: [f"{v}_s{s}" for s in opts.seeds] for v in opts.image_variants if len(opts.seeds) > 1}
+    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages,
+                 meta={**ss.meta(), "captions_from": opts.captions, "images": len(clean),
+                       "captions": int(i2t.pos_ptr[-1]), "samples_skipped": dict(skipped),
+                       "text_variants": list(text_variants), "image_variants": img_variants})
+
+
+def _variant(ss: SampleSet, v: str, required: bool) -> SampleSet | None:
+    shards = variant_shards(ss, "", v)
+    missing = [s for s in shards if not urls.exists(s)]
+    if missing:
+        if required:
+            raise FileNotFoundError(f"variant {v}: shard {missing[0]} does not exist ({len(missing)} of {len(shards)} "
+                                    f"missing); make them with `hardrank perturb texts|images --images "
+                                    f"<the shards> ...` (they are written to <shard folder>/{v}/)")
+        return None
+    return read_shards(shards, source=v)
+
+
+def _text_variants(ss, kept, clean, opts, how) -> dict[str, list[list[str]]]:
+    out = {}
+    wanted = opts.text_variants if opts.text_variants is not None else ROCOCO_TEXT_VARIANTS
+    for v in wanted:
+        vs = _variant(ss, v, required=opts.text_variants is not None)
+        if vs is None:
+            continue
+        by_key = {s.key: s for s in vs.samples}
+        per = []
+        for s, (sid, caps) in zip(kept, clean):
+            got = sample_captions(by_key[s.key], how) if s.key in by_key else None
+            if got is None or got[:len(caps)] != caps or len(got) - len(caps) != min(len(caps), N_PERTURBED):
+                raise SuiteFormatError(f"variant {v}: sample {sid} "
+                                       + ("is missing" if got is None else "does not hold its originals followed by "
+                                          f"{min(len(caps), N_PERTURBED)} perturbed captions")
+                                       + "; were the variant shards made from these shards?")
+            per.append(got[len(caps):])
+        out[v] = per
+    return out
+
+
+def _image_variant(ss, kept, v) -> list[tuple[ImageRef, str | None]]:
+    vs = _variant(ss, v, required=True)
+    by_key = {s.key: s for s in vs.samples if s.image is not None}
+    missing = [s.id for s in kept if s.key not in by_key]
+    if missing:
+        raise DataError(f"image variant {v}: {len(missing)} sample(s) have no altered image, e.g. {missing[:3]}; "
+                        f"make the variant again with hardrank perturb images")
+    return [(ImageRef(by_key[s.key].image), by_key[s.key].image_key) for s in kept]

@@ -1,0 +1,103 @@
+"""`hardrank demo`: the toy checkpoints on the toy world, then where everything is and what to run next."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from hardrank.config import EvalConfig, SuiteOptions
+from hardrank.errors import EXIT_OK, DataError
+from hardrank.evaluate import evaluate, plan
+from hardrank.jobs.flags import Formatter, add_options, options_from_args
+from hardrank.jobs.grid import print_plan
+from hardrank.jobs.progress import make_progress
+from hardrank.scoring.results import format_table
+from hardrank.toyworld import TOY_CHECKPOINTS, TOY_MODEL, WorldConfig, build_world, world_config
+from hardrank.toyworld.amodal import build_amodal_world
+
+__all__ = ["add_demo_parser", "next_steps"]
+
+# options of a suite's inputs: the demo brings its own
+_SUITE_INPUTS = ("suites", "model", "checkpoints", "embeddings", "data", "images", "annotations", "image_variants",
+                 "seeds", "text_variants", "predictions", "baseline", "search", "pretrained", "random_init", "run")
+
+
+def _shown(path: str | os.PathLike) -> str:
+    """A path as the user should type it: relative to the working folder when below it."""
+    p = Path(path).resolve()
+    try:
+        return p.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def next_steps(out: str, store: str, world: str, amodal: str, checkpoint: str) -> str:
+    """Where the demo's results, store and worlds are, and three commands that reuse them."""
+    o, s, w, a, c = (_shown(x) for x in (out, store, world, amodal, checkpoint))
+    mined = _shown(Path(out).parent / "demo_mined") if Path(out).name == "demo" else f"{o}_mined"
+    return "\n".join([
+        "",
+        "where things are:",
+        f"  results    {o}/<checkpoint>/<suite>.json + .parquet (noisy/: a toy mask predictor, not a checkpoint)",
+        f"  store      {s}  (embeddings by content, one folder per checkpoint: hardrank store list {s})",
+        f"  toy world  {w}  (images, annotations; the mask suite's world: {a})",
+        "next:",
+        f"  hardrank report {o}",
+        "      # leaderboard.csv, report.html and report.md in " + f"{o}/report",
+        f"  hardrank eval --model toy-clip --checkpoint {c} --suite toy --data {w} --store {s} --out {o}_mine",
+        "      # your own checkpoint: put it after --checkpoint; the store already holds this one, nothing is encoded",
+        f"  hardrank mine --model toy-clip --checkpoint {c} --queries {w}/karpathy_test.json --images {w}/images "
+        f"--corpus {w}/images/test --store {s} -k 5 --out {mined} --export-training {mined}/negclip.tsv",
+        "      # hard negatives per caption (ids: image paths relative to --images, captions as text) and a "
+        "NegCLIP training TSV",
+    ])
+
+
+def _cmd_demo(args) -> int:
+    out = Path(args.out)
+    world = Path(args.world) if args.world else out / "toy_world"
+    amodal = world.parent / "toy_amodal"
+    ckpts = tuple(str(p) for p in sorted(TOY_CHECKPOINTS.glob("*.safetensors")))
+    if not ckpts:
+        raise DataError(f"no toy checkpoints in {TOY_CHECKPOINTS}; run `make toy-checkpoints`")
+    cfg = options_from_args(EvalConfig, args, model=str(TOY_MODEL), checkpoints=ckpts, suites=("toy",),
+                            data=str(world), store=args.store or str(out / "store"))
+    echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    if args.dry_run:  # builds nothing: the worlds are reported, not made
+        print_plan(plan(cfg), echo=print)
+        if not amodal.is_dir():
+            print(f"  then the toy mask suite: its world would be built in {amodal}")
+        return EXIT_OK
+    build_world(world, world_config(world) or WorldConfig())  # a world already there is used as it is
+    report = evaluate(cfg, progress=make_progress(args.quiet), echo=echo)
+    print(format_table(report.table_rows()))
+    amodal = build_amodal_world(amodal)
+    cfg = replace(cfg, suites=("amodal",), suite_options=SuiteOptions(
+        data=str(amodal), predictions=str(amodal / "predictions" / "noisy"), baseline="clip-regions",
+        tie_rule=cfg.suite_options.tie_rule))
+    report = evaluate(cfg, progress=make_progress(args.quiet), echo=echo)
+    print("\ntoy amodal (gIoU / cIoU, %): clip-regions baseline per checkpoint, and a noisy mask predictor")
+    print(format_table(report.table_rows()))
+    print(next_steps(str(out), cfg.embed.store_root(), str(world), str(amodal), ckpts[-1]))
+    return EXIT_OK
+
+
+def add_demo_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``hardrank demo``."""
+    dm = subparsers.add_parser(
+        "demo", help="build the toy world and evaluate all toy checkpoints on it", formatter_class=Formatter,
+        description="Build the toy world (rendered shapes with RoCOCO-style perturbations) in OUT/toy_world, "
+                    "evaluate the six bundled toy-clip checkpoints on it with the store in OUT/store, score the "
+                    "toy mask suite, then print where everything is and three commands to try next.",
+        epilog="examples:\n  hardrank demo --out results/demo\n"
+               "  hardrank demo --out results/demo --dry-run\n  hardrank report results/demo")
+    dm.add_argument("--world", default=None, help="toy world folder (default: OUT/toy_world)")
+    add_options(dm, EvalConfig, skip=_SUITE_INPUTS, required=("out",))
+    dm.add_argument("--quiet", action="store_true", help="no progress output (bars on a terminal, periodic lines "
+                    "in logs)")
+    dm.add_argument("--dry-run", action="store_true", help="print the plan (suites, items, store hits per "
+                    "checkpoint); build, encode and write nothing")
+    dm.set_defaults(func=_cmd_demo)
+    return dm

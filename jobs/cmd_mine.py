@@ -1,0 +1,59 @@
+"""`hardrank mine`: hard negatives for each query from a corpus, as resumable Parquet shards."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hardrank.config import MineConfig
+from hardrank.errors import EXIT_OK
+from hardrank.jobs.flags import Formatter, add_options, options_from_args
+from hardrank.jobs.progress import make_progress
+from hardrank.mining import mine
+
+__all__ = ["add_mine_parser"]
+
+
+def _cmd_mine(args) -> int:
+    """Run ``hardrank mine``; prints the summary's headline. Errors reach the CLI's exit-code map."""
+    extra = {} if args.dup_filter else {"dup_threshold": None}
+    cfg = options_from_args(MineConfig, args, **extra)
+    echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    summary = mine(cfg, progress=make_progress(args.quiet), echo=echo)
+    c = summary["counts"]
+    print(json.dumps({"queries": c["queries"], "corpus": c["corpus"], "negatives": c["negatives"],
+                      "queries_short": c["queries_short"], "dropped": c["dropped"], "search": summary["search"],
+                      "blocks": summary["blocks"], "seconds": summary["timings"].get("total"),
+                      "out": cfg.out}, indent=1))
+    return EXIT_OK
+
+
+def add_mine_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``mine`` sub-command to a ``hardrank`` sub-parser set."""
+    p = subparsers.add_parser(
+        "mine", help="mine hard negatives: per query, the top-k corpus items that are not its positives",
+        formatter_class=Formatter,
+        epilog="inputs (--corpus / --queries): a Karpathy-format .json (with --images), an image folder, a .parquet "
+               "listing (id + path, or id + text), an embeddings .parquet (kind, id, embedding: hardrank store "
+               "export), or an embedding store fingerprint folder (ids: content keys).\n"
+               "ids in the outputs: image paths relative to one root (--images when it holds every image, else "
+               "their common folder), captions as written; query_key / negative_key columns hold content keys.\n"
+               "the first two examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
+               "  hardrank mine --model toy-clip --checkpoint "
+               "engine/assets/toy_checkpoints/toy-clip_step0700.safetensors "
+               "--queries results/demo/toy_world/karpathy_test.json --images results/demo/toy_world/images "
+               "--corpus results/demo/toy_world/images/test --store results/demo/store -k 5 --out results/demo_mined "
+               "--export-training results/demo_mined/negclip.tsv\n"
+               "  hardrank mine --corpus results/demo_emb.parquet --queries results/demo_emb.parquet --direction t2t "
+               "-k 3 --out results/demo_t2t --export-training results/demo_t2t/negatives.jsonl   # after hardrank "
+               "store export\n"
+               "  hardrank mine --model ViT-B-32 --pretrained openai --corpus /data/laion_subset.parquet "
+               "--queries coco_karpathy_train.json --images /data/coco --direction t2i -k 20 --out mined/t2i\n"
+               "  hardrank mine --model ViT-B-32 --checkpoint a.pt --corpus images/ --queries captions.json "
+               "--executor ray --decoder dali --out mined/ray")
+    add_options(p, MineConfig, required=("corpus", "queries", "out"))
+    p.add_argument("--dup-filter", action=argparse.BooleanOptionalAction, default=True,
+                   help="drop near duplicates of positives (--no-dup-filter keeps them)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=_cmd_mine)
+    return p

@@ -1,0 +1,109 @@
+"""`hardrank watch RUN_DIR`: evaluate each checkpoint of a training run as it appears, and refresh the report."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from hardrank.config import EvalConfig
+from hardrank.errors import EXIT_OK, MissingExtra
+from hardrank.evaluate import evaluate
+from hardrank.jobs.flags import Formatter, add_options, options_from_args
+from hardrank.jobs.progress import make_progress
+from hardrank.jobs.report import build_report
+from hardrank.models.runs import checkpoint_complete, read_params, run_checkpoints
+from hardrank.scoring.results import format_table
+from hardrank.suites import expand_suites
+
+__all__ = ["watch", "add_watch_parser"]
+
+EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C
+
+
+def _ready(path: Path, settle: float, now: float) -> bool:
+    """Complete (whole archive / all safetensors data) and unchanged for ``settle`` seconds: a file
+    the trainer is still writing is neither."""
+    try:
+        return now - path.stat().st_mtime >= settle and checkpoint_complete(path)
+    except FileNotFoundError:
+        return False
+
+
+def _evaluated(cfg: EvalConfig, label: str) -> bool:
+    out = Path(cfg.out) / label
+    return all((out / f"{s}.json").is_file() for s in expand_suites(list(cfg.suites)))
+
+
+def watch(cfg: EvalConfig, *, interval: float = 60.0, settle: float = 10.0, until: int | None = None,
+          once: bool = False, report: bool = True, echo=print, progress=None) -> list[str]:
+    """Poll ``cfg.run``'s checkpoints/ every ``interval`` seconds; evaluate each complete checkpoint
+    not yet in ``cfg.out`` (all of them in one pass when several wait), then rebuild the report.
+    Returns the labels evaluated. Stops after epoch ``until`` is evaluated, after one look with
+    ``once``, or on Ctrl-C (KeyboardInterrupt propagates after the current checkpoint's results
+    are written: they are written atomically, so nothing is half done)."""
+    read_params(cfg.run)  # a folder that is no run fails now, not at the first checkpoint
+    done: list[str] = []
+    while True:
+        now = time.time()
+        waiting = [p for p in run_checkpoints(cfg.run) if not _evaluated(cfg, p.stem)]
+        ready = [p for p in waiting if _ready(p, settle, now)]
+        if ready:
+            echo(f"watch: evaluating {', '.join(p.stem for p in ready)}")
+            rep = evaluate(replace(cfg, checkpoints=tuple(str(p) for p in ready)), progress=progress, echo=echo)
+            done.extend(p.stem for p in ready)
+            echo(format_table(rep.table_rows()))
+            if report:
+                try:
+                    paths = build_report(cfg.out)
+                    echo(f"watch: report refreshed: {paths['html']}")
+                except MissingExtra as exc:
+                    echo(f"watch: report not refreshed: {exc}")
+                    report = False
+        if once or (until is not None and f"epoch_{until}" in done + [p.stem for p in run_checkpoints(cfg.run)
+                                                                      if _evaluated(cfg, p.stem)]):
+            return done
+        if waiting and not ready:
+            echo(f"watch: waiting for {', '.join(p.stem for p in waiting)} to be complete")
+        time.sleep(interval)
+
+
+def _cmd_watch(args) -> int:
+    cfg = options_from_args(EvalConfig, args, run=args.run_dir)
+    echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    try:
+        done = watch(cfg, interval=args.interval, settle=args.settle, until=args.until, once=args.once,
+                     report=args.report, echo=echo, progress=make_progress(args.quiet))
+    except KeyboardInterrupt:
+        print(f"hardrank watch: stopped; the results so far are in {cfg.out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"hardrank watch: evaluated {len(done)} checkpoint(s): {', '.join(done) or 'none new'}; results in {cfg.out}")
+    return EXIT_OK
+
+
+def add_watch_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``hardrank watch RUN_DIR --suite ... --out ...``."""
+    p = subparsers.add_parser(
+        "watch", help="evaluate each new checkpoint of an open_clip training run as it appears",
+        description="Follow an open_clip training run (the folder with params.txt and checkpoints/): every complete "
+                    "epoch_<N>.pt not yet evaluated is evaluated with the run's own model and preprocessing, and the "
+                    "report under --out is rebuilt. A checkpoint still being written is left until it is whole and "
+                    "unchanged for --settle seconds. Ctrl-C stops cleanly (exit 130).",
+        formatter_class=Formatter,
+        epilog="examples:\n  hardrank watch logs/exp1 --suite rococo --annotations data/rococo --images /data/coco "
+               "--out results/exp1\n  hardrank watch logs/exp1 --suite toy --out results/exp1 --once\n"
+               "  hardrank watch logs/exp1 --suite karpathy --annotations test.json --images coco --out r --until 32")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the training run folder (open_clip_train's --logs/<name>)")
+    add_options(p, EvalConfig, skip=("checkpoints", "pretrained", "random_init", "run", "embeddings"),
+                required=("suites", "out"))
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between looks at checkpoints/ (default: 60)")
+    p.add_argument("--settle", type=float, default=10.0, help="a checkpoint must be unchanged this long, in seconds "
+                   "(default: 10)")
+    p.add_argument("--until", type=int, default=None, metavar="EPOCH", help="stop once this epoch is evaluated")
+    p.add_argument("--once", action="store_true", help="evaluate the complete checkpoints there now, then exit")
+    p.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
+                   help="rebuild the report after each evaluation (needs hardrank[report])")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=_cmd_watch)
+    return p
