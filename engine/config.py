@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from . import urls
+from .atomic import why_unwritable
 from .errors import UsageError
 from .kernels import PRECISIONS as RANK_PRECISIONS
 from .kernels import TIE_RULES
@@ -29,7 +30,7 @@ from .kernels import TIE_RULES
 __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES",
            "DIRECTIONS", "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
            "default_store",
-           "default_decode_threads", "resolve_device", "check_writable_dir",
+           "default_decode_threads", "resolve_device", "check_writable_dir", "check_store_root",
            "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"  # bundled model configs, toy checkpoints, vocabularies
@@ -105,6 +106,17 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> Path | str:
         raise UsageError(f"option {option} is {str(p)!r}, which cannot be written ({exc.strerror or exc}); "
                          f"pass a writable folder") from None
     return p
+
+
+def check_store_root(path: str | os.PathLike, option: str = "store (--store)") -> None:
+    """The store root, before any work: a folder this process can write (created if missing; a URL is
+    probed), or an existing folder it can only read, such as a shared read-only cache: that one serves the
+    embeddings it holds, and the run stops before encoding if it lacks some (``hardrank.embed.pipeline``,
+    once the models' folders are known). Otherwise a UsageError naming ``option``."""
+    local = None if urls.is_url(os.fspath(path)) else Path(urls.local_path(path)).expanduser()
+    if local is not None and local.is_dir() and why_unwritable(local):
+        return
+    check_writable_dir(path, option)
 
 
 # -- validation shared by every options dataclass --------------------------------------------------

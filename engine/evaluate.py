@@ -18,7 +18,7 @@ from . import urls
 from .byo import embeddings_for_tables
 from .choice_macro import suite_aggregates
 from .clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
-from .config import EvalConfig, build, check_writable_dir, resolve_device
+from .config import EvalConfig, build, check_store_root, check_writable_dir, resolve_device
 from .counts import embed_line, item_counts
 from .embed import EmbedPipeline, make_scan_mapper
 from .errors import DataError, UsageError, ray_module
@@ -314,7 +314,7 @@ def _check_usage(cfg: EvalConfig) -> None:
                          f"FILE.parquet: suites {expand_suites(list(cfg.suites))} score embeddings")
     check_writable_dir(cfg.out, "out (--out)")
     if (cfg.model is not None or cfg.run is not None) and cfg.embeddings is None:
-        check_writable_dir(cfg.embed.store_root(), "store (--store)")
+        check_store_root(cfg.embed.store_root())
 
 
 def _check_not_empty(suites: list[Suite], why: str) -> None:
