@@ -18,11 +18,12 @@ _FULL = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota 
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if n < 1000:
+        return f"{n} B"
+    for unit in ("KB", "MB", "GB", "TB"):
         n /= 1000
-    return ""
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}"
 
 
 def _free(path: Path) -> str:

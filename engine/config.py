@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from . import urls
-from .atomic import why_unwritable
 from .errors import UsageError
 from .kernels import PRECISIONS as RANK_PRECISIONS
 from .kernels import TIE_RULES
@@ -109,12 +108,11 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> Path | str:
 
 
 def check_store_root(path: str | os.PathLike, option: str = "store (--store)") -> None:
-    """The store root, before any work: a folder this process can write (created if missing; a URL is
-    probed), or an existing folder it can only read, such as a shared read-only cache: that one serves the
-    embeddings it holds, and the run stops before encoding if it lacks some (``hardrank.embed.pipeline``,
-    once the models' folders are known). Otherwise a UsageError naming ``option``."""
-    local = None if urls.is_url(os.fspath(path)) else Path(urls.local_path(path)).expanduser()
-    if local is not None and local.is_dir() and why_unwritable(local):
+    """The store root, before any work: an existing folder passes, writable or not (a shared, read-only
+    cache serves the embeddings it holds; each model's folder is checked when the run opens it, and a run
+    that would have to write where it cannot stops before encoding: ``hardrank.embed.pipeline``); a missing
+    one must be creatable, a URL writable (``check_writable_dir``), else a UsageError naming ``option``."""
+    if not urls.is_url(os.fspath(path)) and Path(urls.local_path(path)).expanduser().is_dir():
         return
     check_writable_dir(path, option)
 

@@ -8,7 +8,8 @@ duplicates under any name, but the driver must read every image before it knows 
 - a tar member: the shard's identity (one ``stat`` per shard) + the member's name and offset;
 - a Parquet cell: the file's identity + row and column.
 
-``IdIndex`` records identity -> bytes key in ``<store root>/<fingerprint>/ids/`` of every model a run writes,
+``IdIndex`` records identity -> bytes key in ``<store root>/<fingerprint>/ids/`` of every model a run writes
+(a folder this user cannot write is skipped: its records are read, none added),
 and reads the records of every fingerprint folder of the store root (an identity's content does not depend
 on the model, so another model's records serve too; keeping them inside the fingerprint folders leaves
 the store root a folder of fingerprints, and a folder copied alone keeps its records).

@@ -348,7 +348,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
         description="Run every [[model]] of a TOML job file on its suites (each model's checkpoints share one "
                     "decode). Entries that fail (for any reason) are reported and the others still run; the exit "
                     "code is that of the first failure (2 bad job file or options, 3 bad data, 4 too many "
-                    "unreadable images, 1 anything else). [options] takes "
+                    "unreadable images, 5 no space left, 1 anything else; 130 Ctrl-C, 143 SIGTERM). [options] takes "
                     f"the names of the `hardrank eval` flags: {', '.join(OPTION_KEYS)}.",
         formatter_class=Formatter,
         epilog="examples:\n  hardrank run grid.toml --dry-run\n  hardrank run grid.toml --quiet > grid.log\n\n"

@@ -786,6 +786,43 @@ def test_sigterm_flushes_what_was_encoded_exits_143_and_resumes(world, tmp_path)
     assert _result(tmp_path / "out")["provenance"]["embed"]["image"]["encoded"] == N_IMAGES - 8
 
 
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_watch_stopped_by_sigterm_exits_143(tmp_path, capsys, monkeypatch, signum, code):
+    """``hardrank watch`` runs as a service (systemd, a Kubernetes pod): SIGTERM is how it is stopped."""
+    from hardrank.jobs import watch as watch_mod
+
+    def watching(cfg, **kw):
+        assert callable(signal.getsignal(signum)), "no handler: the signal would kill the test run"
+        os.kill(os.getpid(), signum)  # delivered to this (main) thread: the handler runs before the next line
+        time.sleep(5)
+        raise AssertionError("the signal did not stop the watch")
+    monkeypatch.setattr(watch_mod, "watch", watching)
+    assert main(["watch", str(tmp_path), "--suite", "toy", "--out", str(tmp_path / "out"), "--quiet"]) == code
+    assert f"hardrank watch: stopped; the results so far are in {tmp_path / 'out'}" in capsys.readouterr().err
+
+
+def test_sigterm_stays_handled_after_ray_starts(monkeypatch):
+    """``ray.init`` sets the driver's SIGTERM handler to ``sys.exit`` (ray/_private/worker.py): with
+    ``--executor ray`` that would end the run with exit 15 and no message. Its effect is reproduced here
+    (a real local cluster takes ~20 s to start on the test machine)."""
+    pytest.importorskip("ray")
+    from hardrank.jobs import cli, ray_executor
+
+    ray_like = lambda signum, frame: sys.exit(signum)  # noqa: E731
+    monkeypatch.setattr(ray_executor.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_executor.ray, "init", lambda **kw: signal.signal(signal.SIGTERM, ray_like))
+    with cli._sigterm_as_interrupt():
+        ours = signal.getsignal(signal.SIGTERM)
+        assert ray_executor.connect() is True
+        assert signal.getsignal(signal.SIGTERM) is ours
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:  # outside the command line (no handler of ours), Ray's stays
+        ray_executor.connect()
+        assert signal.getsignal(signal.SIGTERM) is ray_like
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 # -- job-file names -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["../../../x", "a/b", "..", ".", "", "a\\b"])
 def test_a_job_file_name_is_one_folder_inside_out(world, tmp_path, capsys, name):
