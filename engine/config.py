@@ -29,7 +29,7 @@ from hardrank.kernels import TIE_RULES
 __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES",
            "DIRECTIONS", "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
            "default_store",
-           "default_decode_threads", "resolve_device", "check_writable_dir",
+           "default_decode_threads", "resolve_device", "check_writable_dir", "check_store_root",
            "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
 DATA_DIR = Path(__file__).resolve().parent / "assets"  # bundled model configs, toy checkpoints, vocabularies
@@ -105,6 +105,16 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> Path | str:
         raise UsageError(f"option {option} is {str(p)!r}, which cannot be written ({exc.strerror or exc}); "
                          f"pass a writable folder") from None
     return p
+
+
+def check_store_root(path: str | os.PathLike, option: str = "store (--store)") -> None:
+    """The store root, before any work: an existing folder passes, writable or not (a shared, read-only
+    cache serves the embeddings it holds; each model's folder is checked when the run opens it, and a run
+    that would have to write where it cannot stops before encoding: ``hardrank.embed.pipeline``); a missing
+    one must be creatable, a URL writable (``check_writable_dir``), else a UsageError naming ``option``."""
+    if not urls.is_url(os.fspath(path)) and Path(urls.local_path(path)).expanduser().is_dir():
+        return
+    check_writable_dir(path, option)
 
 
 # -- validation shared by every options dataclass --------------------------------------------------

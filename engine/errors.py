@@ -1,14 +1,19 @@
 """hardrank's errors and the one map from an error to the command line's exit code."""
 from __future__ import annotations
 
-__all__ = ["HardrankError", "UsageError", "DataError", "TooManyFailures", "MissingExtra", "exit_code",
-           "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_DATA", "EXIT_FAILURES", "EXIT_INTERRUPTED", "EXIT_CODES_HELP"]
+import errno
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DATA, EXIT_FAILURES = 0, 1, 2, 3, 4
+__all__ = ["HardrankError", "UsageError", "DataError", "TooManyFailures", "NoSpace", "MissingExtra", "Terminated",
+           "exit_code", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_DATA", "EXIT_FAILURES", "EXIT_NO_SPACE",
+           "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_CODES_HELP"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DATA, EXIT_FAILURES, EXIT_NO_SPACE = 0, 1, 2, 3, 4, 5
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it
+EXIT_TERMINATED = 143   # SIGTERM (128 + 15, as shells report it): Slurm, Kubernetes and systemd stopping a job
 EXIT_CODES_HELP = ("exit codes: 0 ok, 2 usage (bad flags, options or job file), 3 bad data (missing or malformed "
-                   "files), 4 too many unreadable images (--max-failures), 1 anything else (a bug, a missing extra), "
-                   "130 interrupted (Ctrl-C; finished work is kept)")
+                   "files), 4 too many unreadable images (--max-failures), 5 no space left (disk full or quota; "
+                   "finished work is kept), 1 anything else (a bug, a missing extra), 130 interrupted (Ctrl-C), "
+                   "143 terminated (SIGTERM); after 5, 130 and 143 the same command resumes")
 
 
 class HardrankError(Exception):
@@ -35,6 +40,19 @@ class TooManyFailures(HardrankError, RuntimeError):
     exit_code = EXIT_FAILURES
 
 
+class NoSpace(HardrankError, OSError):
+    """A write found no space left (ENOSPC) or the quota spent (EDQUOT); names the file and the space it
+    needed. What was committed before stays whole (writes are atomic), so a rerun resumes."""
+
+    exit_code = EXIT_NO_SPACE
+    __str__ = Exception.__str__  # the message; OSError's would print "[Errno 28] ..." once errno is set
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt (a subclass: every cleanup that
+    runs on Ctrl-C, such as flushing encoded embeddings to the store, runs on SIGTERM too)."""
+
+
 class MissingExtra(HardrankError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
@@ -48,9 +66,12 @@ class MissingExtra(HardrankError, ImportError):
 
 def exit_code(exc: BaseException) -> int:
     """The exit code for an error that reached the command line. Python's own errors about input
-    (a missing file, a bad value, a missing key) count as bad data; anything else is a bug (1)."""
+    (a missing file, a bad value, a missing key) count as bad data, a full disk as no space (5); anything
+    else is a bug (1)."""
     if isinstance(exc, HardrankError):
         return exc.exit_code
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a write not named by NoSpace
+        return EXIT_NO_SPACE
     if isinstance(exc, (FileNotFoundError, NotADirectoryError, ValueError, KeyError)):
         return EXIT_DATA
     return EXIT_ERROR

@@ -1,6 +1,7 @@
 """Unique-item tables: every image and text a run needs, deduplicated, with content keys."""
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import io
@@ -203,6 +204,41 @@ class Tables:
         return self.images if modality == "image" else self.texts
 
 
+_MAGIC = ((b"%PDF", "a PDF document"), (b"PK\x03\x04", "a ZIP archive"), (b"\x1f\x8b", "gzip-compressed data"),
+          (b"\x7fELF", "an executable (ELF)"), (b"\x1aE\xdf\xa3", "a WebM/Matroska video"))
+_HEIF_BRANDS = (b"heic", b"heix", b"hevc", b"heim", b"heis", b"mif1", b"msf1", b"avif", b"avis")
+
+
+def _file_kind(data: bytes) -> str:
+    """What kind of file ``data`` is, for the message of a file that is no image: named from its signature
+    or its text, never quoted (an annotation file may name ``/etc/passwd``; results and logs get no line of it)."""
+    for magic, kind in _MAGIC:
+        if data.startswith(magic):
+            return kind
+    if data[257:262] == b"ustar":
+        return "a tar archive"
+    if data[4:8] == b"ftyp":
+        return ("a HEIF/AVIF image this Pillow cannot read (convert it, or install a Pillow plugin for it)"
+                if data[8:12] in _HEIF_BRANDS else "an MP4/QuickTime video")
+    head = data[:4096]
+    try:  # (not final when the head was cut: a character cut in two at its end is no error)
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) == len(data))
+    except UnicodeDecodeError:
+        return "binary data of an unrecognised format"
+    if "\0" in text:
+        return "binary data of an unrecognised format"
+    start = text.lstrip().lower()
+    if start.startswith(("<!doctype html", "<html")) or "<html" in start[:1024]:
+        return "an HTML page (a failed download's error or login page?)"
+    if "<svg" in start[:1024]:
+        return "an SVG drawing (vector graphics: render it to PNG first)"
+    if start.startswith("<?xml"):
+        return "an XML document"
+    if start.startswith(("{", "[")):
+        return "JSON text"
+    return "a text file"
+
+
 def decode_image(ref: ImageRef, data: bytes | None = None, draft=None):
     """Decode to an RGB PIL image and apply the ref's crop. The Pillow reference decoder.
 
@@ -217,8 +253,7 @@ def decode_image(ref: ImageRef, data: bytes | None = None, draft=None):
     try:
         img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:  # Pillow's message names a BytesIO object, not the file
-        raise ValueError(f"{ref.uri}: not an image Pillow can read ({len(data)} bytes starting "
-                         f"{data[:8]!r})") from None
+        raise ValueError(f"{ref.uri}: not an image Pillow can read; {len(data)} bytes: {_file_kind(data)}") from None
     if draft is not None and ref.crop is None and img.format == "JPEG":
         need = draft(*img.size)
         if need is not None:

@@ -2,11 +2,24 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
+import threading
 
+from hardrank.atomic import no_space
 from hardrank.config import DATA_DIR, EvalConfig, SuiteOptions
-from hardrank.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, HardrankError, TooManyFailures, exit_code
+from hardrank.errors import (
+    EXIT_CODES_HELP,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    HardrankError,
+    Terminated,
+    TooManyFailures,
+    exit_code,
+)
 from hardrank.evaluate import evaluate, plan
 from hardrank.inputs.convert import write_karpathy_shards
 from hardrank.jobs.bench import add_bench_parser
@@ -151,15 +164,41 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While the command runs, SIGTERM (what Slurm, Kubernetes and systemd send to stop a job) raises
+    ``Terminated`` in the main thread, as Ctrl-C raises KeyboardInterrupt: the same cleanup runs (encoded
+    embeddings are flushed to the store) instead of the default death that drops them. Later SIGTERMs
+    are ignored, so they cannot cut that cleanup short (a SIGKILL still can)."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+
+    def terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    kept = ("finished work is kept (committed store shards, written results and mining shards): run the same "
+            "command again to resume")
     try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        print("hardrank: interrupted; finished work is kept (committed store shards, written results and "
-              "mining shards): run the same command again to resume", file=sys.stderr)
+        with _sigterm_as_interrupt():
+            return args.func(args)
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Terminated):
+            print(f"hardrank: terminated (SIGTERM); {kept}", file=sys.stderr)
+            return EXIT_TERMINATED
+        print(f"hardrank: interrupted; {kept}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except TooManyFailures as exc:
         print(f"hardrank: stopped: {exc}", file=sys.stderr)
@@ -167,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     except (HardrankError, FileNotFoundError, NotADirectoryError, ValueError, KeyError) as exc:
         print(f"hardrank: error: {exc}", file=sys.stderr)
         return exit_code(exc)
+    except OSError as exc:  # a full disk at a write that did not name itself (e.g. creating a folder)
+        full = no_space(exc)
+        if full is None:
+            raise
+        print(f"hardrank: error: {full}", file=sys.stderr)
+        return exit_code(full)
 
 
 if __name__ == "__main__":

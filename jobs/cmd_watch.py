@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hardrank.config import EvalConfig
-from hardrank.errors import EXIT_OK, MissingExtra
+from hardrank.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, MissingExtra, Terminated
 from hardrank.evaluate import evaluate
 from hardrank.jobs.flags import Formatter, add_options, options_from_args
 from hardrank.jobs.progress import make_progress
@@ -18,9 +18,6 @@ from hardrank.scoring.results import format_table
 from hardrank.suites import expand_suites
 
 __all__ = ["watch", "add_watch_parser"]
-
-EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C
-
 
 def _ready(path: Path, settle: float, now: float) -> bool:
     """Complete (whole archive / all safetensors data) and unchanged for ``settle`` seconds: a file
@@ -41,7 +38,7 @@ def watch(cfg: EvalConfig, *, interval: float = 60.0, settle: float = 10.0, unti
     """Poll ``cfg.run``'s checkpoints/ every ``interval`` seconds; evaluate each complete checkpoint
     not yet in ``cfg.out`` (all of them in one pass when several wait), then rebuild the report.
     Returns the labels evaluated. Stops after epoch ``until`` is evaluated, after one look with
-    ``once``, or on Ctrl-C (KeyboardInterrupt propagates after the current checkpoint's results
+    ``once``, or on Ctrl-C or SIGTERM (KeyboardInterrupt propagates after the current checkpoint's results
     are written: they are written atomically, so nothing is half done)."""
     read_params(cfg.run)  # a folder that is no run fails now, not at the first checkpoint
     done: list[str] = []
@@ -75,9 +72,9 @@ def _cmd_watch(args) -> int:
     try:
         done = watch(cfg, interval=args.interval, settle=args.settle, until=args.until, once=args.once,
                      report=args.report, echo=echo, progress=make_progress(args.quiet))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (a service manager stopping it: see cli.main)
         print(f"hardrank watch: stopped; the results so far are in {cfg.out}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
     print(f"hardrank watch: evaluated {len(done)} checkpoint(s): {', '.join(done) or 'none new'}; results in {cfg.out}")
     return EXIT_OK
 

@@ -139,6 +139,16 @@ def _safe_name(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s).strip("._") or "model"
 
 
+def _check_name(name: str, path: Path, where: str) -> None:
+    """A name is one folder inside ``out``: a separator or ``..`` would put results elsewhere."""
+    bad = [c for c in ("/", "\\", "\0") if c in name]
+    if bad or name in ("", ".", ".."):
+        why = f"it holds {bad[0]!r}" if bad else "it is empty" if not name else f"{name!r} is out or its parent"
+        raise JobFileError(f"{path}: {where}: name {name!r} is not a folder name ({why}); results go to "
+                           f"<out>/<name>/<checkpoint>/, so a name holds no '/', '\\' or NUL and is not '.' or "
+                           f"'..': use e.g. name = {_safe_name(name)!r}")
+
+
 def _default_name(model: str | None, embeddings: str | None, run: str | None = None,
                   pretrained: str | None = None) -> str:
     if embeddings:
@@ -213,6 +223,8 @@ def load_job(path: str | os.PathLike) -> JobFile:
         if not suites:
             raise JobFileError(f"{path}: {where} has no suites; set suites = [...] at the top level or in the entry")
         model = _model_path(base, e.model)
+        if e.name is not None:
+            _check_name(e.name, path, where)
         name = e.name or _default_name(model, e.embeddings, e.run, e.pretrained)
         if name in names:
             raise JobFileError(f"{path}: two [[model]] entries write to {name!r}; give one a distinct name = ...")
@@ -335,7 +347,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
         description="Run every [[model]] of a TOML job file on its suites (each model's checkpoints share one "
                     "decode). Entries that fail (for any reason) are reported and the others still run; the exit "
                     "code is that of the first failure (2 bad job file or options, 3 bad data, 4 too many "
-                    "unreadable images, 1 anything else). [options] takes "
+                    "unreadable images, 5 no space left, 1 anything else; 130 Ctrl-C, 143 SIGTERM). [options] takes "
                     f"the names of the `hardrank eval` flags: {', '.join(OPTION_KEYS)}.",
         formatter_class=Formatter,
         epilog="examples:\n  hardrank run grid.toml --dry-run\n  hardrank run grid.toml --quiet > grid.log\n\n"

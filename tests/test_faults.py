@@ -2,11 +2,14 @@
 
 Unreadable images with identical bytes, store shards overwritten or garbled, broken manifests, two
 runs on one store at once, checkpoints already in the store, a garbage checkpoint in a grid, broken
-bring-your-own embeddings, unwritable outputs, bad options, bad annotation files, Ctrl-C, and kill -9
-at random points of eval and mine (a short version by default; ``-m chaos`` runs the long loop).
+bring-your-own embeddings, unwritable outputs, a store this user cannot write (shared or read-only), a full
+disk, bad options, bad annotation files and job-file names, files that are no image, Ctrl-C, SIGTERM, and
+kill -9 at random points of eval and mine (a short version by default; ``-m chaos`` runs the long loop).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -124,7 +127,7 @@ def test_store_shard_overwritten_with_other_valid_floats_is_detected_and_reencod
     data[at:at + emb[0].nbytes] = emb[1].tobytes()  # another valid, L2-normalised vector: no NaN to notice
     shard.write_bytes(bytes(data))
 
-    with caplog.at_level(logging.WARNING, logger="hardrank.store.embedding_store"):
+    with caplog.at_level(logging.WARNING, logger="hardrank.store.embedding_store.embedding_store"):
         assert main(_eval(world, tmp_path / "again", store)) == 0
     assert "failed its checksum" in caplog.text and str(shard) in caplog.text
     again = _result(tmp_path / "again")
@@ -147,7 +150,7 @@ def test_garbled_store_shard_is_quarantined_and_reencoded(world, tmp_path, caplo
     else:
         data[len(data) // 3:len(data) // 3 + 256] = np.random.default_rng(0).bytes(256)
     shard.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="hardrank.store.embedding_store"):
+    with caplog.at_level(logging.WARNING, logger="hardrank.store.embedding_store.embedding_store"):
         assert main(_eval(world, tmp_path / "again", store)) == 0
     assert "moved to" in caplog.text and "encoder output" not in caplog.text
     assert _result(tmp_path / "again")["metrics"] == clean["metrics"]
@@ -201,7 +204,7 @@ def test_store_folder_as_mining_input_is_verified(tmp_path, capsys):
 
 
 def test_each_shard_is_verified_once_per_process(tmp_path, monkeypatch):
-    import hardrank.store.embedding_store as store_mod
+    import hardrank.store.embedding_store.embedding_store as store_mod
     from hardrank import EmbeddingStore
 
     calls = []
@@ -586,3 +589,291 @@ def test_kill_9_at_random_points_then_resume_gives_the_uninterrupted_results(wor
 @pytest.mark.parametrize("seed", range(3))
 def test_chaos_loop_kill_9_many_times(world, tmp_path, seed):
     _chaos(world, tmp_path, rounds=8, seed=seed)
+
+
+# -- a store this user cannot write -------------------------------------------------------------------
+_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
+
+
+def _set_immutable(path: Path, on: bool) -> None:
+    """chattr +i / -i: an immutable file or folder refuses every write, root's too (CAP_LINUX_IMMUTABLE)."""
+    import array
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        flags = array.array("l", [0])
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags, True)
+        flags[0] = flags[0] | _FS_IMMUTABLE_FL if on else flags[0] & ~_FS_IMMUTABLE_FL
+        fcntl.ioctl(fd, _FS_IOC_SETFLAGS, flags)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _read_only(*folders: Path):
+    """``folders`` and everything in them refuse writes at the kernel, as another user's folder or a read-only
+    mount would: by their permission bits for a normal user; as root, who ignores permission bits, by the
+    immutable flag (chattr +i). Root where the flag is unsupported (tmpfs, no CAP_LINUX_IMMUTABLE): skipped."""
+    paths = [p for f in folders for p in (f, *f.rglob("*"))]
+    done: list[tuple[Path, int]] = []
+    try:
+        for p in paths:
+            if os.geteuid() == 0:
+                try:
+                    _set_immutable(p, True)
+                except OSError as exc:
+                    pytest.skip(f"cannot make {p} read-only for root here (chattr +i: {exc.strerror})")
+                done.append((p, -1))
+            else:
+                mode = p.stat().st_mode
+                p.chmod(mode & ~0o222)
+                done.append((p, mode))
+        probe = folders[0] / "probe"
+        with pytest.raises(PermissionError):  # the simulation holds: a write fails as it would for the run
+            probe.write_bytes(b"")
+        yield
+    finally:
+        for p, mode in reversed(done):
+            _set_immutable(p, False) if mode < 0 else p.chmod(mode)
+
+
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("which", ["model-folder", "whole-store"])
+def test_a_store_that_cannot_be_written_serves_the_embeddings_it_holds(world, tmp_path, capsys, which):
+    """A shared store (the root writable, the model's folder another user's) or a read-only cache (nothing
+    writable): a run it holds every embedding of reads them and writes nothing there. The images are a
+    copy under another path, so their identities are new: recording them is what used to fail (a
+    PermissionError traceback in idkeys.commit)."""
+    store = tmp_path / "store"
+    assert main(_eval(world, tmp_path / "clean", store)) == 0
+    clean = _result(tmp_path / "clean")
+    folder = store / clean["model_fingerprint"]
+    images = tmp_path / "images"
+    shutil.copytree(world["images"], images)
+    before = _listing(store)
+    with _read_only(*([folder] if which == "model-folder" else [store])):
+        capsys.readouterr()
+        assert main(_eval(world, tmp_path / "again", store, images=images)) == 0
+        assert main(_mine(world, tmp_path / "mined", store, images=images)) == 0
+        assert "Traceback" not in capsys.readouterr().err
+    assert _listing(store) == before  # not a lock, a manifest or an id record written
+    again = _result(tmp_path / "again")
+    assert again["metrics"] == clean["metrics"]
+    assert again["provenance"]["embed"]["image"]["from_store"] == N_IMAGES
+    assert again["provenance"]["embed"]["image"]["encoded"] == again["provenance"]["embed"]["text"]["encoded"] == 0
+    assert json.loads((tmp_path / "mined" / "summary.json").read_text())["counts"]["corpus"] == N_IMAGES
+
+
+@pytest.mark.parametrize("which", ["model-folder", "whole-store"])
+def test_a_store_that_cannot_be_written_and_lacks_items_is_refused_before_encoding(world, tmp_path, capsys, which):
+    store = tmp_path / "store"
+    few = tmp_path / "few.json"
+    few.write_text(json.dumps(world["clean"][:6]))
+    assert main(_eval(world, tmp_path / "few", store, ann=few)) == 0
+    folder = store / _result(tmp_path / "few")["model_fingerprint"]
+    before = _listing(store)
+    with _read_only(*([folder] if which == "model-folder" else [store])):
+        capsys.readouterr()
+        assert main(_eval(world, tmp_path / "all", store)) == 2  # 4 images and their captions are missing
+        err = capsys.readouterr().err
+        assert f"store folder {folder} cannot be written (" in err and "lacks 4 images and 20 texts" in err
+        assert "pass a --store this user can write" in err and "Traceback" not in err
+        if which == "whole-store":  # another model: its folder cannot be made
+            assert main(_eval(world, tmp_path / "other", store, world["ckpts"][1])) == 2
+            err = capsys.readouterr().err
+            assert "cannot create the store folder" in err and str(store) in err and "Traceback" not in err
+    assert _listing(store) == before  # nothing encoded, nothing written
+    assert not list(tmp_path.glob("all/**/karpathy.json"))
+
+
+# -- a full disk ------------------------------------------------------------------------------------
+def _enospc(path) -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+
+
+@pytest.mark.parametrize("where", ["lock", "shard", "result"])
+def test_a_full_disk_is_one_line_and_leaves_nothing_corrupt(world, tmp_path, capsys, monkeypatch, where):
+    """ENOSPC at the store's lock file, at a store shard (half written) and at a result file (half
+    written): one line naming the file and the space it needed, exit 5, no temporary left behind; once
+    there is space again a rerun succeeds and equals a clean run."""
+    import hardrank.store.embedding_store as store_mod
+
+    assert main(_eval(world, tmp_path / "clean", tmp_path / "clean_store")) == 0
+    clean = _result(tmp_path / "clean")
+    fp = clean["model_fingerprint"]
+    store, out = tmp_path / "store", tmp_path / "out"
+    if where == "lock":
+        def pwrite(fd, data, offset):
+            raise _enospc(store / fp / ".lock")  # (as the kernel's, without a file name)
+        monkeypatch.setattr(store_mod.os, "pwrite", pwrite)
+        named = store / fp / ".lock"
+    elif where == "shard":
+        real = store_mod.pa.OSFile
+
+        def osfile(path, mode="r"):
+            if "/image/.shard-" in path:
+                Path(path).write_bytes(b"ARROW1" + b"\0" * 100)  # what fitted before the disk filled
+                raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on "
+                                            "device")  # pyarrow's wording, no file name
+            return real(path, mode)
+        monkeypatch.setattr(store_mod.pa, "OSFile", osfile)
+        named = store / fp / "image" / "shard-"
+    else:
+        real_write = Path.write_bytes
+
+        def write_bytes(self, data):
+            if self.name.startswith(".karpathy.json."):
+                real_write(self, data[:len(data) // 2])
+                raise _enospc(self)
+            return real_write(self, data)
+        monkeypatch.setattr(Path, "write_bytes", write_bytes)
+        named = out / "epoch_1" / "karpathy.json"
+    capsys.readouterr()
+    assert main(_eval(world, out, store)) == 5
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert err[0].startswith(f"hardrank: error: no space left on the device writing {named}"), err[0]
+    assert "it needs about " in err[0] and " free there)" in err[0] and "run the same command again" in err[0]
+    monkeypatch.undo()
+    assert not list(tmp_path.rglob("*.tmp"))  # no half file left
+    assert not (out / "epoch_1" / "karpathy.json").exists()
+    if where == "lock":  # the first lock of a new store: before its manifest (rebuilt from the shards: none)
+        assert not list(store.rglob("shard-*.arrow")) and not list(store.rglob("manifest.json"))
+    else:
+        _check_store(store)  # each key once, the manifest listing exactly the shards on disk
+    assert main(_eval(world, out, store)) == 0
+    assert _result(out)["metrics"] == clean["metrics"]
+    assert _check_store(store) == _check_store(tmp_path / "clean_store")
+
+
+def test_a_full_disk_at_an_unnamed_write_is_one_line_too(world, tmp_path, capsys, monkeypatch):
+    """A write without its own message (a folder created on a full disk) still ends in one line, exit 5."""
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *a, **kw):
+        if self.name == "epoch_1":
+            raise _enospc(self)
+        return real_mkdir(self, *a, **kw)
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert main(_eval(world, tmp_path / "out", tmp_path / "store")) == 5
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert err[0].startswith(f"hardrank: error: no space left on the device writing {tmp_path / 'out' / 'epoch_1'} "
+                             f"(") and " free there)" in err[0]
+
+
+# -- SIGTERM ----------------------------------------------------------------------------------------
+def test_sigterm_flushes_what_was_encoded_exits_143_and_resumes(world, tmp_path):
+    """What Slurm, Kubernetes and systemd send: handled as Ctrl-C. The shard buffer is not full (no
+    HR_TEST_FLUSH_ROWS), so the two batches encoded before the signal reach the store only by the flush
+    the interrupt runs; the default SIGTERM would drop them."""
+    store, log = tmp_path / "store", tmp_path / "eval.log"
+    proc = _spawn(_eval(world, tmp_path / "out", store), log, HR_TEST_GATE=tmp_path / "never", HR_TEST_GATE_AT=3)
+    try:
+        _wait_for(log, "HR-TEST encoding", proc)  # batches 1 and 2 (8 images) encoded, batch 3 waits
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 143
+    finally:
+        proc.kill()
+    err = log.read_text()
+    assert "hardrank: terminated (SIGTERM); finished work is kept" in err and "Traceback" not in err
+    assert [c["image"] for c in _check_store(store).values()] == [8]
+    assert main(_eval(world, tmp_path / "out", store)) == 0
+    assert _result(tmp_path / "out")["provenance"]["embed"]["image"]["encoded"] == N_IMAGES - 8
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_watch_stopped_by_sigterm_exits_143(tmp_path, capsys, monkeypatch, signum, code):
+    """``hardrank watch`` runs as a service (systemd, a Kubernetes pod): SIGTERM is how it is stopped."""
+    from hardrank.jobs import watch as watch_mod
+
+    def watching(cfg, **kw):
+        assert callable(signal.getsignal(signum)), "no handler: the signal would kill the test run"
+        os.kill(os.getpid(), signum)  # delivered to this (main) thread: the handler runs before the next line
+        time.sleep(5)
+        raise AssertionError("the signal did not stop the watch")
+    monkeypatch.setattr(watch_mod, "watch", watching)
+    assert main(["watch", str(tmp_path), "--suite", "toy", "--out", str(tmp_path / "out"), "--quiet"]) == code
+    assert f"hardrank watch: stopped; the results so far are in {tmp_path / 'out'}" in capsys.readouterr().err
+
+
+def test_sigterm_stays_handled_after_ray_starts(monkeypatch):
+    """``ray.init`` sets the driver's SIGTERM handler to ``sys.exit`` (ray/_private/worker.py): with
+    ``--executor ray`` that would end the run with exit 15 and no message. Its effect is reproduced here
+    (a real local cluster takes ~20 s to start on the test machine)."""
+    pytest.importorskip("ray")
+    from hardrank.jobs import cli, ray_executor
+
+    ray_like = lambda signum, frame: sys.exit(signum)  # noqa: E731
+    monkeypatch.setattr(ray_executor.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_executor.ray, "init", lambda **kw: signal.signal(signal.SIGTERM, ray_like))
+    with cli._sigterm_as_interrupt():
+        ours = signal.getsignal(signal.SIGTERM)
+        assert ray_executor.connect() is True
+        assert signal.getsignal(signal.SIGTERM) is ours
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:  # outside the command line (no handler of ours), Ray's stays
+        ray_executor.connect()
+        assert signal.getsignal(signal.SIGTERM) is ray_like
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+# -- job-file names -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["../../../x", "a/b", "..", ".", "", "a\\b"])
+def test_a_job_file_name_is_one_folder_inside_out(world, tmp_path, capsys, name):
+    job = tmp_path / "jobs" / "job.toml"
+    job.parent.mkdir()
+    job.write_text(textwrap.dedent(f"""
+        out = "res"
+        suites = ["karpathy"]
+        [options]
+        annotations = "{world['ann']}"
+        images = "{world['images']}"
+        store = "store"
+        [[model]]
+        name = {json.dumps(name)}
+        model = "{world['cfg']}"
+        checkpoints = ["{world['ckpts'][0]}"]
+    """))
+    for flags in (["--dry-run"], ["--quiet"]):
+        assert main(["run", str(job), *flags]) == 2
+        err = capsys.readouterr().err
+        assert f"{job}: [[model]] #1: name {name!r} is not a folder name" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["job.toml", "jobs"]  # nothing written anywhere
+    assert not (tmp_path.parent / "x").exists()  # where "../../../x" pointed
+
+
+def test_a_job_file_name_with_dots_inside_is_a_folder_name(tmp_path):
+    from hardrank.jobs.grid import load_job
+
+    job = tmp_path / "job.toml"
+    job.write_text('out = "res"\nsuites = ["karpathy"]\n[[model]]\nname = "v1..rc2"\nmodel = "ViT-B-32"\n')
+    (m,) = load_job(job).models
+    assert m.name == "v1..rc2" and Path(m.config.out) == tmp_path / "res" / "v1..rc2"
+
+
+# -- files that are no image ---------------------------------------------------------------------------
+def test_a_file_that_is_no_image_is_named_by_its_kind_never_quoted(world, tmp_path, caplog):
+    images = tmp_path / "images"
+    shutil.copytree(world["images"], images)
+    secret = b"root:x:0:0:root:/root:/bin/bash\nSECRET-TOKEN-1234\n"  # what an annotation naming /etc/passwd reads
+    contents = {0: secret, 1: b"<!DOCTYPE html><title>SECRET-TOKEN-1234</title>", 2: b"%PDF-1.7 SECRET-TOKEN-1234",
+                3: b"\x00\x01SECRET-TOKEN-1234" + bytes(range(256))}
+    kinds = {0: "a text file", 1: "an HTML page", 2: "a PDF document", 3: "binary data of an unrecognised format"}
+    for i, data in contents.items():
+        (images / world["clean"][i]["image"]).write_bytes(data)
+    with caplog.at_level(logging.WARNING):
+        assert main(_eval(world, tmp_path / "out", tmp_path / "store", images=images)) == 0
+    res = _result(tmp_path / "out")
+    reasons = {f["source"]: f["reason"] for f in res["failures"]}
+    for i, data in contents.items():
+        path = str(images / world["clean"][i]["image"])
+        assert reasons[path].startswith(f"ValueError: {path}: not an image Pillow can read; {len(data)} bytes: "
+                                        f"{kinds[i]}")
+    for text in (caplog.text, (tmp_path / "out" / "epoch_1" / "karpathy.json").read_text()):
+        assert "SECRET" not in text and "root:x" not in text

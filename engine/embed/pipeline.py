@@ -78,13 +78,16 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
         st.stage_seconds["key"] = time.perf_counter() - t0
         st.seconds = time.perf_counter() - t0
     work: list[tuple[EmbedJob, EmbedSink]] = []
+    writable = [s for s in stores if not s.readonly]  # a folder this user cannot write serves reads only
     with contextlib.ExitStack() as held:
-        for store in sorted(stores, key=lambda s: os.path.realpath(s.dir)):  # one order: no deadlock
+        for store in sorted(writable, key=lambda s: os.path.realpath(s.dir)):  # one order: no deadlock
             held.enter_context(store.lock())
         for store in stores:
             store.refresh()  # shards another run committed while this one waited or hashed
+        for store in writable:
             store.remove_stale_temporaries()
             store.write_manifest()  # every writer's shards, also after a manifest was lost
+        _refuse_unwritable_gaps(tables, keys_of, stores, key_by)
         for modality in ("image", "text"):
             job_sink = _plan_modality(tables.of(modality), keys_of[modality], models, stores, stats[modality],
                                       batch_size=batch_size, flush_rows=flush_rows, decode_threads=decode_threads,
@@ -109,6 +112,30 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
             table.failed[r] = why
         check_failures(st, max_failures)
     return stats
+
+
+def _refuse_unwritable_gaps(tables: Tables, keys_of: dict[str, list[str]], stores: list[EmbeddingStore],
+                            key_by: str) -> None:
+    """A store folder this process cannot write (``unwritable``: a shared store of another user, a read-only
+    cache; or opened ``readonly``) must hold every readable item of the run: otherwise a UsageError naming
+    the folder, what it lacks and the fix, before anything is encoded."""
+    for store in stores:
+        if not store.readonly:
+            continue
+        lacks = {}
+        for modality in ("image", "text"):
+            failed = tables.of(modality).failed
+            wanted = list(dict.fromkeys(k for r, k in enumerate(keys_of[modality]) if k and r not in failed))
+            store.verify(modality, wanted)  # (read-only: a bad shard is ignored, not moved)
+            lacks[modality] = len(wanted) - int(store.contains(modality, wanted).sum()) if wanted else 0
+        if any(lacks.values()):
+            hint = (" (with --key-by id an image whose identity the store has not recorded counts as lacking; "
+                    "--key-by content finds it by its bytes)" if key_by == "id" and lacks["image"] else "")
+            why = store.unwritable or "opened read-only"
+            raise UsageError(f"store folder {store.dir} cannot be written ({why}) and lacks {lacks['image']} images "
+                             f"and {lacks['text']} texts of this run{hint}; a store that cannot be written serves "
+                             f"only what it holds: pass a --store this user can write, or have the folder's owner "
+                             f"run this first (or grant write access)")
 
 
 def _plan_modality(table: ItemTable, keys: list[str], models: list[LoadedModel], stores: list[EmbeddingStore],

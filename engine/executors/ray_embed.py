@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -52,16 +53,31 @@ def connect(address: str | None = None) -> bool:
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if address:  # ship this checkout's code so workers run exactly what the driver runs
-        env = {"py_modules": [_shipped_package()], "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
-        try:
-            ray.init(address=address, runtime_env=env, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ValueError(f"could not join the Ray cluster at {address!r} ({exc}); check "
-                             f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
-    else:  # a local cluster's workers run this interpreter, which imports hardrank already
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    with _keep_sigterm_handler():
+        if address:  # ship this checkout's code so workers run exactly what the driver runs
+            env = {"py_modules": [_shipped_package()], "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
+            try:
+                ray.init(address=address, runtime_env=env, logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ValueError(f"could not join the Ray cluster at {address!r} ({exc}); check "
+                                 f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
+        else:  # a local cluster's workers run this interpreter, which imports hardrank already
+            ray.init(include_dashboard=False, logging_level=logging.WARNING)
     return True
+
+
+@contextlib.contextmanager
+def _keep_sigterm_handler():
+    """``ray.init`` sets the driver's SIGTERM handler to ``sys.exit``: a Python handler installed before (the
+    command line's, which flushes encoded embeddings and exits 143 with its message) is put back after it;
+    without one, Ray's stays."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(before):
+            signal.signal(signal.SIGTERM, before)
 
 
 class RayRunner:

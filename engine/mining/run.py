@@ -16,7 +16,15 @@ import pyarrow.parquet as pq
 
 from hardrank import urls
 from hardrank.atomic import atomic_path, write_json_atomic
-from hardrank.config import DIRECTIONS, MineConfig, MineOptions, build, check_writable_dir, resolve_device
+from hardrank.config import (
+    DIRECTIONS,
+    MineConfig,
+    MineOptions,
+    build,
+    check_store_root,
+    check_writable_dir,
+    resolve_device,
+)
 from hardrank.errors import DataError, UsageError
 from hardrank.executors import executor
 from hardrank.mining.block import mine_block
@@ -119,7 +127,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
                 keys_q.take(pa.array(qrow)), keys_b.take(pa.array(I[valid]))], schema=negatives_schema())
             block_meta = json.dumps({"block": b, "queries": len(rows), **st})
             table = table.replace_schema_metadata({"hardrank_block": block_meta})
-            with atomic_path(shard_path(out, b)) as tmp:
+            with atomic_path(shard_path(out, b), table.nbytes) as tmp:
                 pq.write_table(table, tmp)
             echo(f"block {b + 1}/{n_blocks}: {len(rows)} queries ({i + 1}/{len(todo)} this run, "
                  f"{time.perf_counter() - t0:.1f}s)")
@@ -177,7 +185,7 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     resolve_device(cfg.embed.device)  # usage first: nothing is embedded for a missing device or unwritable output
     check_writable_dir(cfg.out, "out (--out)")
     if cfg.model is not None:
-        check_writable_dir(cfg.embed.store_root(), "store (--store)")
+        check_store_root(cfg.embed.store_root())
     if cfg.export_training:
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
     t0 = time.perf_counter()

@@ -93,7 +93,7 @@ def write_result(out_dir: str | os.PathLike, stem: str, result: dict, outcomes: 
     out.mkdir(parents=True, exist_ok=True)
     json_path, pq_path = out / f"{stem}.json", out / f"{stem}.parquet"
     table = pa.concat_tables(outcomes) if outcomes else outcome_schema().empty_table()
-    with atomic_path(pq_path) as tmp:
+    with atomic_path(pq_path, table.nbytes) as tmp:  # (uncompressed: an upper bound)
         pq.write_table(table, tmp)
     write_json_atomic(json_path, _clean({"result_version": RESULT_VERSION, **result}))
     return json_path, pq_path

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import pwd
 import threading
 import time
 import uuid
@@ -18,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from hardrank.atomic import atomic_path, write_json_atomic
-from hardrank.errors import DataError
+from hardrank.atomic import atomic_path, named_when_full, why_unwritable, write_json_atomic
+from hardrank.errors import DataError, NoSpace, UsageError
 from hardrank.store.key_index import KeyIndex, as_string_array
 
 __all__ = ["EmbeddingStore", "MissingKeys", "embedding_schema", "open_store", "is_store_folder", "SCHEMA_VERSION"]
@@ -90,8 +91,12 @@ class _FolderLock:
         """Yields True once held; with ``wait=False`` yields False at once if another process holds it."""
         with self.mutex:
             if self.depth == 0:
+                holder = f"pid {os.getpid()} on {os.uname().nodename}\n".encode()
                 try:
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                    with named_when_full(self.path, len(holder)):  # no inode left
+                        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                except NoSpace:
+                    raise
                 except OSError as exc:
                     raise DataError(f"cannot create the lock file {self.path} of the store ({exc.strerror or exc}); "
                                     f"the store must be on a writable filesystem") from None
@@ -103,12 +108,13 @@ class _FolderLock:
                             os.close(fd)
                             yield False
                             return
-                        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+                        other = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
                         log.warning("store %s is being written by %s; waiting for it to finish (its items will "
-                                    "then come from the store)", self.path.parent, holder)
+                                    "then come from the store)", self.path.parent, other)
                         fcntl.flock(fd, fcntl.LOCK_EX)
-                    os.ftruncate(fd, 0)
-                    os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+                    with named_when_full(self.path, len(holder)):
+                        os.ftruncate(fd, 0)
+                        os.pwrite(fd, holder, 0)
                 except BaseException:
                     os.close(fd)
                     raise
@@ -131,6 +137,18 @@ _LOCKS_MUTEX = threading.Lock()
 # shard file identity (device, inode, size, mtime) -> checksum verdict: each shard is verified once
 # per process, however many store objects read it
 _VERIFIED: dict[tuple, bool] = {}
+
+
+def _owner(path: Path) -> str:
+    """``, owned by user NAME`` when another user owns ``path`` (a shared store), else empty."""
+    with contextlib.suppress(OSError):
+        uid = path.stat().st_uid
+        if uid != os.geteuid():
+            try:
+                return f", owned by user {pwd.getpwuid(uid).pw_name}"
+            except KeyError:
+                return f", owned by uid {uid}"
+    return ""
 
 
 def _file_id(path: Path) -> tuple:
@@ -174,7 +192,10 @@ class EmbeddingStore:
     is committed, so concurrent runs on one store never encode an item twice and never drop each
     other's shards from the manifest. Readers need no lock.
 
-    ``readonly``: create, move or rewrite nothing (dry runs, store folders given as inputs).
+    ``readonly``: create, move or rewrite nothing (dry runs, store folders given as inputs). A folder
+    this process cannot write (another user's, a read-only mount) opens read-only too, its reason in
+    ``unwritable``: it serves the embeddings it holds, and the embed pipeline refuses, before encoding,
+    a run that would have to add some.
     """
 
     def __init__(self, root: str | os.PathLike, fingerprint: str, *, dim: int, dtype: str,
@@ -186,6 +207,7 @@ class EmbeddingStore:
         self.schema = embedding_schema(self.dim, dtype)
         self.meta = dict(meta or {})
         self.readonly = readonly
+        self.unwritable: str | None = None  # why this process cannot write the folder (it is then read-only)
         self._shards: dict[str, list[_Shard]] = {m: [] for m in _MODALITIES}
         self._index: dict[str, KeyIndex] = {m: KeyIndex() for m in _MODALITIES}
         self.quarantined: list[str] = []  # shard paths moved aside by this object
@@ -198,17 +220,35 @@ class EmbeddingStore:
         if not readonly:
             if self.dir.exists() and not self.dir.is_dir():
                 raise DataError(f"store folder {self.dir} is a file; pass a --store folder (or remove the file)")
+            self.unwritable = self._why_unwritable()
+            self.readonly = readonly = self.unwritable is not None
+        if not readonly:
             try:
-                for modality in _MODALITIES:
-                    (self.dir / modality).mkdir(parents=True, exist_ok=True)
+                with named_when_full(self.dir):
+                    for modality in _MODALITIES:
+                        (self.dir / modality).mkdir(parents=True, exist_ok=True)
+            except NoSpace:
+                raise
             except OSError as exc:
-                raise DataError(f"cannot create the store folder {self.dir} ({exc.strerror or exc}); pass a "
-                                f"writable --store") from None
+                raise UsageError(f"cannot create the store folder {self.dir} ({exc.strerror or exc}): this model "
+                                 f"has no embeddings in that store and the store cannot be written; pass a "
+                                 f"--store this user can write") from None
         self.refresh()
         if manifest is None and not readonly:
             with self.lock(wait=False) as held:  # a busy writer rewrites it after its next shard
                 if held:
                     self.write_manifest()
+
+    def _why_unwritable(self) -> str | None:
+        """Why an existing folder of this store cannot be written, or None (a missing folder is created:
+        failing that is an error). Every place a writer touches: the folder (manifest, quarantine), its
+        modality folders (shards) and the lock file."""
+        if not self.dir.is_dir():
+            return None
+        for p in (self.dir, *(self.dir / m for m in _MODALITIES), self.dir / _LOCK_NAME):
+            if p.exists() and (why := why_unwritable(p)):
+                return why + _owner(p)
+        return None
 
     def _read_manifest(self) -> dict | None:
         """The manifest, or None when missing or unreadable (then rebuilt from the shards)."""
@@ -424,7 +464,7 @@ class EmbeddingStore:
                 [pa.array(keys, pa.string()), pa.FixedSizeListArray.from_arrays(values, self.dim)], schema=schema)
             name = f"shard-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.arrow"
             path = self.dir / modality / name
-            with atomic_path(path) as tmp:
+            with atomic_path(path, table.nbytes) as tmp:
                 with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema) as writer:
                     writer.write_table(table)
             file_id = _file_id(path)

@@ -8,7 +8,8 @@ duplicates under any name, but the driver must read every image before it knows 
 - a tar member: the shard's identity (one ``stat`` per shard) + the member's name and offset;
 - a Parquet cell: the file's identity + row and column.
 
-``IdIndex`` records identity -> bytes key in ``<store root>/<fingerprint>/ids/`` of every model a run writes,
+``IdIndex`` records identity -> bytes key in ``<store root>/<fingerprint>/ids/`` of every model a run writes
+(a folder this user cannot write is skipped: its records are read, none added),
 and reads the records of every fingerprint folder of the store root (an identity's content does not depend
 on the model, so another model's records serve too; keeping them inside the fingerprint folders leaves
 the store root a folder of fingerprints, and a folder copied alone keeps its records).
@@ -45,7 +46,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from hardrank import urls
-from hardrank.atomic import atomic_path
+from hardrank.atomic import atomic_path, why_unwritable
 from hardrank.items import _PARQUET_SCHEME, ImageRef, ItemTable, failure_reason
 from hardrank.store.key_index import KeyIndex, as_string_array
 
@@ -87,8 +88,9 @@ def identity_key(uri: str, cache: dict | None = None) -> str:
 
 class IdIndex:
     """identity key -> bytes key records of one store root: read from ``<root>/*/ids/``, written (``commit``:
-    one atomic shard per folder) to ``<root>/<fingerprint>/ids/`` of each of ``fingerprints``; ``add``
-    buffers. ``readonly``: write nothing (dry runs).
+    one atomic shard per folder) to ``<root>/<fingerprint>/ids/`` of each of ``fingerprints`` this process can
+    write (another user's folder, a read-only mount: skipped, its records still read); ``add`` buffers.
+    ``readonly``: write nothing (dry runs).
 
     Lookups use the store's key index (``hardrank.store.key_index.KeyIndex``: sorted 8-byte hash-prefix
     entries, each candidate verified against the stored string), one block per record shard, over the
@@ -97,7 +99,8 @@ class IdIndex:
 
     def __init__(self, root: str | os.PathLike, fingerprints=(), readonly: bool = False):
         self.root = Path(root)
-        self.dirs = [self.root / fp / IDS_FOLDER for fp in fingerprints]
+        self.dirs = [] if readonly else [d for d in (self.root / fp / IDS_FOLDER for fp in fingerprints)
+                                         if _writable(d)]
         self.readonly = readonly or not self.dirs
         self._index = KeyIndex()             # block b: the id_key column of record shard b
         self._values: list[pa.Array] = []    # block b: its key column
@@ -178,13 +181,20 @@ class IdIndex:
         name = f"ids-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.arrow"
         for d in self.dirs:  # the same records in each model's folder: a folder copied or kept alone has them
             d.mkdir(parents=True, exist_ok=True)
-            with atomic_path(d / name) as tmp:
+            with atomic_path(d / name, table.nbytes) as tmp:
                 with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, _SCHEMA) as writer:
                     writer.write_table(table)
         self._seen.add(name)
         ids, keys = self._read(self.dirs[0] / name)  # re-opened memory-mapped: the records leave the heap
         self._index.add(ids)
         self._values.append(keys)
+
+
+def _writable(folder: Path) -> bool:
+    why = why_unwritable(folder)
+    if why:  # records are a cache: the run goes on without writing them there
+        log.info("id records are not written to %s (%s)", folder, why)
+    return why is None
 
 
 def _recipe(key_or_ref) -> str:
