@@ -5,6 +5,8 @@ import textwrap
 import pytest
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
 
+from hardrank import executors
+from hardrank.executors import RayExecutor
 from hardrank.jobs.cli import build_parser, main
 from hardrank.jobs.grid import JobFileError, load_job
 
@@ -281,9 +283,10 @@ def test_job_file_entries_share_one_ray_executor(tmp_path, monkeypatch, capsys):
         def close(self):
             self.closed += 1
 
-    def fake_make_runner(options, models):
-        made.append(FakeRunner())
-        return made[-1]
+    class FakeRay(RayExecutor):
+        def embed_runner(self, models):
+            made.append(FakeRunner())
+            return made[-1]
 
     class Report:
         def table_rows(self):
@@ -295,7 +298,7 @@ def test_job_file_entries_share_one_ray_executor(tmp_path, monkeypatch, capsys):
             raise ValueError("entry two fails")
         return Report()
 
-    monkeypatch.setattr(grid, "make_runner", fake_make_runner)
+    monkeypatch.setitem(executors._KINDS, "ray", FakeRay)
     monkeypatch.setattr(grid, "evaluate", fake_evaluate)
     p = _job(tmp_path, """
         out = "res"

@@ -127,7 +127,7 @@ def test_store_shard_overwritten_with_other_valid_floats_is_detected_and_reencod
     data[at:at + emb[0].nbytes] = emb[1].tobytes()  # another valid, L2-normalised vector: no NaN to notice
     shard.write_bytes(bytes(data))
 
-    with caplog.at_level(logging.WARNING, logger="hardrank.store.embedding_store.embedding_store"):
+    with caplog.at_level(logging.WARNING, logger="hardrank.store.embedding_store"):
         assert main(_eval(world, tmp_path / "again", store)) == 0
     assert "failed its checksum" in caplog.text and str(shard) in caplog.text
     again = _result(tmp_path / "again")
@@ -150,7 +150,7 @@ def test_garbled_store_shard_is_quarantined_and_reencoded(world, tmp_path, caplo
     else:
         data[len(data) // 3:len(data) // 3 + 256] = np.random.default_rng(0).bytes(256)
     shard.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="hardrank.store.embedding_store.embedding_store"):
+    with caplog.at_level(logging.WARNING, logger="hardrank.store.embedding_store"):
         assert main(_eval(world, tmp_path / "again", store)) == 0
     assert "moved to" in caplog.text and "encoder output" not in caplog.text
     assert _result(tmp_path / "again")["metrics"] == clean["metrics"]
@@ -204,7 +204,7 @@ def test_store_folder_as_mining_input_is_verified(tmp_path, capsys):
 
 
 def test_each_shard_is_verified_once_per_process(tmp_path, monkeypatch):
-    import hardrank.store.embedding_store.embedding_store as store_mod
+    import hardrank.store.embedding_store as store_mod
     from hardrank import EmbeddingStore
 
     calls = []
