@@ -1,4 +1,4 @@
-"""The registry of input kinds: every kind listed, each layout detected as its kind, a new kind served to mine and eval."""
+"""The input registry: every kind listed, each layout detected as its kind, a new kind served to mine and eval."""
 from __future__ import annotations
 
 import json
