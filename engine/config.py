@@ -379,10 +379,10 @@ class EvalConfig:
     run: str | None = opt(None, "an open_clip training run folder (params.txt, checkpoints/epoch_*.pt): the model, "
                           "its preprocessing and every complete epoch's checkpoint come from it (--checkpoint picks "
                           "some; --model names a custom architecture's config .json)", path=True)
-    embeddings: str | None = opt(None, "score precomputed embeddings instead of a model: Parquet with columns "
-                                 "kind (image|text), id (image path / caption as in the annotation file), "
-                                 "embedding; or a clip-retrieval output folder (img_emb/, text_emb/, metadata/); "
-                                 "no image file is read", path=True)
+    embeddings: str | None = opt(None, "score precomputed embeddings instead of a model: any input holding "
+                                 "embeddings by id (listed below; e.g. a Parquet with columns kind (image|text), id "
+                                 "(image path / caption as in the annotation file), embedding); no image file is "
+                                 "read", path=True)
     search: str = opt("exhaustive", "ranking search: exhaustive (exact kernels) or faiss:<factory> "
                       "(per-group top-k; mean/median rank become lower bounds, see README)")
     budget_mb: int = opt(256, "kernel score-tile memory budget, MiB", minimum=1)
@@ -455,11 +455,9 @@ class MineOptions:
 class MineConfig:
     """One mining run: queries against a corpus, negatives written to ``out``."""
 
-    corpus: str = opt("", "where negatives come from: WebDataset tar shards ('dir/{00000..00099}.tar', local or a "
-                      "URL: images and their captions), a Karpathy-format .json (with --images), an image folder, "
-                      "a .parquet listing (id + path, or id + text), an embeddings .parquet (kind, id, embedding: "
-                      "hardrank store export), or an embedding store fingerprint folder (ids: content keys)",
-                      path=True)
+    corpus: str = opt("", "where negatives come from: a file, folder, URL or shard pattern of any input kind "
+                      "(listed below: hardrank.inputs.registry), e.g. a Karpathy-format .json (with --images), an "
+                      "image folder or an embeddings .parquet", path=True)
     queries: str = opt("", "the queries, same kinds (may equal --corpus)", path=True)
     out: str = opt("", "output folder: negatives/part-*.parquet, summary.json", path=True)
     direction: str = opt("t2i", "query modality 2 corpus modality", choices=tuple(DIRECTIONS))

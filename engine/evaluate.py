@@ -19,11 +19,8 @@ from hardrank.config import EvalConfig, build, check_store_root, check_writable_
 from hardrank.embed import EmbedPipeline, make_scan_mapper
 from hardrank.errors import DataError, UsageError
 from hardrank.executors import executor
-from hardrank.inputs import scan_with
-from hardrank.inputs.clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder
-from hardrank.inputs.embedding_files import embeddings_for_tables
+from hardrank.inputs import registry, scan_with
 from hardrank.items import Tables
-from hardrank.models.openclip import file_hash
 from hardrank.models.runs import model_specs
 from hardrank.scoring.choice_macro import suite_aggregates
 from hardrank.scoring.counts import embed_line, item_counts
@@ -375,11 +372,10 @@ def _model_source(model) -> dict:
 
 def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _EmbeddingSource:
     path = Path(cfg.embeddings)
-    emb = embeddings_for_tables(path, tables)
+    source = registry.open_embeddings(cfg.embeddings)  # any input kind holding embeddings by id
+    emb = source.for_tables(tables)
     device = resolve_device(cfg.embed.device)
-    fingerprint = ClipRetrievalFolder(path).fingerprint if is_clip_retrieval_folder(path) else \
-        f"embeddings-{file_hash(path)[:16]}"
-    ident = {"checkpoint_path": str(path), "model_fingerprint": fingerprint,
+    ident = {"checkpoint_path": str(path), "model_fingerprint": source.content_id or source.fingerprint,
              "provenance": {"architecture": "precomputed", "precision": "float32", "device": device,
                             "checkpoint_hash": None}}
     report.embed_stats = {m: {"total": len(tables.of(m)), "from_file": len(tables.of(m))} for m in ("image", "text")}

@@ -21,6 +21,7 @@ from hardrank.errors import (
     exit_code,
 )
 from hardrank.evaluate import evaluate, plan
+from hardrank.inputs import registry
 from hardrank.inputs.convert import write_karpathy_shards
 from hardrank.jobs.bench import add_bench_parser
 from hardrank.jobs.cmd_attack import add_attack_parser
@@ -112,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="evaluate checkpoints on benchmark suites", formatter_class=Formatter,
-                        epilog="the first two examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
+                        epilog="--embeddings takes (recognised in this order; another file is read as a Parquet "
+                               "of kind, id, embedding):\n" + registry.help_text("embeddings", by_id=True) + "\n"
+                               "the first two examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
                                "  hardrank eval --model toy-clip --checkpoint "
                                "engine/assets/toy_checkpoints/*.safetensors --suite toy --data results/demo/toy_world "
                                "--store results/demo/store --out results/toy\n"

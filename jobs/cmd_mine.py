@@ -7,6 +7,7 @@ import sys
 
 from hardrank.config import MineConfig
 from hardrank.errors import EXIT_OK
+from hardrank.inputs import registry
 from hardrank.jobs.flags import Formatter, add_options, options_from_args
 from hardrank.jobs.progress import make_progress
 from hardrank.mining import mine
@@ -33,9 +34,8 @@ def add_mine_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "mine", help="mine hard negatives: per query, the top-k corpus items that are not its positives",
         formatter_class=Formatter,
-        epilog="inputs (--corpus / --queries): a Karpathy-format .json (with --images), an image folder, a .parquet "
-               "listing (id + path, or id + text), an embeddings .parquet (kind, id, embedding: hardrank store "
-               "export), or an embedding store fingerprint folder (ids: content keys).\n"
+        epilog="inputs (--corpus / --queries), recognised in this order (hardrank.inputs.registry):\n"
+               + registry.help_text() + "\n"
                "ids in the outputs: image paths relative to one root (--images when it holds every image, else "
                "their common folder), captions as written; query_key / negative_key columns hold content keys.\n"
                "the first two examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"

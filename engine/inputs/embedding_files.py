@@ -1,4 +1,4 @@
-"""Bring your own embeddings: score precomputed image/text embeddings with the same protocols."""
+"""Bring your own embeddings: the Parquet file (kind, id, embedding) read and checked, and ids matched to suites."""
 from __future__ import annotations
 
 from collections import Counter
@@ -10,10 +10,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hardrank.errors import DataError
-from hardrank.inputs.clip_retrieval import ClipRetrievalFolder, is_clip_retrieval_folder, match_tables
 from hardrank.items import Tables
 
-__all__ = ["load_embedding_file", "embeddings_for_tables"]
+__all__ = ["load_embedding_file", "match_ids"]
 
 _COLUMNS = ("kind", "id", "embedding")
 
@@ -25,10 +24,8 @@ def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarr
 
     path = Path(path)
     if not path.is_file():
-        what = "is a folder, but not clip-retrieval's output (img_emb/, text_emb/, metadata/)" if path.is_dir() \
-            else "does not exist"
-        raise DataError(f"embeddings file {path} {what}; pass a Parquet file (kind, id, embedding) or a "
-                        f"clip-retrieval output folder")
+        raise DataError(f"embeddings file {path} {'is a folder' if path.is_dir() else 'does not exist'}; pass a "
+                        f"Parquet file with columns kind, id, embedding")
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
@@ -113,15 +110,12 @@ def _suffixes(uri: str):
         yield "/".join(parts[i:]).lstrip("/")
 
 
-def embeddings_for_tables(path: str | Path, tables: Tables) -> dict[str, np.ndarray]:
-    """Whole-table embedding arrays in row order. Rows are matched by the id the annotation file
-    writes (image path / raw caption); images may also match by the longest path suffix of their
-    file (a cropped region: that suffix plus ``@crop:x,y,w,h``, as ``hardrank store export`` writes
-    it, else the path alone). Missing ids fail, listing the first few. ``path`` may also be a
-    clip-retrieval output folder, streamed part by part (``clip_retrieval.match_tables``)."""
-    if is_clip_retrieval_folder(path):
-        return match_tables(ClipRetrievalFolder(path), tables)
-    data = load_embedding_file(path)
+def match_ids(path, data: dict[str, tuple[list[str], np.ndarray]], tables: Tables) -> dict[str, np.ndarray]:
+    """Whole-table embedding arrays in row order, from ``data`` ({kind: (ids, (n, d) vectors)}) read
+    from ``path`` (named in errors). Rows are matched by the id the annotation file writes (image
+    path / raw caption); images may also match by the longest path suffix of their file (a cropped
+    region: that suffix plus ``@crop:x,y,w,h``, as ``hardrank store export`` writes it, else the path
+    alone); texts also when an id is the caption's normalised form. Missing ids fail, listing the first few."""
     out = {}
     for modality in ("image", "text"):
         table = tables.of(modality)
