@@ -1,4 +1,5 @@
 """The benchmarks' timing toolkit (hardrank.jobs.bench.timing) and generated inputs: shapes and counts, never speeds."""
+import ast
 import itertools
 import math
 from pathlib import Path
@@ -144,3 +145,33 @@ def test_small_checkpoints_load_as_their_config(tmp_path):
     paths, models, work = inputs.images_and_models(tmp_path / "data", 1, 1, "tiny")
     assert len(paths) == 1 and models[0].embed_dim == inputs.CONFIGS["tiny"]["embed_dim"] and work.is_dir()
     work.rmdir()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+_COPIES = {"sync", "_sync", "bare_gemm", "_bare_gemm", "_gemm", "gemm_gflops", "bare_gemm_gflops", "mm_fp32_out",
+           "_timed", "_time", "_best", "best_time", "rate", "_rate", "vit_flops", "image_flops", "text_flops"}
+
+
+def test_every_benchmark_measures_with_the_one_toolkit():
+    """No benchmark defines its own sync, timer, bare GEMM or FLOP formula, calls torch.cuda.synchronize,
+    edits sys.path, or picks functions through globals(): scripts import hardrank (and gpu_check its siblings)."""
+    scripts = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "jobs" / "bench").glob("*.py"))
+    assert len(scripts) > 10  # the folders were found
+    bad = []
+    for path in scripts:
+        if path.name == "timing.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.FunctionDef) and node.name in _COPIES and node.col_offset == 0:
+                bad.append(f"{where} defines {node.name}")
+            elif isinstance(node, ast.Attribute) and node.attr == "synchronize":
+                bad.append(f"{where} synchronises by itself")
+            elif isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
+                bad.append(f"{where} uses sys.path")
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "globals":
+                bad.append(f"{where} calls globals()")
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("_common",
+                                                                                                    "benchmarks"):
+                bad.append(f"{where} imports {node.module}")
+    assert bad == []
