@@ -36,6 +36,8 @@ def test_timings_warm_up_then_repeat_then_fill_the_window():
     # a window of 10 ticks: each timed call reads the clock twice and the loop once, so 4 calls fill it
     assert len(timing.timings(fn, repeat=1, warmup=0, min_s=10, clock=_ticks())) == 4
     assert timing.best_of(fn, repeat=2, warmup=0, clock=_ticks()) == 1
+    with pytest.raises(ValueError, match="repeat >= 1 .*, got 0"):
+        timing.best_of(fn, repeat=0)
 
 
 def test_interleaved_calls_each_function_once_per_round():
@@ -44,6 +46,8 @@ def test_interleaved_calls_each_function_once_per_round():
     out = timing.interleaved(fns, rounds=2, warmup=1, clock=_ticks())
     assert order == ["a", "b", "c"] * 3  # one warm-up round, two timed ones
     assert out == {"a": [1, 1], "b": [1, 1], "c": [1, 1]}
+    with pytest.raises(ValueError, match="rounds >= 1 .*, got 0"):
+        timing.interleaved(fns, rounds=0)
 
 
 def test_throughput_counts_items_per_second_of_back_to_back_calls():

@@ -39,6 +39,8 @@ def timings(fn: Callable[[], Any], device="cpu", repeat: int = 3, warmup: int = 
     """Seconds of each timed call of ``fn``, after ``warmup`` untimed calls: ``repeat`` calls, then more until
     ``min_s`` seconds of ``clock`` have passed since the first (``time.process_time``: this process's CPU time,
     which ignores time spent descheduled on a shared machine)."""
+    if repeat < 1:
+        raise ValueError(f"timings needs repeat >= 1 (the number of timed calls), got {repeat}")
     for _ in range(warmup):
         fn()
     sync(device)
@@ -59,6 +61,8 @@ def interleaved(fns: dict[str, Callable[[], Any]], device="cpu", rounds: int = 3
                 clock=time.perf_counter) -> dict[str, list[float]]:
     """Seconds of each function per round; every round calls each once, in turn, so load that drifts on a
     shared machine hits them all alike. ``warmup`` untimed rounds first."""
+    if rounds < 1:
+        raise ValueError(f"interleaved needs rounds >= 1 (the number of timed rounds), got {rounds}")
     for _ in range(warmup):
         for fn in fns.values():
             fn()
