@@ -15,12 +15,8 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
-import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
@@ -29,17 +25,19 @@ def main() -> None:
                                                  / "coco_karpathy_test.json"))
     ap.add_argument("--images", type=int, default=100, help="COCO images whose captions are attacked")
     ap.add_argument("--budget", type=int, default=32)
-    ap.add_argument("--size", default="small", choices=["small", "tiny"], help="bench model (benchmarks/_common.py)")
+    ap.add_argument("--size", default="small", choices=["small", "tiny"],
+                    help="bench model (hardrank.jobs.bench.inputs.CONFIGS)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "hardrank-bench-data"))
     ap.add_argument("--json", default="benchmarks/results/bench_attack.json")
     args = ap.parse_args()
     import torch
-    from _common import coco_like_jpegs, small_checkpoints
 
     from hardrank.config import EmbedOptions
     from hardrank.embed import EmbedPipeline, encode_text
     from hardrank.items import ImageRef, Tables
+    from hardrank.jobs.bench.inputs import coco_like_jpegs, small_checkpoints
+    from hardrank.jobs.bench.timing import timed
     from hardrank.models.openclip import ModelSpec, load_model
     from hardrank.perturb.attack import (
         attack_sources,
@@ -56,13 +54,15 @@ def main() -> None:
     ann = Path(args.annotations)
     clean = read_karpathy(ann)[:args.images]
     sources, owner, forbidden = attack_sources(clean)
-    t = time.perf_counter()
-    classes = tag_captions(sources)
-    concepts = concepts_from_rococo(ann, ann.parent / "same_concept.json")
-    every = [pre_caption(c) for _, cs in read_karpathy(ann) for c in cs]  # the file's captions, all images
-    vocab = build_vocab(tag_captions(every), every, 200)
-    cands = make_candidates(sources, classes, vocab, concepts, budget=args.budget, forbidden=forbidden)
-    t_build = time.perf_counter() - t
+
+    def build():
+        classes = tag_captions(sources)
+        concepts = concepts_from_rococo(ann, ann.parent / "same_concept.json")
+        every = [pre_caption(c) for _, cs in read_karpathy(ann) for c in cs]  # the file's captions, all images
+        vocab = build_vocab(tag_captions(every), every, 200)
+        return make_candidates(sources, classes, vocab, concepts, budget=args.budget, forbidden=forbidden)
+
+    t_build, cands = timed(build)
     n = len(cands.texts)
     jpegs = coco_like_jpegs(Path(args.data) / "jpegs", len(clean))
     cfg, (ckpt,) = small_checkpoints(Path(args.data) / "models", 1, args.size)
@@ -70,16 +70,10 @@ def main() -> None:
     torch.set_grad_enabled(False)
 
     full = [lm.tokenizer(cands.texts[s:s + args.batch]) for s in range(0, n, args.batch)]
-    t = time.perf_counter()
-    for b in full:
-        lm.model.encode_text(b)
-    t_full = time.perf_counter() - t
+    t_full = timed(lambda: [lm.model.encode_text(b) for b in full])[0]
     srt = sorted(cands.texts, key=len)
     trimmed = [lm.tokenizer(srt[s:s + args.batch]) for s in range(0, n, args.batch)]
-    t = time.perf_counter()
-    for b in trimmed:
-        encode_text(lm.model, b)
-    t_trim = time.perf_counter() - t
+    t_trim = timed(lambda: [encode_text(lm.model, b) for b in trimmed])[0]
 
     store = tempfile.mkdtemp(prefix="hardrank-bench-attack-")
     pipe = EmbedPipeline.from_checkpoints(cfg, [ckpt], EmbedOptions(store=store, device="cpu", precision="fp32",
@@ -89,16 +83,17 @@ def main() -> None:
     src_rows = tables.texts.add_many(sources)
     cand_rows = tables.texts.add_many(cands.texts)
 
-    def attack():
-        t0 = time.perf_counter()
-        pipe.run(tables)
-        t1 = time.perf_counter()
+    def score():
         emb = pipe.embeddings(0, tables)
         img = emb["image"][img_rows]
         true = own_scores(img, emb["text"][src_rows], owner)
         margin = own_scores(img, emb["text"][cand_rows], owner[cands.owner]) - true[cands.owner]
         segment_winners(margin, cands.ptr)
-        return time.perf_counter() - t0, time.perf_counter() - t1
+
+    def attack():  # (seconds of the whole attack, seconds of its scoring pass)
+        t_embed = timed(lambda: pipe.run(tables))[0]
+        t_score = timed(score)[0]
+        return t_embed + t_score, t_score
 
     t_cold, _ = attack()
     t_warm, t_score = attack()

@@ -7,7 +7,6 @@ import os
 import platform
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 
@@ -27,10 +26,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from benchmarks._common import coco_like_jpegs
     from hardrank.embed import PillowDecoder
     from hardrank.embed.dali import DaliDecoder
     from hardrank.items import ImageRef
+    from hardrank.jobs.bench.inputs import coco_like_jpegs
+    from hardrank.jobs.bench.timing import interleaved
 
     paths = coco_like_jpegs(args.data, args.images)
     refs = [ImageRef(p) for p in paths]
@@ -52,14 +52,10 @@ def main() -> None:
             out = stage({"ref": refs[s:s + args.batch]})
             assert out["ok"].all()
 
-    for stage in stages.values():  # warm-up: page cache, pipeline build, allocator
-        run(stage)
-    times = {k: [] for k in stages}
-    for _ in range(args.repeats):  # interleaved, so load from other processes hits both alike
-        for name, stage in stages.items():
-            t = time.perf_counter()
-            run(stage)
-            times[name].append(time.perf_counter() - t)
+    # a warm-up round (page cache, pipeline build, allocator), then rounds in turn, so load from other
+    # processes hits every backend alike
+    times = interleaved({name: lambda stage=stage: run(stage) for name, stage in stages.items()},
+                        rounds=args.repeats)
     rows = {}
     for name, ts in times.items():
         rows[name] = {"images_per_s_per_core_best": len(refs) / min(ts),

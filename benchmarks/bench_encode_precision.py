@@ -14,11 +14,7 @@ import importlib.util
 import json
 import os
 import platform
-import sys
-import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check's FLOP formulas
 
 _PHOTOS = {  # package -> real photographs in it (camera / scanner images, not drawings or renders)
     "skimage": ["data/astronaut.png", "data/chelsea.png", "data/coffee.png", "data/camera.png", "data/coins.png",
@@ -51,33 +47,6 @@ def real_photos(extra: list[str]) -> list[str]:
     return out + list(extra)
 
 
-def gemm_gflops(dtype, m: int, k: int, n: int, seconds: float = 1.5) -> float:
-    """Best GFLOP/s of a bare ``(m, k) @ (k, n)`` in ``dtype`` (the encoder's largest GEMM shape)."""
-    import torch
-
-    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-    for _ in range(2):
-        a @ b
-    best, t_end = float("inf"), time.perf_counter() + seconds
-    while time.perf_counter() < t_end:
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2.0 * m * k * n / best / 1e9
-
-
-def rate(fn, items: int, seconds: float) -> float:
-    """Best items/s of ``fn`` over ``seconds`` (one warm-up call)."""
-    fn()
-    best, t_end = float("inf"), time.perf_counter() + seconds
-    while True:
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-        if time.perf_counter() > t_end:
-            return items / best
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="ViT-B-32")
@@ -90,11 +59,11 @@ def main() -> None:
     import numpy as np
     import open_clip
     import torch
-    from gpu_check import image_flops, text_flops
 
     from hardrank import ModelSpec, load_model
     from hardrank.embed import ImageEncoder, PillowDecoder, TextEncoder
     from hardrank.items import ImageRef
+    from hardrank.jobs.bench.timing import bare_gemm_gflops, best_of, image_flops, text_flops
 
     torch.set_num_threads(args.threads)
     photos = real_photos(args.photos)
@@ -146,13 +115,16 @@ def main() -> None:
     res["gemm_shape"] = [tokens, width, 4 * width]
     res["gflop_per_image"], res["gflop_per_text"] = f_img / 1e9, f_txt / 1e9
     res["throughput"], limits = {}, {}
+    def gemm(dtype):  # the best rate of a bare (tokens, width) x (width, 4 width) GEMM, the encoder's largest
+        return bare_gemm_gflops(tokens, 4 * width, width, "cpu", dtype, reps=1, min_s=1.5)
+
     for p, m in models.items():  # the limit: the best GEMM rate in windows before and after the encoders' timing
         ie, te = ImageEncoder([m]), TextEncoder([m])
-        g0 = gemm_gflops(m.dtype, tokens, width, 4 * width)
-        with torch.inference_mode():
-            r_img = rate(lambda: ie({"pixels": x}), len(x), args.seconds)
-            r_txt = rate(lambda: te({"text": texts}), len(texts), args.seconds)
-        limits[p] = max(g0, gemm_gflops(m.dtype, tokens, width, 4 * width))
+        g0 = gemm(m.dtype)
+        with torch.inference_mode():  # best items/s over --seconds, after one warm-up call
+            r_img = len(x) / best_of(lambda: ie({"pixels": x}), repeat=1, min_s=args.seconds)
+            r_txt = len(texts) / best_of(lambda: te({"text": texts}), repeat=1, min_s=args.seconds)
+        limits[p] = max(g0, gemm(m.dtype))
         res["throughput"][p] = {
             "images_per_s": round(r_img, 1), "image_gflops": round(r_img * f_img / 1e9, 1),
             "image_fraction_of_gemm": round(r_img * f_img / 1e9 / limits[p], 3),

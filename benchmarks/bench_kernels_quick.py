@@ -14,16 +14,11 @@ from pathlib import Path
 
 import torch
 
-from hardrank.jobs.bench.kernel_bench import bare_gemm  # the fp32 GEMM of the kernels' blocks, nothing else
+from hardrank.jobs.bench.timing import bare_gemm, best_of, interleaved, timed
 from hardrank.kernels import grouped_ranks, topk
 from hardrank.kernels._common import plan_tiles
 
 OUT = Path(__file__).resolve().parent / "results"
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def full_matrix_ranks(xq, xb, pos_first):
@@ -31,20 +26,6 @@ def full_matrix_ranks(xq, xb, pos_first):
     S = xq.float() @ xb.float().T  # (nq, nb)
     order = torch.argsort(S, dim=1, descending=True, stable=True)
     return (order == pos_first[:, None]).int().argmax(1)
-
-
-CLOCK = time.perf_counter
-
-
-def best_time(fn, device, reps):
-    best = float("inf")
-    for _ in range(reps):
-        _sync(device)
-        t = CLOCK()
-        fn()
-        _sync(device)
-        best = min(best, CLOCK() - t)
-    return best
 
 
 def coco_like(nq, nb, d, device, dtype, seed=0):
@@ -87,11 +68,9 @@ def main() -> None:
                     help="also time grouped_ranks with the torch.compile'd tile reduction (CPU)")
     args = ap.parse_args()
 
-    global CLOCK
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.cpu_clock:
-        CLOCK = time.process_time
+    clock = time.process_time if args.cpu_clock else time.perf_counter
     device = torch.device(args.device)
     xq, xb, bounds, ptr, idx = coco_like(args.nq, args.nb, args.d, device, getattr(torch, args.dtype))
     nq, nb, d = args.nq, args.nb, args.d
@@ -108,35 +87,33 @@ def main() -> None:
     def record(name, t, n_flop=flop, note=""):
         rows.append({"stage": name, "seconds": t, "gflops": n_flop / t / 1e9, "note": note})
 
+    def bare():  # the fp32 GEMM of the kernels' blocks, nothing else
+        bare_gemm(xq, xb, qb, gb, torch.float32)
+
     # warm-up (thread pools, allocator), then alternate so drifting machine load hits all alike
-    bare_gemm(xq[:256], xb, qb, gb)
+    bare_gemm(xq[:256], xb, qb, gb, torch.float32)
     os.environ["HARDRANK_COMPILE"] = "0"  # eager reduction
     gr()
-    t_bare, t_eager = float("inf"), float("inf")
-    for _ in range(args.reps):
-        t_bare = min(t_bare, best_time(lambda: bare_gemm(xq, xb, qb, gb), device, 1))
-        t_eager = min(t_eager, best_time(gr, device, 1))
+    t = interleaved({"bare": bare, "eager": gr}, device, args.reps, warmup=0, clock=clock)
+    t_bare = min(t["bare"])
     record("bare tiled GEMM", t_bare, note=f"q_block={qb} g_block={gb}")
-    record("grouped_ranks (eager)", t_eager)
+    record("grouped_ranks (eager)", min(t["eager"]))
     if args.compile and device.type == "cpu":
         os.environ["HARDRANK_COMPILE"] = "1"
-        t0 = time.perf_counter()
-        gr()  # compiles
-        t_compile = time.perf_counter() - t0
-        t_comp = float("inf")
-        for _ in range(args.reps):
-            t_bare = min(t_bare, best_time(lambda: bare_gemm(xq, xb, qb, gb), device, 1))
-            t_comp = min(t_comp, best_time(gr, device, 1))
+        t_compile = timed(gr, device)[0]  # compiles
+        t = interleaved({"bare": bare, "compiled": gr}, device, args.reps, warmup=0, clock=clock)
+        t_bare = min(t_bare, *t["bare"])
         rows[0].update(seconds=t_bare, gflops=flop / t_bare / 1e9)
-        record("grouped_ranks (compiled)", t_comp, note=f"first call incl. compile {t_compile:.1f}s")
+        record("grouped_ranks (compiled)", min(t["compiled"]), note=f"first call incl. compile {t_compile:.1f}s")
     topk(xq[:64], xb, 10, precision=args.precision)
-    record("topk k=10", best_time(lambda: topk(xq, xb, 10, budget_bytes=budget, q_block=args.q_block,
-                                               g_block=args.g_block, precision=args.precision),
-                                  device, args.reps))
+    record("topk k=10", best_of(lambda: topk(xq, xb, 10, budget_bytes=budget, q_block=args.q_block,
+                                             g_block=args.g_block, precision=args.precision),
+                                device, args.reps, warmup=0, clock=clock))
     bq = min(args.baseline_nq, nq)
     pos_first = idx[ptr[:bq]].to(device)  # smallest positive index; random data: no ties
     record(f"full matrix + argsort ({bq} queries)",
-           best_time(lambda: full_matrix_ranks(xq[:bq], xb, pos_first), device, args.reps), 2.0 * bq * nb * d)
+           best_of(lambda: full_matrix_ranks(xq[:bq], xb, pos_first), device, args.reps, warmup=0, clock=clock),
+           2.0 * bq * nb * d)
 
     if args.sweep:
         os.environ["HARDRANK_COMPILE"] = "1" if args.compile else "0"
@@ -144,10 +121,11 @@ def main() -> None:
             for sg in (512, 768, 1024, 1536):
                 if sq * sg * 8 > (256 << 20):
                     continue
-                t_b = best_time(lambda: bare_gemm(xq, xb, sq, sg), device, args.reps)
-                t_g = best_time(lambda: grouped_ranks(xq, xb, bounds, ptr, idx, budget_bytes=256 << 20,
-                                                      q_block=sq, g_block=sg, precision=args.precision),
-                                device, args.reps)
+                t_b = best_of(lambda: bare_gemm(xq, xb, sq, sg, torch.float32), device, args.reps, warmup=0,
+                              clock=clock)
+                t_g = best_of(lambda: grouped_ranks(xq, xb, bounds, ptr, idx, budget_bytes=256 << 20,
+                                                    q_block=sq, g_block=sg, precision=args.precision),
+                              device, args.reps, warmup=0, clock=clock)
                 rows.append({"stage": f"sweep q_block={sq} g_block={sg}", "seconds": t_g, "gflops": flop / t_g / 1e9,
                              "note": f"bare {flop / t_b / 1e9:.0f} GFLOP/s, ratio {t_b / t_g:.2f}"})
 

@@ -32,7 +32,6 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -132,40 +131,11 @@ def queries(rows: int, total_rows: int, n: int, seed: int = 0) -> np.ndarray:
     return g[rng.permutation(n)]
 
 
-class _Mem:
-    """Anonymous RSS now, and its peak sampled every 10 ms by a thread."""
-
-    def __init__(self):
-        self.peak = self.now()
-        self._stop = False
-        threading.Thread(target=self._run, daemon=True).start()
-
-    @staticmethod
-    def fields() -> dict[str, int]:
-        out = {}
-        for line in open("/proc/self/status"):
-            k, _, v = line.partition(":")
-            if k in ("RssAnon", "RssFile", "VmHWM"):
-                out[k] = int(v.split()[0]) << 10
-        return out
-
-    def now(self) -> int:
-        return self.fields()["RssAnon"]
-
-    def _run(self):
-        while not self._stop:
-            self.peak = max(self.peak, self.now())
-            time.sleep(0.01)
-
-    def reset(self) -> int:
-        self.peak = self.now()
-        return self.peak
-
-
 def worker(method: str, folder: Path, rows: int, total_rows: int, shard_rows: int, n_queries: int) -> dict:
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
+    from hardrank.jobs.bench.timing import PeakRSS
     from hardrank.store.embedding_store import EmbeddingStore
     from hardrank.store.key_index import KeyIndex
 
@@ -175,7 +145,7 @@ def worker(method: str, folder: Path, rows: int, total_rows: int, shard_rows: in
     qarr = key_array(g)
     q = qarr.to_pylist()                          # what callers pass: a list of str
     expect = g < rows
-    mem = _Mem()
+    mem = PeakRSS("anon", interval=0.01).start()  # the heap: the mapped shards are page cache
     base = mem.reset()
     out = {"method": method, "rows": rows, "queries": n_queries}
     t0 = time.perf_counter()
@@ -204,13 +174,12 @@ def worker(method: str, folder: Path, rows: int, total_rows: int, shard_rows: in
             index_bytes, distinct = None, len(index)
     out["open_s"] = round(time.perf_counter() - t0, 3)
     out["distinct"] = distinct
-    out["peak_open_mb"] = round((mem.peak - base) / 2**20, 1)
+    out["peak_open_mb"] = round((mem.high - base) / 2**20, 1)
     out["held_mb"] = round((mem.now() - base) / 2**20, 1)
     out["index_bytes_per_row"] = round(index_bytes / rows, 2) if index_bytes is not None else None
     contains(q[:1000])  # warm-up: first calls set up Arrow's compute kernels and memory pool
     contains(qarr[:1000])
-    mem.reset()
-    before = mem.now()
+    before = mem.reset()
     t0 = time.perf_counter()
     got = contains(q)
     out["contains_s"] = round(time.perf_counter() - t0, 3)
@@ -229,8 +198,8 @@ def worker(method: str, folder: Path, rows: int, total_rows: int, shard_rows: in
         t0 = time.perf_counter()
         read(present)
         out["read_s" if method == "index" else "locate_s"] = round(time.perf_counter() - t0, 3)
-    out["peak_lookup_extra_mb"] = round((mem.peak - before) / 2**20, 1)
-    f = mem.fields()
+    out["peak_lookup_extra_mb"] = round((mem.high - before) / 2**20, 1)
+    f = mem.status()
     out["rss_file_mb"] = round(f["RssFile"] / 2**20, 1)
     out["vm_hwm_mb"] = round(f["VmHWM"] / 2**20, 1)
     return out
@@ -240,12 +209,13 @@ def ids_worker(method: str, folder: Path, rows: int, total_rows: int, shard_rows
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
+    from hardrank.jobs.bench.timing import PeakRSS
     from hardrank.store.idkeys import IdIndex
 
     g = queries(rows, total_rows, n_queries)
     q = key_array(g, "d").to_pylist()
     expect = [("i" + k[1:]) if stored else None for k, stored in zip(q, g < rows)]
-    mem = _Mem()
+    mem = PeakRSS("anon", interval=0.01).start()  # the heap: the mapped shards are page cache
     base = mem.reset()
     out = {"method": method, "rows": rows, "queries": n_queries}
     t0 = time.perf_counter()
@@ -271,18 +241,17 @@ def ids_worker(method: str, folder: Path, rows: int, total_rows: int, shard_rows
             index_bytes, distinct = None, len(index)
     out["open_s"] = round(time.perf_counter() - t0, 3)
     out["distinct"] = distinct
-    out["peak_open_mb"] = round((mem.peak - base) / 2**20, 1)
+    out["peak_open_mb"] = round((mem.high - base) / 2**20, 1)
     out["held_mb"] = round((mem.now() - base) / 2**20, 1)
     out["index_bytes_per_row"] = round(index_bytes / rows, 2) if index_bytes is not None else None
     lookup(q[:1000])
-    mem.reset()
-    before = mem.now()
+    before = mem.reset()
     t0 = time.perf_counter()
     got = lookup(q)
     out["contains_s"] = round(time.perf_counter() - t0, 3)
     assert got == expect, "wrong answer"
-    out["peak_lookup_extra_mb"] = round((mem.peak - before) / 2**20, 1)
-    f = mem.fields()
+    out["peak_lookup_extra_mb"] = round((mem.high - before) / 2**20, 1)
+    f = mem.status()
     out["rss_file_mb"] = round(f["RssFile"] / 2**20, 1)
     out["vm_hwm_mb"] = round(f["VmHWM"] / 2**20, 1)
     return out
@@ -293,7 +262,7 @@ def _child(args, method: str, rows: int) -> dict:
            "--queries", str(args.queries), "--shard-rows", str(args.shard_rows), "--workdir", str(args.workdir)]
     print(f"{method} at {rows:,} rows ...", file=sys.stderr, flush=True)
     # glibc keeps freed heap below its (growing) mmap threshold: fix the threshold so RssAnon is live memory
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "131072",
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072",
            "MALLOC_TRIM_THRESHOLD_": "131072"}
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode:

@@ -16,7 +16,6 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -69,22 +68,6 @@ def generate(work: Path, nb: int, nq: int, d: int, seed: int = 0, chunk: int = 5
     (work / "params.json").write_text(json.dumps({"nb": nb, "nq": nq, "d": d, "seed": seed, "data": "latent32"}))
 
 
-class _RssSampler(threading.Thread):
-    """Peak resident memory, sampled (ru_maxrss also counts the memmapped corpus pages)."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.peak, self.stop = 0, False
-
-    def run(self):
-        while not self.stop:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
-            time.sleep(0.2)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=int, default=1_000_000)
@@ -119,13 +102,13 @@ def main(argv=None):
     t_gen = time.perf_counter() - t0
 
     from hardrank.config import MineOptions
+    from hardrank.jobs.bench.timing import PeakRSS
     from hardrank.mining import MineProblem
     from hardrank.scoring import faiss_index
 
     if args.threads:
         faiss_index.faiss.omp_set_num_threads(args.threads)
-    rss = _RssSampler()
-    rss.start()
+    rss = PeakRSS(interval=0.2).start()  # VmRSS: also counts the memmapped corpus pages, as ru_maxrss would
     t0 = time.perf_counter()
     xb = np.load(work / "corpus.npy", mmap_mode="r")   # (nb, d) float16, on disk
     xq = np.load(work / "queries.npy", mmap_mode="r")  # (nq, d) float16
@@ -161,7 +144,7 @@ def main(argv=None):
     return 0
 
 
-def _run(problem, opts, out: Path, rss: _RssSampler, args, t_gen: float, t_load: float, shards: int | None) -> dict:
+def _run(problem, opts, out: Path, rss, args, t_gen: float, t_load: float, shards: int | None) -> dict:
     """One full mining run (output removed first: a full run, not a resume), measured."""
     from hardrank.mining import mine_arrays
     from hardrank.scoring import faiss_index
@@ -177,7 +160,7 @@ def _run(problem, opts, out: Path, rss: _RssSampler, args, t_gen: float, t_load:
 
         ray.init(include_dashboard=False, logging_level="WARNING")
         factory = ShardedSearchFactory(shards=shards)
-    rss.peak = 0
+    rss.reset()
     t0 = time.perf_counter()
     try:
         s = mine_arrays(problem, opts, out, echo=lambda m: print(m, file=sys.stderr, flush=True), searcher=factory)
@@ -188,7 +171,7 @@ def _run(problem, opts, out: Path, rss: _RssSampler, args, t_gen: float, t_load:
         if factory is not None:
             factory.close()
             ray.shutdown()
-    peak = rss.peak
+    peak = rss.high
     nq, nb = len(problem.xq), len(problem.xb)
     srch = s["search"]
     exact_s = srch.get("exact_seconds")

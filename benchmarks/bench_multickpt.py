@@ -7,7 +7,6 @@ import os
 import platform
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 
@@ -24,9 +23,10 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from benchmarks._common import images_and_models
     from hardrank.embed import embed_tables
     from hardrank.items import ImageRef, Tables
+    from hardrank.jobs.bench.inputs import images_and_models
+    from hardrank.jobs.bench.timing import timed
     from hardrank.store.embedding_store import EmbeddingStore
 
     paths, models, work = images_and_models(args.data, args.images, args.k, args.model)
@@ -37,9 +37,9 @@ def main() -> None:
         tables.images.add_many(ImageRef(p) for p in paths)
         tables.images.keys()  # hashing is the same for both plans: keep it out of the timing
         stores = [EmbeddingStore(work / tag, m.fingerprint, dim=m.embed_dim, dtype=m.store_dtype) for m in ms]
-        t = time.perf_counter()
-        st = embed_tables(tables, ms, stores, batch_size=args.batch, decode_threads=threads, decoder=args.decoder)
-        return time.perf_counter() - t, st["image"].stage_seconds
+        sec, st = timed(lambda: embed_tables(tables, ms, stores, batch_size=args.batch, decode_threads=threads,
+                                             decoder=args.decoder))
+        return sec, st["image"].stage_seconds
 
     run(models[:1], "warm")  # page cache, allocator, DALI/torch init
     joint, joint_stages = run(models, "joint")

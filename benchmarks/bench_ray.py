@@ -30,9 +30,10 @@ def main() -> None:
     args = ap.parse_args()
     import numpy as np
 
-    from benchmarks._common import Timeline, images_and_models
     from hardrank.embed import embed_tables
     from hardrank.items import ImageRef, Tables
+    from hardrank.jobs.bench.inputs import images_and_models
+    from hardrank.jobs.bench.timing import Timeline, timed
     from hardrank.store.embedding_store import EmbeddingStore
 
     paths, all_models, work = images_and_models(args.data, args.images, args.k * args.entries, args.model)
@@ -45,10 +46,9 @@ def main() -> None:
         tables.images.add_many(ImageRef(p) for p in paths)
         tables.images.keys()  # same for both executors: not timed
         stores = [EmbeddingStore(work / tag, m.fingerprint, dim=m.embed_dim, dtype=m.store_dtype) for m in models]
-        t = timeline.start = time.perf_counter()
-        st = embed_tables(tables, models, stores, batch_size=args.batch, decode_threads=threads,
-                          decoder=args.decoder, runner=runner, progress=timeline)
-        wall = time.perf_counter() - t
+        timeline.start = time.perf_counter()
+        wall, st = timed(lambda: embed_tables(tables, models, stores, batch_size=args.batch, decode_threads=threads,
+                                              decoder=args.decoder, runner=runner, progress=timeline))
         assert st["image"].encoded == len(paths), st["image"].as_dict()
         return wall, [s.read("image", tables.images.keys()) for s in stores]
 
@@ -60,9 +60,7 @@ def main() -> None:
     local_tl = Timeline()
     local_wall, local_emb = run("local", local_tl)
     local_rate = local_tl.rate()
-    t = time.perf_counter()
-    ray.init(include_dashboard=False, logging_level=logging.WARNING)
-    init_s = time.perf_counter() - t
+    init_s = timed(lambda: ray.init(include_dashboard=False, logging_level=logging.WARNING))[0]
     runner = RayRunner(decode_actors=args.decode_actors)
     entries, pids = [], []
     for e, ms in enumerate(entry_models):

@@ -9,40 +9,12 @@ import argparse
 import json
 import os
 import platform
-import time
 from pathlib import Path
 
 import torch
 
+from hardrank.jobs.bench.timing import bare_gemm, best_of
 from hardrank.kernels import grouped_ranks
-
-
-def _sync(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _bare_gemm(xq, xb, q_block, g_block):
-    """The GEMM floor: the same tiles, no reduction beyond touching the result."""
-    acc = torch.zeros((), device=xq.device)
-    for q0 in range(0, len(xq), q_block):
-        xqb = xq[q0:q0 + q_block]
-        for g0 in range(0, len(xb), g_block):
-            s = xqb @ xb[g0:g0 + g_block].T
-            acc += s[0, 0]
-    return acc
-
-
-def _time(fn, device, repeat):
-    fn()  # warm-up
-    _sync(device)
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def main(argv=None):
@@ -74,9 +46,10 @@ def main(argv=None):
 
     rows = []
     flops_union = 2.0 * nq * len(xb) * args.d
-    t_gemm = _time(lambda: _bare_gemm(xq, xb, 2048, 1024), dev, args.repeat)
+    # the GEMM floor: the same tiles, scored as the kernels score them, no reduction
+    t_gemm = best_of(lambda: bare_gemm(xq, xb, 2048, 1024), dev, args.repeat)
     rows.append(("bare GEMM over the union", t_gemm, flops_union))
-    t_grouped = _time(lambda: grouped_ranks(xq, xb, bounds, pos_ptr, pos_idx, budget_bytes=budget), dev, args.repeat)
+    t_grouped = best_of(lambda: grouped_ranks(xq, xb, bounds, pos_ptr, pos_idx, budget_bytes=budget), dev, args.repeat)
     rows.append(("grouped pass, all views", t_grouped, flops_union))
 
     def per_view():
@@ -85,7 +58,7 @@ def main(argv=None):
             sub = torch.cat([xb[:n0], xb[bounds[v + 1]:bounds[v + 2]]])
             grouped_ranks(xq, sub, torch.tensor([0, n0, n0 + nv], device=dev), pos_ptr, pos_idx, budget_bytes=budget)
 
-    t_per = _time(per_view, dev, max(1, args.repeat - 1))
+    t_per = best_of(per_view, dev, max(1, args.repeat - 1))
     flops_per = 2.0 * nq * (n0 + args.variants * (n0 + nv)) * args.d
     rows.append(("one pass per view", t_per, flops_per))
 

@@ -5,7 +5,6 @@ import argparse
 import json
 import os
 import platform
-import time
 from pathlib import Path
 
 
@@ -21,6 +20,7 @@ def main() -> None:
     import torch
 
     from hardrank.embed import encode_text
+    from hardrank.jobs.bench.timing import timed
 
     torch.manual_seed(0)
     model = open_clip.create_model(args.model, pretrained=None).eval()
@@ -33,9 +33,8 @@ def main() -> None:
 
     def run(fn):
         with torch.inference_mode():
-            t = time.perf_counter()
-            out = torch.cat([fn(b) for b in batches])
-            return time.perf_counter() - t, torch.nn.functional.normalize(out.float(), dim=-1)
+            t, out = timed(lambda: torch.cat([fn(b) for b in batches]))
+            return t, torch.nn.functional.normalize(out.float(), dim=-1)
 
     run(model.encode_text)
     t_full, full = run(model.encode_text)

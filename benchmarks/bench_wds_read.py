@@ -24,33 +24,21 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import coco_like_jpegs  # noqa: E402
-
-from hardrank import urls  # noqa: E402
-from hardrank.embed import DecodeStage, EmbedJob  # noqa: E402
-from hardrank.inputs import read_samples, scan_shard, write_shard  # noqa: E402
-from hardrank.items import ImageRef, ItemTable  # noqa: E402
-from hardrank.store.idkeys import IdIndex, table_keys  # noqa: E402
+from hardrank import urls
+from hardrank.embed import DecodeStage, EmbedJob
+from hardrank.inputs import read_samples, scan_shard, write_shard
+from hardrank.items import ImageRef, ItemTable
+from hardrank.jobs.bench.inputs import coco_like_jpegs
+from hardrank.jobs.bench.timing import best_of
+from hardrank.store.idkeys import IdIndex, table_keys
 
 PREPROCESS = {"size": 224, "mode": "RGB", "mean": [0.48145466, 0.4578275, 0.40821073],
               "std": [0.26862954, 0.26130258, 0.27577711], "interpolation": "bicubic", "resize_mode": "shortest",
               "fill_color": 0}
-
-
-def _best(fn, repeat: int) -> float:
-    fn()  # warm: page cache, thread pools, imports
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def _shards(paths: list[str], out: Path, per_shard: int) -> str:
@@ -78,7 +66,7 @@ def _measure(refs: list[ImageRef], shards: list[str] | None, threads: int, repea
 
             with ThreadPoolExecutor(threads) as pool:
                 list(pool.map(lambda s: scan_shard(s, True, cache=False), shards))
-    out["keys"] = n / _best(keys, repeat)
+    out["keys"] = n / best_of(keys, repeat=repeat)
     store = Path(os.environ["HARDRANK_CACHE"]) / f"ids-{'tar' if shards else 'folder'}"
     t = ItemTable("image")
     t.add_many(refs)
@@ -88,12 +76,12 @@ def _measure(refs: list[ImageRef], shards: list[str] | None, threads: int, repea
         t2 = ItemTable("image")
         t2.add_many(refs)
         table_keys(t2, "id", IdIndex(store))
-    out["keys (id)"] = n / _best(id_keys, repeat)
+    out["keys (id)"] = n / best_of(id_keys, repeat=repeat)
 
     def read():
         for s in range(0, n, batch):
             urls.read_many([r.uri for r in refs[s:s + batch]], threads=threads)
-    out["read"] = n / _best(read, repeat)
+    out["read"] = n / best_of(read, repeat=repeat)
     job = EmbedJob(modality="image", rows=np.arange(n), items=tuple(refs), specs=(), fingerprints=(),
                    preprocess_cfg=PREPROCESS, batch_size=batch, decode_threads=threads)
     stage = DecodeStage(job, threads)
@@ -101,7 +89,7 @@ def _measure(refs: list[ImageRef], shards: list[str] | None, threads: int, repea
     def decode():
         for b in job.batches():
             assert stage(b)["ok"].all()
-    out["decode"] = n / _best(decode, max(1, repeat - 1))
+    out["decode"] = n / best_of(decode, repeat=max(1, repeat - 1))
     return out
 
 

@@ -6,7 +6,6 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from hardrank.items import Tables, read_image_bytes
 from hardrank.jobs.bench.naive import NaivePipeline
 from hardrank.jobs.bench.options import PipelineBenchConfig
 from hardrank.jobs.bench.stages import time_stages
-from hardrank.jobs.bench.timing import Clock, bare_gemm_gflops, sync
+from hardrank.jobs.bench.timing import Clock, bare_gemm_gflops, timed
 from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
 from hardrank.jobs.report import plot_bench
 from hardrank.suites import load_suites
@@ -61,23 +60,15 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
                           out=os.path.join(tmp, "results"), suite_options=cfg.suite_options, budget_mb=cfg.budget_mb,
                           embed=replace(cfg.embed, store=os.path.join(tmp, "store")))
         echo(f"hardrank end to end, {K} checkpoint(s), cold store ...")
-        sync(device)
-        t = time.perf_counter()
-        rep = evaluate(ecfg)
-        sync(device)
-        cold = time.perf_counter() - t
-        t = time.perf_counter()
-        evaluate(ecfg)
-        warm = time.perf_counter() - t
+        cold, rep = timed(lambda: evaluate(ecfg), device)
+        warm = timed(lambda: evaluate(ecfg), device)[0]
         echo(f"  cold {cold:.2f}s, warm (all from the store) {warm:.2f}s")
         engine_metrics = _engine_r1(rep.results)
         naive_metrics, naive_clock = None, Clock(device)
         naive_s = None
         if cfg.naive:
             echo(f"naive end to end: {K} separate passes, Pillow + DataLoader, score matrix + argsort per view ...")
-            t = time.perf_counter()
-            naive_metrics = NaivePipeline(cfg, naive_clock).run()
-            naive_s = time.perf_counter() - t
+            naive_s, naive_metrics = timed(NaivePipeline(cfg, naive_clock).run, device)
             echo(f"  {naive_s:.2f}s")
         echo("stages, isolated, on a sample ...")
         pipe = EmbedPipeline.from_checkpoints(cfg.model, cfg.checkpoints, ecfg.embed, pretrained=cfg.pretrained,

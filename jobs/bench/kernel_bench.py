@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import time
 from pathlib import Path
 
 import torch
 
 from hardrank.config import resolve_device
 from hardrank.errors import EXIT_OK, UsageError
-from hardrank.jobs.bench.timing import PeakRSS, sync
+from hardrank.jobs.bench.timing import PeakRSS, bare_gemm, timed
 from hardrank.jobs.flags import Formatter
 from hardrank.kernels import grouped_ranks, precision_choice, resolve_precision, topk
 
@@ -75,25 +74,6 @@ def _tilings(text: str | None) -> list[tuple[int, int]]:
     return [tiling]
 
 
-def bare_gemm(xq: torch.Tensor, xb: torch.Tensor, qb: int, gb: int, dtype: torch.dtype = torch.float32) -> None:
-    """Every (qb, gb) score tile of xq @ xb.T into one reused buffer, nothing else done: the limit the
-    kernels are held to. ``dtype``: operands (the gallery tile is converted on the fly, as the kernels
-    do); the output is fp32, or the operand dtype where the device's GEMM returns that (CPU fp16/bf16)."""
-    dev = xq.device
-    cpu_lp = dev.type == "cpu" and dtype != torch.float32
-    out = torch.empty((min(qb, len(xq)), min(gb, len(xb))), device=dev, dtype=dtype if cpu_lp else torch.float32)
-    a_all = xq.to(dtype)
-    for q0 in range(0, len(xq), qb):
-        a = a_all[q0:q0 + qb]
-        for c0 in range(0, len(xb), gb):
-            b = xb[c0:c0 + gb].to(dtype)
-            o = out[:len(a), :len(b)]
-            if dtype == torch.float32 or cpu_lp:
-                torch.mm(a, b.T, out=o)
-            else:
-                o.copy_(torch.mm(a, b.T, out_dtype=torch.float32))
-
-
 class _Problem:
     """A COCO-shaped ranking problem: ``xq (nq, d)`` queries against ``xb (nb, d)``, a clean group
     of ``nb0`` items then ``variants`` added groups, ``npos`` positives per query in the clean group."""
@@ -124,6 +104,7 @@ class _Problem:
         self.pos_ptr = torch.arange(self.nq + 1, device=dev) * npos
 
     def bare_gemm(self, qb: int, gb: int, dtype: torch.dtype) -> None:
+        """The toolkit's ``bare_gemm`` on this problem: every (qb, gb) tile scored from ``dtype`` operands."""
         bare_gemm(self.xq, self.xb, qb, gb, dtype)
 
     def full_argsort(self, m: int):
@@ -156,10 +137,7 @@ def _time_once(fn, dev: torch.device) -> tuple[float, int, object]:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     with PeakRSS() as mem:
-        t = time.perf_counter()
-        res = fn()
-        sync(dev)
-        sec = time.perf_counter() - t
+        sec, res = timed(fn, dev)
     peak = (torch.cuda.max_memory_allocated() - base) if dev.type == "cuda" else mem.peak
     return sec, peak, res
 
@@ -192,8 +170,7 @@ def run_kernels_bench(args) -> int:
         times = {}
         for qb, gb in tilings:
             if len(tilings) > 1:
-                pb.bare_gemm(qb, gb, dt)
-                sync(dev)
+                timed(lambda: pb.bare_gemm(qb, gb, dt), dev)  # warm-up
             times[(qb, gb)] = _time_once(lambda: pb.bare_gemm(qb, gb, dt), dev)[0]
         best_tiling[key] = min(times, key=times.get)
         gemm_times[key] = {f"{a}x{b}": t for (a, b), t in times.items()}

@@ -1,16 +1,25 @@
 """Benchmark inputs: COCO-sized natural-ish JPEGs and small random open_clip checkpoints, generated once."""
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
+import open_clip
+import torch
+from PIL import Image, ImageDraw
+from safetensors.torch import save_file
+
+from hardrank.atomic import atomic_path, write_text_atomic
+from hardrank.models.openclip import ModelSpec, load_model
+
+__all__ = ["coco_like_jpegs", "CONFIGS", "small_checkpoints", "images_and_models"]
 
 
 def coco_like_jpegs(folder: str | Path, n: int = 200, size=(640, 480), seed: int = 0, quality: int = 90) -> list[str]:
     """``n`` JPEGs of ``size`` (w, h) in ``folder`` (reused if present): smooth colour gradients,
     sensor-like noise and filled shapes, so the entropy coder and resampler see photo-like content."""
-    from PIL import Image, ImageDraw
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -36,7 +45,8 @@ def coco_like_jpegs(folder: str | Path, n: int = 200, size=(640, 480), seed: int
             x1, y1 = x0 + int(rng.integers(20, 250)), y0 + int(rng.integers(20, 250))
             colour = tuple(int(c) for c in rng.integers(0, 256, 3))
             (draw.ellipse if rng.random() < 0.5 else draw.rectangle)([x0, y0, x1, y1], fill=colour)
-        im.save(path, quality=quality)
+        with atomic_path(path) as tmp:  # a killed run leaves no half JPEG to be reused
+            im.save(tmp, format="JPEG", quality=quality)
     return paths
 
 
@@ -52,17 +62,11 @@ CONFIGS = {  # ViT-B/32-shaped (224 px, patch 32) but narrow CLIPs, cheap enough
 
 def small_checkpoints(folder: str | Path, k: int, size: str = "small") -> tuple[str, list[str]]:
     """(model config path, k random-init checkpoint files) of ``CONFIGS[size]``."""
-    import json
-
-    import open_clip
-    import torch
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = f"bench-{size}-clip"
     cfg = folder / f"{name}.json"
-    cfg.write_text(json.dumps(CONFIGS[size]))
+    write_text_atomic(cfg, json.dumps(CONFIGS[size]))
     open_clip.add_model_config(cfg)
     out = []
     for i in range(k):
@@ -70,7 +74,8 @@ def small_checkpoints(folder: str | Path, k: int, size: str = "small") -> tuple[
         if not path.exists():
             torch.manual_seed(i)
             model = open_clip.create_model(name, pretrained=None)
-            save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(path))
+            with atomic_path(path) as tmp:
+                save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(tmp))
         out.append(str(path))
     return str(cfg), out
 
@@ -78,44 +83,8 @@ def small_checkpoints(folder: str | Path, k: int, size: str = "small") -> tuple[
 def images_and_models(data: str | Path, n_images: int, k: int, size: str):
     """The shared set-up of the embed benchmarks: COCO-like JPEGs, K loaded checkpoints of one
     bench model, and a fresh work folder for their stores."""
-    import tempfile
-
-    from hardrank.models.openclip import ModelSpec, load_model
-
     paths = coco_like_jpegs(data, n_images)
     cfg, ckpts = small_checkpoints(Path(data) / "models", k, size)
     models = [load_model(ModelSpec(cfg, c)) for c in ckpts]
     return paths, models, Path(tempfile.mkdtemp(prefix="hardrank-bench-"))
 
-
-class Timeline:
-    """A ``progress`` callback for ``embed_tables`` that records when each row finished."""
-
-    def __init__(self):
-        self.events: list[tuple[float, int]] = []
-
-    def __call__(self, total, desc):
-        import time
-
-        timeline = self
-
-        class _Bar:
-            def update(self, n):
-                timeline.events.append((time.perf_counter(), n))
-
-            def close(self):
-                pass
-
-        return _Bar()
-
-    def rate(self, after: float = 0.5) -> float:
-        """Rows/s over the rows delivered after the first ``after`` fraction: the steady state, with
-        start-up (and any backlog the decoders built while the encoder was starting) excluded."""
-        import numpy as np
-
-        if len(self.events) < 3:
-            return float("nan")
-        t = np.array([e[0] for e in self.events])
-        n = np.cumsum([e[1] for e in self.events])
-        i = min(int(np.searchsorted(n, after * n[-1])), len(t) - 2)
-        return float((n[-1] - n[i]) / (t[-1] - t[i]))
