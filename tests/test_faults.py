@@ -789,7 +789,7 @@ def test_sigterm_flushes_what_was_encoded_exits_143_and_resumes(world, tmp_path)
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_watch_stopped_by_sigterm_exits_143(tmp_path, capsys, monkeypatch, signum, code):
     """``hardrank watch`` runs as a service (systemd, a Kubernetes pod): SIGTERM is how it is stopped."""
-    from hardrank.jobs import watch as watch_mod
+    from hardrank.jobs import cmd_watch as watch_mod
 
     def watching(cfg, **kw):
         assert callable(signal.getsignal(signum)), "no handler: the signal would kill the test run"
@@ -806,7 +806,8 @@ def test_sigterm_stays_handled_after_ray_starts(monkeypatch):
     ``--executor ray`` that would end the run with exit 15 and no message. Its effect is reproduced here
     (a real local cluster takes ~20 s to start on the test machine)."""
     pytest.importorskip("ray")
-    from hardrank.jobs import cli, ray_executor
+    from hardrank.executors import ray_embed as ray_executor
+    from hardrank.jobs import cli
 
     ray_like = lambda signum, frame: sys.exit(signum)  # noqa: E731
     monkeypatch.setattr(ray_executor.ray, "is_initialized", lambda: False)
