@@ -51,8 +51,9 @@ class Backend:
 
     name: str = ""                  # the --search word (and the provenance's name for it)
     aliases: tuple[str, ...] = ()   # other words for the same backend
-    syntax: str = ""                # how it is written, for help and errors (default: the name)
-    hint: str = ""                  # how to write the argument, for errors (e.g. example factories)
+    syntax: str = ""                # how it is written, for help and errors (default: its words)
+    examples: tuple[str, ...] = ()  # whole --search values that name it (default: its words)
+    hint: str = ""                  # how to write the argument, for errors (e.g. the examples)
     ops: dict[str, str] = {}        # operation -> what it does there, one clause for --search help
     gallery_shards: bool = False    # its ranks are the exhaustive kernels' pass, which the executor's sharded
     #                                 ranker splits exactly over gallery shards (--shard-gallery)

@@ -10,7 +10,8 @@ from hardrank.scoring.backends.base import RANKS, TOPK, Backend
 
 __all__ = ["Faiss", "FaissSearch", "faiss_searcher"]
 
-_HINT = "a faiss index_factory string: faiss:Flat, faiss:IVF1024,Flat, faiss:IVF1024,PQ64, faiss:HNSW32"
+_EXAMPLES = ("faiss:Flat", "faiss:IVF1024,Flat", "faiss:IVF1024,PQ64", "faiss:HNSW32")
+_HINT = "a faiss index_factory string: " + ", ".join(_EXAMPLES)
 
 
 def refine(factory: str, d: int) -> int:
@@ -48,6 +49,7 @@ class Faiss(Backend):
 
     name = "faiss"
     syntax = "faiss:<factory>"
+    examples = _EXAMPLES
     hint = _HINT
     ops = {RANKS: "per-group FAISS top-k (" + _HINT + "); mean/median rank become lower bounds (README)",
            TOPK: "a FAISS index (e.g. faiss:IVF4096,SQ8, faiss:HNSW32, faiss:Flat); approximate candidates are "
