@@ -187,7 +187,7 @@ def local_csr(excl, lo: int, hi: int):
 
 
 class ShardedSearchFactory:
-    """``search(xb, opts)``: the sharded placement's searcher (``hardrank.scoring.backends.sharded``) over the
+    """``factory(xb, opts)``: the sharded placement's searcher (``hardrank.scoring.backends.sharded``) over the
     corpus rows ``xb``: joins (or starts) the Ray cluster and shards the corpus over ``shards`` actors
     (default: one per CPU of the cluster). ``close`` ends the actors and the Ray session it started."""
 

@@ -55,10 +55,11 @@ class Backend:
     examples: tuple[str, ...] = ()  # whole --search values that name it (default: its words)
     hint: str = ""                  # how to write the argument, for errors (e.g. the examples)
     ops: dict[str, str] = {}        # operation -> what it does there, one clause for --search help
-    gallery_shards: bool = False    # its ranks are the exhaustive kernels' pass, which the executor's sharded
-    #                                 ranker splits exactly over gallery shards (--shard-gallery)
-    remote: bool = False            # its work runs on actors that load their own corpus rows (mining then
-    #                                 keeps the corpus lazy: read by the actors, not by the driver)
+    # its ranks are the exhaustive kernels' pass, which the executor's sharded ranker splits exactly over
+    # gallery shards (--shard-gallery); the ranks of the others are computed in process
+    gallery_shards: bool = False
+    # its work runs on actors that load their own corpus rows (mining keeps the corpus lazy for them)
+    remote: bool = False
 
     @property
     def words(self) -> tuple[str, ...]:
