@@ -147,7 +147,8 @@ def main(argv=None):
 def _run(problem, opts, out: Path, rss, args, t_gen: float, t_load: float, shards: int | None) -> dict:
     """One full mining run (output removed first: a full run, not a resume), measured."""
     from hardrank.mining import mine_arrays
-    from hardrank.scoring import faiss_index
+    from hardrank.scoring import backends, faiss_index
+    from hardrank.scoring.backends.sharded import Sharded
 
     for f in sorted(out.glob("negatives/*.parquet")) + [out / "mine_run.json", out / "summary.json"]:
         if f.exists():
@@ -163,7 +164,8 @@ def _run(problem, opts, out: Path, rss, args, t_gen: float, t_load: float, shard
     rss.reset()
     t0 = time.perf_counter()
     try:
-        s = mine_arrays(problem, opts, out, echo=lambda m: print(m, file=sys.stderr, flush=True), searcher=factory)
+        backend = Sharded(backends.get(opts.search_spec), search=factory) if factory is not None else None
+        s = mine_arrays(problem, opts, out, echo=lambda m: print(m, file=sys.stderr, flush=True), backend=backend)
         t_mine = time.perf_counter() - t0
         if factory is not None:
             shard_rss = [round(b / 2**30, 2) for b in factory._search.peak_rss()]

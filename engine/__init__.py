@@ -22,13 +22,14 @@ The public API (``help(hardrank)``). Options are the names of the command line's
 - Errors: ``HardrankError`` and its kinds ``UsageError``, ``DataError``, ``TooManyFailures``,
   ``MissingExtra``.
 """
-from hardrank.config import EmbedOptions, EvalConfig, MineConfig, MineOptions, SearchSpec, SuiteOptions
+from hardrank.config import EmbedOptions, EvalConfig, MineConfig, MineOptions, SuiteOptions
 from hardrank.embed import EmbedPipeline
 from hardrank.errors import DataError, HardrankError, MissingExtra, TooManyFailures, UsageError
 from hardrank.evaluate import EvalReport, evaluate, plan
 from hardrank.items import ImageRef, Tables
 from hardrank.mining import mine
 from hardrank.models.openclip import LoadedModel, ModelSpec, load_model
+from hardrank.scoring.backends import SearchSpec
 from hardrank.scoring.results import ResultFile, read_results
 from hardrank.store.embedding_store import EmbeddingStore, open_store
 from hardrank.store.id_export import export_embeddings

@@ -25,12 +25,14 @@ from hardrank import urls
 from hardrank.errors import UsageError
 from hardrank.kernels import PRECISIONS as RANK_PRECISIONS
 from hardrank.kernels import TIE_RULES
+from hardrank.scoring import backends
+from hardrank.scoring.backends import RANKS, TOPK, SearchSpec
 
 __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES",
            "DIRECTIONS", "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
            "default_store",
            "default_decode_threads", "resolve_device", "check_writable_dir", "check_store_root",
-           "SearchSpec", "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
+           "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
 DATA_DIR = Path(__file__).resolve().parent / "assets"  # bundled model configs, toy checkpoints, vocabularies
 
@@ -262,32 +264,6 @@ def _relative_to(base, v):
     return tuple(one(p) for p in v) if isinstance(v, tuple) else one(v)
 
 
-# -- specs -----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SearchSpec:
-    """A search method: ``exhaustive`` (exact kernels, ranking), ``exact`` / ``auto`` (mining), or
-    ``faiss:<index factory>`` (any faiss ``index_factory`` string, e.g. ``faiss:IVF1024,Flat``)."""
-
-    method: str                 # exhaustive | exact | auto | faiss
-    factory: str | None = None  # the faiss index factory string (method "faiss")
-
-    @classmethod
-    def parse(cls, text: str, allowed: tuple[str, ...] = ("exhaustive",)) -> SearchSpec:
-        """Parse ``text``; ``allowed`` lists the plain methods valid here (faiss is always valid)."""
-        if isinstance(text, SearchSpec):
-            return text
-        if isinstance(text, str) and text.startswith("faiss:") and len(text) > len("faiss:"):
-            return cls("faiss", text[len("faiss:"):])
-        if text in allowed:
-            return cls(text)
-        names = ", ".join(repr(a) for a in allowed)
-        raise UsageError(f"search must be {names} or 'faiss:<factory>' (a faiss index_factory string: faiss:Flat, "
-                         f"faiss:IVF1024,Flat, faiss:HNSW32), got {text!r}")
-
-    def __str__(self) -> str:
-        return f"faiss:{self.factory}" if self.method == "faiss" else self.method
-
-
 # -- the options ----------------------------------------------------------------------------------
 _RANK_PRECISION_HELP = ("first GEMM of the exact kernels (ranks, exact top-k): auto = bf16/fp16 where the "
                         "hardware multiplies them fast (AMX, AVX512-BF16, CUDA tensor cores) and the problem is "
@@ -383,8 +359,7 @@ class EvalConfig:
                                  "embeddings by id (listed below; e.g. a Parquet with columns kind (image|text), id "
                                  "(image path / caption as in the annotation file), embedding); no image file is "
                                  "read", path=True)
-    search: str = opt("exhaustive", "ranking search: exhaustive (exact kernels) or faiss:<factory> "
-                      "(per-group top-k; mean/median rank become lower bounds, see README)")
+    search: str = opt("exhaustive", backends.search_help(RANKS))
     budget_mb: int = opt(256, "kernel score-tile memory budget, MiB", minimum=1)
     shard_gallery: int = opt(0, "split each ranking gallery over N Ray actors (per-shard counts add up to the "
                              "exact ranks of the one-process pass); 0: only with --executor ray, for galleries "
@@ -399,19 +374,21 @@ class EvalConfig:
         check_options(self)
         object.__setattr__(self, "suites", tuple(self.suites))
         object.__setattr__(self, "checkpoints", tuple(self.checkpoints) or (None,))
-        SearchSpec.parse(self.search)
+        spec = backends.parse(self.search, RANKS)
         if not self.suites:
             raise UsageError("option suites is empty; name at least one suite (--suite toy)")
         if self.model is not None and self.embeddings is not None or self.run and self.embeddings:
             raise UsageError("give --model (with --checkpoint/--pretrained), --run or --embeddings, not several")
         if self.run and self.pretrained:
             raise UsageError("--run reads the pretrained tag from the run's params.txt; drop --pretrained")
-        if self.shard_gallery and SearchSpec.parse(self.search).method == "faiss":
-            raise UsageError("--shard-gallery splits the exhaustive ranking pass; drop it or --search faiss:...")
+        if self.shard_gallery and not backends.get(spec).gallery_shards:
+            split = " or ".join(b.name for b in backends.registered(RANKS) if b.gallery_shards)
+            raise UsageError(f"--shard-gallery splits the {split} ranking pass over actors; search {self.search!r} "
+                             f"cannot be split: drop --shard-gallery or use --search {split}")
 
     @property
     def search_spec(self) -> SearchSpec:
-        return SearchSpec.parse(self.search)
+        return backends.parse(self.search, RANKS)
 
 
 @dataclass(frozen=True)
@@ -424,8 +401,7 @@ class MineOptions:
     max_sim: float | None = opt(None, "drop candidates scoring above this with the query (likely unlabelled "
                                 "positives)")
     min_sim: float | None = opt(None, "drop candidates scoring below this with the query")
-    search: str = opt("auto", "auto | exact | faiss:<factory> (e.g. faiss:IVF4096,SQ8, faiss:HNSW32, faiss:Flat); "
-                      "auto = exact while the fp32 corpus fits --budget-mb, else IVF")
+    search: str = opt("auto", backends.search_help(TOPK))
     budget_mb: int = opt(1024, "memory budget for the corpus and work buffers, MiB", minimum=1)
     block_size: int = opt(8192, "queries per output shard (the unit of resumption)", minimum=1)
     nprobe: int | None = opt(None, "IVF lists (HNSW efSearch) per query (default: tuned to recall@10 >= 0.95 "
@@ -444,11 +420,11 @@ class MineOptions:
                 raise UsageError(f"option {name} is a cosine similarity in [-1, 1], got {v!r}")
         if self.min_sim is not None and self.max_sim is not None and self.min_sim >= self.max_sim:
             raise UsageError(f"option min_sim ({self.min_sim}) must be below max_sim ({self.max_sim})")
-        SearchSpec.parse(self.search, ("auto", "exact"))
+        backends.parse(self.search, TOPK)
 
     @property
     def search_spec(self) -> SearchSpec:
-        return SearchSpec.parse(self.search, ("auto", "exact"))
+        return backends.parse(self.search, TOPK)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,9 @@ from hardrank.executors import executor
 from hardrank.inputs import registry, scan_with
 from hardrank.items import Tables
 from hardrank.models.runs import model_specs
+from hardrank.scoring import backends
+from hardrank.scoring.backends import Backend
+from hardrank.scoring.backends.sharded import for_ranking
 from hardrank.scoring.choice_macro import suite_aggregates
 from hardrank.scoring.counts import embed_line, item_counts
 from hardrank.scoring.mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
@@ -88,14 +91,15 @@ def _drop_failed(suite: Suite, tables: Tables) -> Suite:
 
 
 # -- scoring, one function per task type -------------------------------------------------------------
-def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: EvalConfig, ranker=None) -> dict:
+def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: EvalConfig,
+                   backend: Backend | None = None) -> dict:
     outcomes: list[pa.Table] = []
     timings, search_info, metrics, counts = {}, {}, {}, {}
     for task in suite.ranking:
         t0 = time.perf_counter()
         ranks = score_ranking(task, emb[task.query_modality], emb[task.gallery_modality], tie_rule=suite.tie_rule,
                               device=device, budget_bytes=cfg.budget_mb << 20, search=cfg.search_spec,
-                              precision=cfg.rank_precision, ranker=ranker)
+                              precision=cfg.rank_precision, backend=backend)
         timings[f"rank_{task.name}"] = time.perf_counter() - t0
         if getattr(ranks, "info", None):
             search_info[task.name] = ranks.info
@@ -264,28 +268,20 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
                    scored["outcomes"])
     if any(s.needs_embeddings for s in suites):
         sources = _sources(cfg, pipe, tables, suites, report, common, progress, echo)
-        ranker = _sharded_ranker(cfg)
+        backend = for_ranking(backends.get(cfg.search_spec), executor(cfg.embed), cfg.shard_gallery,
+                              cfg.shard_gallery_above_mb)
         try:
             for src in sources:
                 emb = src.embeddings()
                 for suite in [s for s in suites if s.needs_embeddings]:
-                    for scored in _score_suite(suite, src.device, emb, cfg, len(tables.images.failed), ranker):
+                    for scored in _score_suite(suite, src.device, emb, cfg, len(tables.images.failed), backend):
                         _write(report, cfg, src.label, suite.name,
                                _result(suite, src.label, scored, cfg, common, src.ident, src.embed),
                                scored["outcomes"])
         finally:
-            if ranker is not None:
-                ranker.close()
+            backend.close()
     echo(f"done in {time.perf_counter() - t_start:.1f}s; results in {cfg.out}")
     return report
-
-
-def _sharded_ranker(cfg: EvalConfig):
-    """Ranking galleries sharded over Ray actors (``hardrank.executors``): with --shard-gallery N, or with
-    --executor ray for galleries above --shard-gallery-above-mb; None for the one-process pass."""
-    if cfg.search_spec.method != "exhaustive":
-        return None
-    return executor(cfg.embed).sharded_ranker(cfg.shard_gallery, cfg.shard_gallery_above_mb)
 
 
 def _pending_world(cfg: EvalConfig) -> Path | None:
@@ -326,9 +322,9 @@ def _check_not_empty(suites: list[Suite], why: str) -> None:
 
 
 def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_images: int,
-                 ranker=None) -> list[dict]:
+                 backend: Backend | None = None) -> list[dict]:
     if suite.ranking:
-        return [_score_ranking(suite, device, emb, cfg, ranker)]
+        return [_score_ranking(suite, device, emb, cfg, backend)]
     if suite.choice:
         return [_score_choice(suite, device, emb)]
     return [_score_mask(t, device, emb, failed_images) for t in suite.mask if t.needs_embeddings]

@@ -242,7 +242,7 @@ def test_score_ranking_dispatches_to_faiss(kernels):
             if m in exact[v]:
                 assert approx[v][m] == exact[v][m], (v, m)
     assert approx_r.info["search"] == "faiss:Flat"
-    with pytest.raises(ValueError, match="'exhaustive' or 'faiss:<factory>'"):
+    with pytest.raises(ValueError, match="search for eval ranking must be 'exhaustive', 'exact' or 'faiss:<factory>'"):
         score_ranking(task, xq, xb, search="ivf")
 
 
@@ -319,20 +319,18 @@ def test_mine_approximate_path_reports_recall(kernels, tmp_path):
 
 
 def test_auto_search_switches_to_faiss_beyond_budget(monkeypatch):
-    from hardrank.mining import searcher as mine_mod
+    from hardrank.scoring.backends import auto, faiss
 
     prob, _ = _mining_case(nb=400, d=16)
-    assert mine_mod._choose(prob, MineOptions(budget_mb=1)) == ("exact", None)
-    monkeypatch.setattr(mine_mod, "_auto_factory", lambda nb, d, b: "IVF16,SQ8")
-    big = MineProblem(xq=prob.xq, xb=np.zeros((300_000, 16), np.float16), query_ids=prob.query_ids,
-                      corpus_ids=[""] * 300_000)
-    assert mine_mod._choose(big, MineOptions(budget_mb=16)) == ("faiss", "IVF16,SQ8")
+    assert auto.choose(prob.xb.shape, 1 << 20) == ("exact", None)
+    monkeypatch.setattr(auto, "auto_factory", lambda nb, d, b: "IVF16,SQ8")
+    assert auto.choose((300_000, 16), 16 << 20) == ("faiss", "IVF16,SQ8")
     monkeypatch.undo()
-    assert mine_mod._auto_factory(1_000_000, 512, 1 << 30) == "IVF2048,PQ256x4fs"  # 128 MB of codes
-    assert mine_mod._auto_factory(1_000_000, 512, 100 << 20) == "IVF2048,PQ128x4fs"
-    assert mine_mod._auto_factory(5_000, 33, 1 << 30) == "IVF128,SQ8"
-    assert (mine_mod._refine("IVF2048,PQ256x4fs", 512), mine_mod._refine("IVF9,PQ64", 512),
-            mine_mod._refine("IVF9,SQ8", 512)) == (4, 8, 2)
+    assert auto.auto_factory(1_000_000, 512, 1 << 30) == "IVF2048,PQ256x4fs"  # 128 MB of codes
+    assert auto.auto_factory(1_000_000, 512, 100 << 20) == "IVF2048,PQ128x4fs"
+    assert auto.auto_factory(5_000, 33, 1 << 30) == "IVF128,SQ8"
+    assert (faiss.refine("IVF2048,PQ256x4fs", 512), faiss.refine("IVF9,PQ64", 512),
+            faiss.refine("IVF9,SQ8", 512)) == (4, 8, 2)
 
 
 def test_mine_resumes_only_missing_blocks(kernels, tmp_path):
@@ -356,7 +354,7 @@ def test_mine_resumes_only_missing_blocks(kernels, tmp_path):
 
 
 def test_mine_option_and_problem_errors():
-    with pytest.raises(ValueError, match="search must be 'auto', 'exact' or 'faiss:<factory>'"):
+    with pytest.raises(ValueError, match="for mining must be 'exhaustive', 'exact', 'faiss:<factory>' or 'auto'"):
         MineOptions(search="ivf")
     with pytest.raises(ValueError, match=r"min_sim \(0.5\) must be below max_sim \(0.2\)"):
         MineOptions(min_sim=0.5, max_sim=0.2)

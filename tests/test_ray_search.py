@@ -10,6 +10,8 @@ import pytest
 from hardrank.config import MineOptions
 from hardrank.mining import MineProblem, mine_arrays
 from hardrank.mining.searcher import merge_topk
+from hardrank.scoring import backends
+from hardrank.scoring.backends.sharded import Sharded
 
 ray = pytest.importorskip("ray")
 
@@ -68,11 +70,12 @@ def _negatives(out):
 
 
 def _mine_sharded(prob, opts, out, factory):
-    """Mine with ``factory`` as the searcher, its actors ended afterwards."""
+    """Mine with the backend ``opts.search`` names placed on ``factory``'s shards, its actors ended afterwards."""
+    backend = Sharded(backends.get(opts.search_spec), search=factory)
     try:
-        return mine_arrays(prob, opts, out, searcher=factory)
+        return mine_arrays(prob, opts, out, backend=backend)
     finally:
-        factory.close()
+        backend.close()
 
 
 @pytest.mark.slow

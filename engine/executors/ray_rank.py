@@ -77,10 +77,10 @@ class _GalleryShard:
 
 
 class ShardedRanker:
-    """``score_ranking``'s ranker: ``ranker(xq, xb, group_bounds, pos_ptr, pos_idx, tie_rule=, precision=,
-    budget_bytes=)`` -> ``GroupedRanks`` equal to ``grouped_ranks`` on one machine, the gallery split
-    over ``shards`` actors (0: one per ``above_mb`` MiB of gallery). Joins (or starts) the Ray
-    cluster; ``close`` ends the Ray session it started."""
+    """The sharded placement's ranker (``hardrank.scoring.backends.sharded``): ``ranker(xq, xb, group_bounds,
+    pos_ptr, pos_idx, tie_rule=, precision=, budget_bytes=)`` -> ``GroupedRanks`` equal to ``grouped_ranks``
+    on one machine, the gallery split over ``shards`` actors (0: one per ``above_mb`` MiB of gallery).
+    Joins (or starts) the Ray cluster; ``close`` ends the Ray session it started."""
 
     def __init__(self, shards: int = 0, above_mb: int = 8192, address: str | None = None):
         self.shards, self.above_mb, self.address = shards, above_mb, address

@@ -1,15 +1,15 @@
 """Mining's corpus sharded over Ray actors: each holds a slice and its index; query blocks fan out, lists merge.
 
 ``hardrank mine --executor ray``: the corpus is cut into contiguous slices, one per actor. An actor
-loads only its slice (from the embedding store, by content key) and builds the searcher the options
-ask for within ``--budget-mb`` (exact tiles, else IVF-PQ with exact re-scoring), as the local path
-does for the whole corpus. Each query block goes to every actor; their top-kk lists merge under the
-global order (score descending, then corpus index ascending), and the near-duplicate filter fetches
-the candidates' rows from their actors. With exact search the output equals local mining byte for
-byte: a shard scores each (query, item) pair with the same bits (``_KernelSearch``), and the merge
-of per-shard top-kk lists in the global order is the top-kk of the union. Actors that die are
-restarted (they reload their slice) and their call is retried; blocks are committed as Parquet
-shards, so a killed driver resumes.
+loads only its slice (from the embedding store, by content key) and builds the searcher of the backend
+``--search`` names (``hardrank.scoring.backends``) within ``--budget-mb`` (exact tiles, else IVF-PQ with
+exact re-scoring), as the local path does for the whole corpus. Each query block goes to every actor;
+their top-kk lists merge under the global order (score descending, then corpus index ascending), and
+the near-duplicate filter fetches the candidates' rows from their actors. With exact search the output
+equals local mining byte for byte: a shard scores each (query, item) pair with the same bits
+(``backends.exhaustive.KernelSearch``), and the merge of per-shard top-kk lists in the global order is
+the top-kk of the union. Actors that die are restarted (they reload their slice) and their call is
+retried; blocks are committed as Parquet shards, so a killed driver resumes.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import torch
 
 from hardrank.config import MineOptions
 from hardrank.executors.ray_embed import connect
-from hardrank.mining.problem import MineProblem, f32
+from hardrank.mining.problem import f32
 from hardrank.mining.searcher import merge_topk, searcher_for
 
 __all__ = ["ShardedSearch", "ShardedSearchFactory"]
@@ -113,16 +113,16 @@ class _Nprobe:
 
 
 class ShardedSearch:
-    """``mine_block``'s searcher over Ray actors holding ``len(bounds) - 1`` slices of ``problem.xb``."""
+    """``mine_block``'s searcher over Ray actors holding ``len(bounds) - 1`` slices of the corpus ``xb``."""
 
-    def __init__(self, problem: MineProblem, opts: MineOptions, shards: int):
-        nb = len(problem.xb)
-        self.d = problem.xb.shape[1]
+    def __init__(self, xb, opts: MineOptions, shards: int):
+        nb = len(xb)
+        self.d = xb.shape[1]
         self.bounds = np.linspace(0, nb, shards + 1).astype(np.int64)  # contiguous slices (some empty if shards > nb)
         cpus = max(1.0, float(ray.cluster_resources().get("CPU", 1)))
         per = min(1.0, cpus / (len(self.bounds) - 1))  # all actors fit at once (one thread each)
         actor = ray.remote(max_restarts=-1, max_task_retries=-1)(_Shard)
-        self.actors = [actor.options(num_cpus=per).remote(_slice(problem.xb, lo, hi), opts, 1)
+        self.actors = [actor.options(num_cpus=per).remote(_slice(xb, lo, hi), opts, 1)
                        for lo, hi in zip(self.bounds[:-1], self.bounds[1:])]
         parts = ray.get([a.describe.remote() for a in self.actors])
         self.exact = all(p["exact"] for p in parts)
@@ -187,19 +187,19 @@ def local_csr(excl, lo: int, hi: int):
 
 
 class ShardedSearchFactory:
-    """``searcher(problem, opts)`` for ``mine_arrays``: joins (or starts) the Ray cluster and shards the
-    corpus over ``shards`` actors (default: one per CPU of the cluster). ``close`` ends the actors and
-    the Ray session it started."""
+    """``factory(xb, opts)``: the sharded placement's searcher (``hardrank.scoring.backends.sharded``) over the
+    corpus rows ``xb``: joins (or starts) the Ray cluster and shards the corpus over ``shards`` actors
+    (default: one per CPU of the cluster). ``close`` ends the actors and the Ray session it started."""
 
     def __init__(self, shards: int | None = None, address: str | None = None):
         self.shards, self.address = shards, address
         self._owned = False
         self._search: ShardedSearch | None = None
 
-    def __call__(self, problem: MineProblem, opts: MineOptions) -> ShardedSearch:
+    def __call__(self, xb, opts: MineOptions) -> ShardedSearch:
         self._owned = connect(self.address) or self._owned
         n = self.shards or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self._search = ShardedSearch(problem, opts, n)
+        self._search = ShardedSearch(xb, opts, n)
         return self._search
 
     def close(self) -> None:

@@ -32,6 +32,9 @@ from hardrank.mining.inputs import build_problem
 from hardrank.mining.problem import MineProblem, negatives_schema
 from hardrank.mining.searcher import build_searcher, measure_recall
 from hardrank.mining.training_table import check_training, shard_path, write_training
+from hardrank.scoring import backends
+from hardrank.scoring.backends import Backend
+from hardrank.scoring.backends.sharded import for_mining
 
 __all__ = ["mine", "mine_arrays"]
 
@@ -66,16 +69,17 @@ def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
 
 
 def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike, *,
-                export_training: str | os.PathLike | None = None, echo=None, searcher=None) -> dict:
+                export_training: str | os.PathLike | None = None, echo=None, backend: Backend | None = None) -> dict:
     """Mine ``opts.k`` negatives per query into ``out/negatives/part-*.parquet`` (one shard per
     block of ``opts.block_size`` queries, written atomically; existing shards are skipped, so a
     killed run resumes), then write ``out/summary.json`` and return it.
 
-    Search: ``exact`` = kernels.topk over the fp32 corpus in memory; ``faiss:<factory>`` = a FAISS
-    index (approximate ones over-fetch 2-8x candidates and re-score them exactly); ``auto`` = exact
-    while the fp32 corpus fits ``budget_mb``, else IVF with fast-scan PQ codes (``_auto_factory``).
-    ``searcher``: a factory ``searcher(problem, opts)`` replacing the in-process search (the Ray
-    shards of ``hardrank.executors.ray_search``); the blocks, filters and outputs are the same."""
+    Search: the backend ``opts.search`` names (``hardrank.scoring.backends``): ``exact`` = kernels.topk
+    over the fp32 corpus in memory; ``faiss:<factory>`` = a FAISS index (approximate ones over-fetch
+    2-8x candidates and re-score them exactly); ``auto`` = exact while the fp32 corpus fits
+    ``budget_mb``, else IVF with fast-scan PQ codes (``backends.auto``). ``backend``: that backend as
+    placed for this run, e.g. on the Ray shards of ``hardrank.executors.ray_search``
+    (``backends.sharded``); the blocks, filters and outputs are the same."""
     echo = echo or (lambda s: None)
     problem.validate()
     if export_training:
@@ -102,7 +106,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
                       pa.string())
     if todo:
         t0 = time.perf_counter()
-        search = (searcher or build_searcher)(problem, opts)
+        search = build_searcher(problem, opts, backend)
         timings["index"] = time.perf_counter() - t0
         search_info = dict(search.info)
         if hasattr(search, "index") and search.index.nprobe is not None:
@@ -111,7 +115,8 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
             t0 = time.perf_counter()
             search_info.update(measure_recall(search, problem, opts))
             timings["recall"] = time.perf_counter() - t0
-            echo(f"approximate search {search_info.get('factory')}: recall@10 {search_info['recall@10']:.3f} "
+            what = search_info.get("factory", search_info["method"])
+            echo(f"approximate search {what}: recall@10 {search_info['recall@10']:.3f} "
                  f"at nprobe {search_info.get('nprobe')} on {search_info['recall_sample']} queries")
         t0 = time.perf_counter()
         for i, b in enumerate(todo):
@@ -189,9 +194,8 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     if cfg.export_training:
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
     t0 = time.perf_counter()
-    searcher = executor(cfg.embed).sharded_search(cfg.options.shards)
-    sharded = searcher is not None
-    problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=sharded)
+    backend = for_mining(backends.get(cfg.options.search_spec), executor(cfg.embed), cfg.options.shards)
+    problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=backend.remote)
     t_inputs = time.perf_counter() - t0
     echo(f"{len(problem.query_ids)} {DIRECTIONS[cfg.direction][0]} queries, {len(problem.corpus_ids)} "
          f"{problem.modality} corpus items ({t_inputs:.1f}s)")
@@ -199,7 +203,6 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     try:
         with urls.staged_dir(cfg.out) as out:  # a URL: written here, uploaded (shards before the summary)
             return mine_arrays(problem, cfg.options, out, export_training=cfg.export_training, echo=echo,
-                               searcher=searcher)
+                               backend=backend)
     finally:
-        if searcher is not None:
-            searcher.close()
+        backend.close()
