@@ -401,6 +401,31 @@ def test_byo_duplicated_and_malformed_embeddings(world, tmp_path, capsys):
     assert f"id {rows[4][1]!r} has a NaN or infinite value" in capsys.readouterr().err
 
 
+def test_byo_vectors_of_any_finite_magnitude_score_as_their_direction(world, tmp_path, capsys):
+    """A float32 vector x 1e20 (its float32 norm overflows to inf), x 1e-25 (its squares underflow to 0)
+    and a float64 vector x 1e300 (past float32's range) are the same directions: the same metrics.
+    Only a vector of zeros has none: refused by name as all-zero."""
+    rows = _byo_rows(world)
+    ok_file = _write_byo(tmp_path / "ok.parquet", rows)
+    assert main(_byo_args(world, ok_file, tmp_path / "ok")) == 0
+    ok = json.loads((tmp_path / "ok" / "ok" / "karpathy.json").read_text())["metrics"]
+    scale = {0: 1e20, 1: 1e-25, len(world["clean"]): 1e20, len(world["clean"]) + 1: 1e-25}
+    f32 = pa.list_(pa.float32())
+    scaled = pa.array([[v * scale.get(i, 1.0) for v in r[2]] for i, r in enumerate(rows)], f32)
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.linalg.norm(np.asarray(scaled[0].as_py(), np.float32)))  # the float32 norm overflows
+    assert main(_byo_args(world, _write_byo(tmp_path / "f32.parquet", rows, scaled), tmp_path / "f32")) == 0
+    assert json.loads((tmp_path / "f32" / "f32" / "karpathy.json").read_text())["metrics"] == ok
+    huge = [[v * 1e300 for v in r[2]] if i == 2 else r[2] for i, r in enumerate(rows)]  # float64 past float32
+    assert main(_byo_args(world, _write_byo(tmp_path / "f64.parquet", rows, huge), tmp_path / "f64")) == 0
+    assert json.loads((tmp_path / "f64" / "f64" / "karpathy.json").read_text())["metrics"] == ok
+    capsys.readouterr()
+    zero = [[0.0] * len(r[2]) if i == 3 else r[2] for i, r in enumerate(rows)]
+    assert main(_byo_args(world, _write_byo(tmp_path / "zero.parquet", rows, zero), tmp_path / "z")) == 3
+    err = capsys.readouterr().err
+    assert f"zero.parquet: image id {rows[3][1]!r} has an all-zero embedding (every value is 0" in err
+
+
 # -- usage checked before any work -------------------------------------------------------------------
 def _unwritable(tmp_path: Path) -> Path:
     """A folder this process cannot create or write (root ignores permission bits: use /proc)."""
