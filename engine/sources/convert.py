@@ -6,7 +6,7 @@ import os
 
 from .. import urls
 from ..errors import UsageError
-from ..suites.karpathy import read_karpathy
+from ..suites.karpathy import merge_repeated_images, read_karpathy
 from .wds import write_shard
 
 __all__ = ["write_karpathy_shards"]
@@ -20,7 +20,7 @@ def write_karpathy_shards(annotations: str, images: str, out: str, *, per_shard:
     (the one file's name when there is one shard)."""
     if per_shard < 1:
         raise UsageError(f"per_shard must be >= 1, got {per_shard}")
-    clean = read_karpathy(annotations)
+    clean, _, _ = merge_repeated_images(annotations, read_karpathy(annotations))  # one sample per image
     n = -(-len(clean) // per_shard)
     for si in range(n):
         batch = clean[si * per_shard:(si + 1) * per_shard]
