@@ -240,7 +240,15 @@ def _file_kind(data: bytes) -> str:
 
 
 def decode_image(ref: ImageRef, data: bytes | None = None, draft=None):
-    """Decode to an RGB PIL image and apply the ref's crop. The Pillow reference decoder.
+    """The PIL image the model's transform receives: the Pillow reference decoder.
+
+    Uncropped, it is ``Image.open``'s image in its own mode (palette, alpha, 1-bit, 16-bit, CMYK, YCbCr,
+    float; a GIF's first frame), loaded: open_clip's eval transform resizes and crops in that mode and
+    converts to RGB after, so converting here first would give other pixels (a palette image resized
+    with nearest, alpha resampled premultiplied, 16-bit values resampled before they are clipped).
+    That is ``preprocess(Image.open(path))``, as open_clip's users run it. A cropped ref (an ARO or
+    hard-positive region) is converted to RGB first and then cropped, as ARO's reference loader does
+    (``Image.open(p).convert('RGB').crop(box)``); its padding outside the image is black.
 
     draft: None (the reference), or ``draft(width, height) -> (w, h) | None``, the smallest size the
     caller needs from a JPEG of that size: the JPEG is then decoded at 1/2, 1/4 or 1/8 scale (libjpeg's
@@ -258,14 +266,13 @@ def decode_image(ref: ImageRef, data: bytes | None = None, draft=None):
         need = draft(*img.size)
         if need is not None:
             img.draft(None, need)  # largest 1/2^k scale whose size still covers `need`; no-op below 2x
-    if img.mode == "RGB":
-        img.load()  # convert("RGB") of an RGB image would only copy it
-    else:
+    img.load()  # decode now: a truncated file fails here, where its failure is recorded
+    if ref.crop is None:
+        return img
+    if img.mode != "RGB":  # convert("RGB") of an RGB image would only copy it
         img = img.convert("RGB")
-    if ref.crop is not None:
-        x, y, w, h = ref.crop
-        img = img.crop((int(x), int(y), int(x + w), int(y + h)))
-    return img
+    x, y, w, h = ref.crop
+    return img.crop((int(x), int(y), int(x + w), int(y + h)))
 
 
 def resolve(root: str | os.PathLike, rel: str) -> str:

@@ -39,7 +39,13 @@ from hardrank.perturb.attack import (
     write_image_candidates,
 )
 from hardrank.perturb.images import variant_name
-from hardrank.suites.karpathy import N_PERTURBED, ROCOCO_TEXT_VARIANTS, image_variant_names, read_karpathy
+from hardrank.suites.karpathy import (
+    N_PERTURBED,
+    ROCOCO_TEXT_VARIANTS,
+    image_variant_names,
+    merge_repeated_images,
+    read_karpathy,
+)
 from hardrank.text import pre_caption
 
 __all__ = ["add_attack_parser", "attack_texts", "attack_images", "TRANSFER_KIND"]
@@ -286,7 +292,7 @@ def attack_images(args) -> int:
         raise UsageError("-k and --size must be >= 1 and --quality in [1, 100]")
     if not root.is_dir():
         raise FileNotFoundError(f"--images {root} is not a folder")
-    clean = read_karpathy(ann)
+    clean, _, _ = merge_repeated_images(ann, read_karpathy(ann))  # one image per path, as the rococo suite
     paths = [im for im, _ in clean]
     pipe = _pipe(args)
     tables = Tables.empty()

@@ -14,7 +14,7 @@ from hardrank.models.openclip import ModelSpec, load_model
 from hardrank.perturb.images import alter_images
 from hardrank.perturb.shards import alter_shards, perturb_shard_texts
 from hardrank.perturb.texts import KINDS, embedding_influence, load_vocab, write_variant_file
-from hardrank.suites.karpathy import N_PERTURBED, read_karpathy
+from hardrank.suites.karpathy import N_PERTURBED, merge_repeated_images, read_karpathy
 
 __all__ = ["add_perturb_parser", "run_perturb"]
 
@@ -158,7 +158,8 @@ def _images(args) -> int:
     images_root = Path(args.images)
     if not images_root.is_dir():
         raise FileNotFoundError(f"--images {images_root} is not a folder")
-    paths = [im for im, _ in read_karpathy(args.annotations)]
+    # one altered copy per image, in the order the suites list them (an image listed twice is one image)
+    paths = [im for im, _ in merge_repeated_images(args.annotations, read_karpathy(args.annotations))[0]]
     name = f"{args.method}_{args.lam:g}_s{args.seed}"  # = hardrank.suites.karpathy.image_variant_names
     report = alter_images(images_root, paths, Path(args.out), method=args.method, lam=args.lam,
                           seed=args.seed, quality=args.quality)

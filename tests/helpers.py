@@ -1,6 +1,7 @@
 """Test helpers: tiny open_clip configs, stand-in images, Karpathy/RoCOCO files, brute-force protocol."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -146,3 +147,66 @@ def write_wds_shards(clean, images_root: Path, out: Path, per_shard: int = 5) ->
                          "txt": "\n".join(item["caption"]),
                          "json": {"captions": item["caption"], "image": item["image"]}})
     return str(out / f"{{00000..{n_shards - 1:05d}}}.tar")
+
+
+def smooth_photo(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
+    """(h, w, 3) uint8: smooth gradients plus noise, so every resample weight matters."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = np.stack([xx * 255 / max(w, 1), yy * 255 / max(h, 1), (xx + yy) * 127 / max(w + h, 1)], -1)
+    return np.clip(base + rng.normal(0, 25, base.shape), 0, 255).astype(np.uint8)
+
+
+@functools.lru_cache(maxsize=1)
+def _pillow_mode_cases() -> dict:
+    """name -> (image, format, save options, the mode Image.open gives): every mode Pillow opens from a file,
+    each saved in a format that keeps it; alpha, transparency and 16/32-bit values are random, so no
+    conversion order can hide."""
+    from PIL import Image
+
+    rng = np.random.default_rng(5)
+    photo = smooth_photo(rng, 90, 60)
+    rgb = Image.fromarray(photo)
+    alpha = Image.fromarray(rng.integers(0, 256, (60, 90), dtype=np.uint8))
+    rgba = rgb.convert("RGBA")
+    rgba.putalpha(alpha)
+    la = rgb.convert("LA")
+    la.putalpha(alpha)
+    pa = rgb.convert("P", palette=Image.Palette.ADAPTIVE, colors=64).convert("PA")
+    pa.putalpha(alpha)
+    wide = (photo[..., 0].astype(np.int64) * 1031 + rng.integers(0, 1000, (60, 90))) % 65536
+    frames = [Image.fromarray(smooth_photo(rng, 90, 60)).convert("P", palette=Image.Palette.ADAPTIVE, colors=32)
+              for _ in range(3)]
+    return {
+        "1": (rgb.convert("1"), "PNG", {}, "1"),
+        "L": (rgb.convert("L"), "PNG", {}, "L"),
+        "LA": (la, "PNG", {}, "LA"),
+        "P": (rgb.convert("P", palette=Image.Palette.ADAPTIVE, colors=37), "PNG", {}, "P"),
+        "P-transparent": (rgb.convert("P", palette=Image.Palette.ADAPTIVE, colors=16), "PNG", {"transparency": 3},
+                          "P"),
+        "PA": (pa, "TIFF", {}, "PA"),
+        "RGBA": (rgba, "PNG", {}, "RGBA"),
+        "RGBA-webp": (rgba, "WEBP", {"lossless": True}, "RGBA"),
+        "CMYK-jpeg": (rgb.convert("CMYK"), "JPEG", {"quality": 92}, "CMYK"),
+        "CMYK-tiff": (Image.fromarray(rng.integers(0, 256, (60, 90, 4), dtype=np.uint8), "CMYK"), "TIFF", {}, "CMYK"),
+        "I;16": (Image.fromarray(wide.astype(np.uint16)), "PNG", {}, "I;16"),
+        "I;16B": (Image.fromarray(wide.astype(np.uint16)).convert("I;16B"), "TIFF", {}, "I;16B"),
+        "I": (Image.fromarray((wide * 7 - 200_000).astype(np.int32)), "TIFF", {}, "I"),
+        "F": (Image.fromarray(photo[..., 1].astype(np.float32) * 1.7 - 40.25), "TIFF", {}, "F"),
+        "YCbCr": (rgb.convert("YCbCr"), "TIFF", {}, "YCbCr"),
+        "LAB": (rgb.convert("LAB"), "TIFF", {}, "LAB"),
+        "GIF": (frames[0], "GIF", {}, "P"),
+        "GIF-transparent": (frames[0], "GIF", {"transparency": 5}, "P"),
+        "GIF-animated": (frames[0], "GIF", {"save_all": True, "append_images": frames[1:], "duration": 50}, "P"),
+    }
+
+
+PILLOW_MODES = ("1", "L", "LA", "P", "P-transparent", "PA", "RGBA", "RGBA-webp", "CMYK-jpeg", "CMYK-tiff", "I;16",
+                "I;16B", "I", "F", "YCbCr", "LAB", "GIF", "GIF-transparent", "GIF-animated")
+
+
+def pillow_mode_image(folder, name: str):
+    """(path, the mode Image.open gives) of one of ``PILLOW_MODES``, written to ``folder``."""
+    img, fmt, kw, mode = _pillow_mode_cases()[name]
+    p = folder / f"mode-{name.replace(';', '_')}.{fmt.lower()}"
+    img.save(p, fmt, **kw)
+    return p, mode

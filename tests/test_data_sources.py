@@ -71,6 +71,17 @@ def test_shard_writer_names_what_it_wrote(tmp_path, world):
     assert [(len(r.samples), len(r.shards)) for r in map(read_samples, (one, many))] == [(12, 1), (12, 3)]
 
 
+def test_shard_writer_writes_an_image_listed_twice_as_one_sample(tmp_path, world):
+    """As the suites score it: one sample per image, holding the captions of all its entries."""
+    entries = [dict(it) for it in world["clean"]]
+    entries.append({"image": entries[4]["image"], "caption": ["listed again"]})
+    f = tmp_path / "twice.json"
+    f.write_text(json.dumps(entries))
+    ss = read_samples(write_karpathy_shards(str(f), str(world["images"]), str(tmp_path / "s"), per_shard=100))
+    assert len(ss.samples) == 12
+    assert ss.samples[4].texts["txt"].splitlines() == [*world["clean"][4]["caption"], "listed again"]
+
+
 def test_a_range_naming_missing_shards_says_which(tmp_path, world):
     pat = write_wds_shards(world["clean"], world["images"], tmp_path / "s", per_shard=5)  # 3 shards: 0..2
     with pytest.raises(FileNotFoundError, match=r"1 of 4 files do not exist.*00003\.tar"):
@@ -160,6 +171,74 @@ def test_corrupt_sample_is_recorded_and_a_damaged_shard_keeps_its_first_samples(
     assert "sample 000000010 and any after it are lost" in err
     assert r["suite_meta"]["samples"] == 10  # 12 written, 2 in the damaged shard lost; the bad image skipped below
     assert r["counts"]["original"]["i2t"]["queries"] == 9
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _jpeg(world, i: int) -> bytes:
+    return (world["images"] / world["clean"][i]["image"]).read_bytes()
+
+
+@pytest.mark.parametrize("layout", ["apart", "adjacent", "parquet"])
+def test_two_samples_with_one_key_are_refused_naming_both(tmp_path, world, model, layout):
+    """Two samples of one shard under one key would be two items with one id (<shard>#<key>), and a variant
+    joined by key could land on either: refused (exit 3) naming both, for eval, mine and the suite alike.
+    `adjacent` (KEY.jpg twice in a row) was one sample whose first image was silently dropped."""
+    a, b, c = (_jpeg(world, i) for i in range(3))
+    if layout == "parquet":
+        src = tmp_path / "p" / "00000.parquet"
+        src.parent.mkdir()
+        pq.write_table(pa.table({"key": ["k0", "k1", "k0"], "caption": ["one", "two", "three"],
+                                 "status": ["success"] * 3, "jpg": [a, b, c]}), src)
+        where = "00000.parquet: two samples have the key 'k0': sample 0 (image "
+    else:
+        order = ["k0", "k1", "k0"] if layout == "apart" else ["k0", "k0", "k1"]
+        src = _tar(tmp_path / "s" / "00000.tar", [m for k, data, cap in zip(order, (a, b, c), ("one", "two", "three"))
+                                                  for m in ((f"{k}.jpg", data), (f"{k}.txt", cap.encode()))])
+        second = 2 if layout == "apart" else 1
+        where = f"00000.tar: two samples have the key 'k0': sample 0 (image k0.jpg at byte 512) and sample {second} "
+    with pytest.raises(DataError, match="re-write the (shard|file) with unique keys") as exc:
+        read_samples(str(src))
+    assert where in str(exc.value)
+    cfg, ck = model
+    common = ["--model", cfg, "--checkpoint", ck, "--device", "cpu", "--store", str(tmp_path / "st"), "--quiet"]
+    assert main(["eval", "--suite", "wds", "--images", str(src), "--out", str(tmp_path / "o"), *common]) == 3
+    assert main(["mine", "--corpus", str(src), "--queries", str(src), "--direction", "t2i", "-k", "1",
+                 "--out", str(tmp_path / "m"), *common]) == 3
+
+
+def test_keys_repeated_across_shards_join_their_own_shards_variant(tmp_path, world):
+    """Keys restart in every shard (a key names a sample within its shard): each sample's altered image and
+    perturbed captions come from the variant shard of its own shard, not from whichever shard was read last."""
+    from hardrank.items import Tables
+    from hardrank.suites import SuiteOptions, load_suites
+
+    for v, first in (("", 0), ("mix_0.9_s1/", 6)):  # the altered images: other images, by shard and key
+        for s in range(2):
+            _tar(tmp_path / "s" / f"{v}0000{s}.tar", [m for i in range(2) for m in (
+                (f"k{i}.jpg", _jpeg(world, first + 2 * s + i)), (f"k{i}.txt", f"shard {s} sample {i}".encode()))])
+    opts = SuiteOptions(images=str(tmp_path / "s" / "{00000..00001}.tar"), image_variants=("mix_0.9",), seeds=(1,))
+    tables = Tables.empty()
+    (suite,) = load_suites(["wds"], tables, opts)
+    i2t, t2i = suite.ranking
+    assert i2t.query_ids == ["00000.tar#k0", "00000.tar#k1", "00001.tar#k0", "00001.tar#k1"]
+    altered = [tables.images.entries[r].uri for r in t2i.gallery_items[t2i.group_bounds[1]:]]
+    assert [u.rsplit("/", 2)[-2:] for u in altered] == [["mix_0.9_s1", f"0000{s}.tar#k{i}.jpg"]
+                                                        for s in range(2) for i in range(2)]
+    for s in range(2):
+        _tar(tmp_path / "s" / "same_concept" / f"0000{s}.tar", [(f"k{i}.txt", (
+            f"shard {s} sample {i}\nshard {s} sample {i} altered").encode()) for i in range(2)])
+    (suite,) = load_suites(["wds"], Tables.empty(), opts)
+    perturbed = suite.ranking[0].gallery_ids[suite.ranking[0].group_bounds[1]:]
+    assert perturbed == [f"shard {s} sample {i} altered" for s in range(2) for i in range(2)]
 
 
 # -- img2dataset's three layouts -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import io
 import numpy as np
 import pytest
 import torch
+from helpers import PILLOW_MODES, pillow_mode_image, smooth_photo
 from PIL import Image
 
 from hardrank.embed import PillowDecoder, make_transform
@@ -22,13 +23,6 @@ CFGS = {
 }
 
 
-def _photo(rng, w, h):
-    """Smooth gradients plus noise: every resample weight matters."""
-    yy, xx = np.mgrid[0:h, 0:w]
-    base = np.stack([xx * 255 / max(w, 1), yy * 255 / max(h, 1), (xx + yy) * 127 / max(w + h, 1)], -1)
-    return np.clip(base + rng.normal(0, 25, base.shape), 0, 255).astype(np.uint8)
-
-
 def _awkward_images(folder, rng):
     """(name, path): every Pillow mode the loaders meet, extreme shapes, EXIF rotation, broken files."""
     out = []
@@ -38,7 +32,7 @@ def _awkward_images(folder, rng):
         img.save(p, fmt, **kw)
         out.append((name, p))
 
-    rgb = Image.fromarray(_photo(rng, 90, 60))
+    rgb = Image.fromarray(smooth_photo(rng, 90, 60))
     save("rgb-jpeg", rgb, "JPEG", quality=90)
     save("rgb-png", rgb, "PNG")
     save("gray", rgb.convert("L"), "PNG")
@@ -51,16 +45,16 @@ def _awkward_images(folder, rng):
     pt = rgb.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
     save("palette-transparent", pt, "PNG", transparency=3)
     save("bilevel", rgb.convert("1"), "PNG")
-    save("i16", Image.fromarray(_photo(rng, 50, 40)[..., 0].astype(np.uint16) * 257), "PNG")
-    save("tiny-1x1", Image.fromarray(_photo(rng, 1, 1)), "PNG")
-    save("tiny-3x2", Image.fromarray(_photo(rng, 3, 2)), "JPEG", quality=95)
-    save("wide-400x2", Image.fromarray(_photo(rng, 400, 2)), "PNG")
-    save("tall-3x700", Image.fromarray(_photo(rng, 3, 700)), "JPEG", quality=85)
-    save("big-1600x1200", Image.fromarray(_photo(rng, 1600, 1200)), "JPEG", quality=80)
-    save("exact-size", Image.fromarray(_photo(rng, 32, 32)), "PNG")
+    save("i16", Image.fromarray(smooth_photo(rng, 50, 40)[..., 0].astype(np.uint16) * 257), "PNG")
+    save("tiny-1x1", Image.fromarray(smooth_photo(rng, 1, 1)), "PNG")
+    save("tiny-3x2", Image.fromarray(smooth_photo(rng, 3, 2)), "JPEG", quality=95)
+    save("wide-400x2", Image.fromarray(smooth_photo(rng, 400, 2)), "PNG")
+    save("tall-3x700", Image.fromarray(smooth_photo(rng, 3, 700)), "JPEG", quality=85)
+    save("big-1600x1200", Image.fromarray(smooth_photo(rng, 1600, 1200)), "JPEG", quality=80)
+    save("exact-size", Image.fromarray(smooth_photo(rng, 32, 32)), "PNG")
     exif = Image.Exif()
     exif[0x0112] = 6  # orientation: rotate 90 CW to display (neither path applies it: the model's transform doesn't)
-    save("exif-rotated", Image.fromarray(_photo(rng, 70, 40)), "JPEG", quality=90, exif=exif.tobytes())
+    save("exif-rotated", Image.fromarray(smooth_photo(rng, 70, 40)), "JPEG", quality=90, exif=exif.tobytes())
     save("gif-frame", rgb.convert("P"), "GIF")
     save("webp", rgb, "WEBP", quality=80)
     data = (folder / "rgb-jpeg.jpeg").read_bytes()
@@ -75,10 +69,17 @@ def _awkward_images(folder, rng):
 
 
 def _reference(cfg, ref):
-    """The model's own transform on one image: (pixels, None), or (None, reason) where it fails."""
+    """open_clip's transform on one image as its users load it: (pixels, None), or (None, the reason the
+    decoder records) where the file cannot be read. Uncropped: ``Image.open(path)`` as it is; a crop box:
+    ``Image.open(path).convert('RGB').crop(box)``, as ARO's loader does."""
     try:
-        return make_transform(cfg)(decode_image(ref)), None
-    except Exception as exc:
+        decode_image(ref)  # an unreadable file: the reason as the decoder words it
+        with Image.open(ref.uri) as im:
+            if ref.crop is not None:
+                x, y, w, h = ref.crop
+                im = im.convert("RGB").crop((int(x), int(y), int(x + w), int(y + h)))
+            return _open_clip_transform(cfg)(im), None
+    except Exception as exc:  # also where the transform itself fails (a 400x2 image resized to fit: 0 rows)
         return None, failure_reason(exc)
 
 
@@ -108,11 +109,77 @@ def test_pillow_decoder_bit_identical_to_transform(tmp_path, cfg_name, threads):
     assert not any(out["ok"][i] for i, n in enumerate(names) if n in broken)
 
 
+def _open_clip_transform(cfg):
+    """open_clip's own eval transform for ``cfg``, built by open_clip (not by hardrank's make_transform)."""
+    import open_clip
+
+    return open_clip.image_transform(cfg["size"] if isinstance(cfg["size"], int) else tuple(cfg["size"]),
+                                     is_train=False, mean=cfg.get("mean"), std=cfg.get("std"),
+                                     resize_mode=cfg.get("resize_mode"), interpolation=cfg.get("interpolation"),
+                                     fill_color=cfg.get("fill_color", 0))
+
+
+@pytest.mark.parametrize("mode", PILLOW_MODES)
+@pytest.mark.parametrize("cfg_name", sorted(CFGS))
+@pytest.mark.parametrize("draft", [False, True], ids=["pillow", "pillow-draft"])
+def test_every_pillow_mode_gets_open_clips_own_transform_bit_for_bit(tmp_path, mode, cfg_name, draft):
+    """``preprocess(Image.open(path))`` as open_clip's users run it: open_clip resizes and crops in the image's
+    own mode and converts to RGB after (a palette image resizes with nearest, alpha premultiplied, 16-bit
+    values before clipping), so the decoder must not convert first. pillow-draft reduces no image here (none
+    is a JPEG of twice the resized size), so it must give the same bits too; and the image-by-image path
+    (a transform the decoder cannot split) as well."""
+    cfg = CFGS[cfg_name]
+    p, opened = pillow_mode_image(tmp_path, mode)
+    with Image.open(p) as im:
+        assert im.mode == opened  # the case really is the mode it names
+        want = _open_clip_transform(cfg)(im)
+    dec = PillowDecoder(cfg, threads=2, draft=draft)
+    unfused = PillowDecoder(cfg, threads=1, draft=draft)
+    unfused.fused = False
+    for d in (dec, unfused):
+        out = d({"ref": [ImageRef(str(p)), ImageRef(str(p))]})  # two rows: the batched path
+        assert out["ok"].all(), out["error"]
+        for got in out["pixels"]:
+            assert torch.equal(got, want), (mode, d.fused, float((got - want).abs().max()))
+
+
+def test_an_animated_gif_is_its_first_frame_as_pillow_opens_it(tmp_path):
+    rng = np.random.default_rng(6)
+    frames = [Image.fromarray(smooth_photo(rng, 64, 48)).convert("P", palette=Image.Palette.ADAPTIVE, colors=32)
+              for _ in range(3)]
+    p = tmp_path / "anim.gif"
+    frames[0].save(p, "GIF", save_all=True, append_images=frames[1:], duration=40, loop=0)
+    cfg = CFGS["toy-shortest-bicubic"]
+    got = PillowDecoder(cfg, threads=1)({"ref": [ImageRef(str(p))]})["pixels"][0]
+    with Image.open(p) as im:
+        assert im.n_frames == 3
+        first = _open_clip_transform(cfg)(im)
+        im.seek(1)
+        second = _open_clip_transform(cfg)(im)
+    assert torch.equal(got, first) and not torch.equal(got, second)
+
+
+def test_a_cropped_region_is_converted_then_cropped_as_aros_loader_does(tmp_path):
+    """ARO (and the hard-positive SWAP crops) load ``Image.open(p).convert('RGB').crop(box)``: the crop's
+    padding outside the image is black even for a palette image whose index 0 is not."""
+    rng = np.random.default_rng(7)
+    pal = Image.fromarray(smooth_photo(rng, 60, 40)).convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    pal.putpalette([250, 10, 10] + list(pal.getpalette()[3:]))  # index 0 is red
+    p = tmp_path / "pal.png"
+    pal.save(p)
+    cfg = CFGS["toy-shortest-bicubic"]
+    box = (40, 20, 50, 40)  # runs past the right and bottom edges
+    got = PillowDecoder(cfg, threads=1)({"ref": [ImageRef(str(p), crop=box)]})["pixels"][0]
+    with Image.open(p) as im:
+        want = _open_clip_transform(cfg)(im.convert("RGB").crop((40, 20, 90, 60)))
+    assert torch.equal(got, want)
+
+
 def test_pillow_decoder_batch_edges(tmp_path):
     """Empty batch, one image, more threads than images: same bits as the transform."""
     cfg = CFGS["toy-shortest-bicubic"]
     p = tmp_path / "a.png"
-    Image.fromarray(_photo(np.random.default_rng(1), 33, 45)).save(p)
+    Image.fromarray(smooth_photo(np.random.default_rng(1), 33, 45)).save(p)
     dec = PillowDecoder(cfg, threads=8)
     empty = dec({"ref": []})
     assert empty["pixels"].shape == (0, 3, 32, 32) and len(empty["ok"]) == 0
@@ -128,7 +195,7 @@ def test_unfused_transform_runs_whole(tmp_path):
     dec.transform.transforms.append(extra)
     assert _split_transform(dec.transform) is None
     p = tmp_path / "a.jpg"
-    Image.fromarray(_photo(np.random.default_rng(2), 50, 20)).save(p, quality=90)
+    Image.fromarray(smooth_photo(np.random.default_rng(2), 50, 20)).save(p, quality=90)
     dec.fused = False
     out = dec({"ref": [ImageRef(str(p))]})
     want = make_transform(cfg)(decode_image(ImageRef(str(p))))
@@ -138,7 +205,7 @@ def test_unfused_transform_runs_whole(tmp_path):
 def test_rgb_decode_skips_copy_but_matches_convert(tmp_path):
     """decode_image's RGB shortcut (no convert copy) gives the pixels convert('RGB') gives."""
     p = tmp_path / "a.jpg"
-    Image.fromarray(_photo(np.random.default_rng(3), 64, 48)).save(p, quality=90)
+    Image.fromarray(smooth_photo(np.random.default_rng(3), 64, 48)).save(p, quality=90)
     img = decode_image(ImageRef(str(p)))
     assert img.mode == "RGB"
     want = Image.open(io.BytesIO(p.read_bytes())).convert("RGB")
@@ -165,7 +232,7 @@ def test_pillow_draft_exact_where_it_cannot_reduce_and_close_where_it_does(tmp_p
         assert torch.equal(out["pixels"][i], want["pixels"][i]), name
     for photo_size in [(640, 480), (1024, 768), (333, 1000)]:
         p = tmp_path / f"photo_{photo_size[0]}.jpg"
-        Image.fromarray(_photo(rng, *photo_size)).save(p, quality=92)
+        Image.fromarray(smooth_photo(rng, *photo_size)).save(p, quality=92)
         ref = ImageRef(str(p))
         got, ref_px = dec({"ref": [ref]})["pixels"][0], exact({"ref": [ref]})["pixels"][0]
         assert not torch.equal(got, ref_px)  # it did reduce

@@ -404,6 +404,66 @@ def test_byo_duplicated_and_malformed_embeddings(world, tmp_path, capsys):
     assert f"id {rows[4][1]!r} has a NaN or infinite value" in capsys.readouterr().err
 
 
+def test_byo_vectors_of_any_finite_magnitude_score_as_their_direction(world, tmp_path, capsys):
+    """A float32 vector x 1e20 (its float32 norm overflows to inf), x 1e-25 (its squares underflow to 0)
+    and a float64 vector x 1e300 (past float32's range) are the same directions: the same metrics.
+    Only a vector of zeros has none: refused by name as all-zero."""
+    rows = _byo_rows(world)
+    ok_file = _write_byo(tmp_path / "ok.parquet", rows)
+    assert main(_byo_args(world, ok_file, tmp_path / "ok")) == 0
+    ok = json.loads((tmp_path / "ok" / "ok" / "karpathy.json").read_text())["metrics"]
+    scale = {0: 1e20, 1: 1e-25, len(world["clean"]): 1e20, len(world["clean"]) + 1: 1e-25}
+    f32 = pa.list_(pa.float32())
+    scaled = pa.array([[v * scale.get(i, 1.0) for v in r[2]] for i, r in enumerate(rows)], f32)
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.linalg.norm(np.asarray(scaled[0].as_py(), np.float32)))  # the float32 norm overflows
+    assert main(_byo_args(world, _write_byo(tmp_path / "f32.parquet", rows, scaled), tmp_path / "f32")) == 0
+    assert json.loads((tmp_path / "f32" / "f32" / "karpathy.json").read_text())["metrics"] == ok
+    huge = [[v * 1e300 for v in r[2]] if i == 2 else r[2] for i, r in enumerate(rows)]  # float64 past float32
+    assert main(_byo_args(world, _write_byo(tmp_path / "f64.parquet", rows, huge), tmp_path / "f64")) == 0
+    assert json.loads((tmp_path / "f64" / "f64" / "karpathy.json").read_text())["metrics"] == ok
+    capsys.readouterr()
+    zero = [[0.0] * len(r[2]) if i == 3 else r[2] for i, r in enumerate(rows)]
+    assert main(_byo_args(world, _write_byo(tmp_path / "zero.parquet", rows, zero), tmp_path / "z")) == 3
+    err = capsys.readouterr().err
+    assert f"zero.parquet: image id {rows[3][1]!r} has an all-zero embedding (every value is 0" in err
+
+
+def test_an_image_listed_twice_in_the_annotations_is_scored_once(world, tmp_path, caplog):
+    """The file lists image 2 twice, its captions split over the two entries: the same metrics and counts as
+    the file listing it once (not two gallery items competing for its captions), a warning, and the record."""
+    rows = _byo_rows(world)
+    emb = _write_byo(tmp_path / "emb.parquet", rows)
+    assert main(_byo_args(world, emb, tmp_path / "once")) == 0
+    once = json.loads((tmp_path / "once" / "emb" / "karpathy.json").read_text())
+    entries = [dict(it) for it in world["clean"]]
+    im, caps = entries[2]["image"], entries[2]["caption"]
+    entries[2]["caption"] = caps[:2]
+    entries.append({"image": im, "caption": caps[2:]})
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps(entries))
+    args = _byo_args(world, emb, tmp_path / "twice")
+    args[args.index("--annotations") + 1] = str(twice)
+    with caplog.at_level(logging.WARNING):
+        assert main(args) == 0
+    got = json.loads((tmp_path / "twice" / "emb" / "karpathy.json").read_text())
+    assert got["counts"] == once["counts"] and got["metrics"] == once["metrics"]
+    assert f"twice.json: 1 image(s) listed more than once (e.g. {im!r} at entries [2, {len(entries) - 1}])" \
+        in caplog.text
+    assert got["suite_meta"]["repeated_images"] == {"images": 1, "entries": len(entries),
+                                                    "examples": {im: [2, len(entries) - 1]}}
+
+
+def test_perturb_images_alters_an_image_listed_twice_once(world, tmp_path):
+    """One altered copy per image, as the suites score it (it stopped with 'two inputs map to the same output')."""
+    entries = [dict(it) for it in world["clean"]] + [{"image": world["clean"][0]["image"], "caption": ["again"]}]
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps(entries))
+    assert main(["perturb", "images", "--method", "mix", "--images", str(world["images"]), "--annotations", str(twice),
+                 "--out", str(tmp_path / "alt")]) == 0
+    assert len(list((tmp_path / "alt" / "mix_0.9_s1").rglob("*.jpg"))) == N_IMAGES
+
+
 # -- usage checked before any work -------------------------------------------------------------------
 def _unwritable(tmp_path: Path) -> Path:
     """A folder this process cannot create or write (root ignores permission bits: use /proc)."""

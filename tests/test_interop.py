@@ -155,6 +155,28 @@ def test_vector_rows_is_a_lazy_normalised_array(world):
     np.testing.assert_array_equal(np.asarray(pickle.loads(pickle.dumps(v[10:20]))), full[10:20])
 
 
+def test_vector_rows_normalise_any_finite_magnitude_and_name_a_zero_row(world, tmp_path):
+    """float32 parts (clip-retrieval writes float16; float32 is allowed): a row x 1e20, whose float32 norm
+    overflows, and one x 1e-25, whose squares underflow, read as their directions; a zero row is named."""
+    import shutil
+
+    cr = tmp_path / "cr"
+    shutil.copytree(world["cr"], cr)
+    part = cr / "img_emb" / "img_emb_00.npy"
+    x = np.load(part).astype(np.float32)
+    want = np.asarray(ClipRetrievalFolder(world["cr"]).vectors("image"))
+    x[0] *= np.float32(1e20)
+    x[1] *= np.float32(1e-25)
+    np.save(part, x)
+    got = np.asarray(ClipRetrievalFolder(cr).vectors("image"))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-7)
+    np.testing.assert_array_equal(got[2:], want[2:])
+    x[1] = 0
+    np.save(part, x)
+    with pytest.raises(DataError, match=r"img_emb_00.npy: row 1 has an all-zero embedding"):
+        np.asarray(ClipRetrievalFolder(cr).vectors("image"))
+
+
 # -- mining from a clip-retrieval folder -------------------------------------------------------------
 def _mined(out: Path) -> dict:
     return pq.read_table(sorted((out / "negatives").glob("part-*.parquet"))).to_pydict()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import save_random_checkpoint, write_tiny_config
+from helpers import PILLOW_MODES, pillow_mode_image, save_random_checkpoint, write_tiny_config
 
 from hardrank import EmbeddingStore, ModelSpec, load_model
 from hardrank.embed import PillowDecoder, embed_tables, encode_text
@@ -172,6 +172,33 @@ def test_dali_failures_and_fallbacks_match_pillow(tmp_path):
     assert again["ok"].all() and calls == [3, 1, 1, 1]  # the batch, then image by image
     assert torch.equal(again["pixels"][[0, 2]], clean["pixels"][[0, 2]])
     assert torch.equal(again["pixels"][1], ref["pixels"][-1])  # Pillow decoded the poisoned one
+
+
+def test_dali_gives_open_clips_transform_for_every_pillow_mode(tmp_path):
+    """DALI takes 8-bit RGB and greyscale JPEG/PNG only (greyscale resized then replicated to RGB, as open_clip
+    does it, equals replicated then resized, within the bound); every other mode goes to the Pillow path, whose
+    pixels are open_clip's transform of ``Image.open(path)`` bit for bit (resized in the image's own mode)."""
+    import open_clip
+    from PIL import Image
+
+    from hardrank.embed.dali import DaliDecoder
+
+    cfg = {**CLIP_CFG, "size": 32, "interpolation": "bicubic"}
+    transform = open_clip.image_transform(32, is_train=False, mean=tuple(cfg["mean"]), std=tuple(cfg["std"]))
+    paths = {m: pillow_mode_image(tmp_path, m)[0] for m in PILLOW_MODES}
+    dali = DaliDecoder(cfg, threads=1, batch_size=8)
+    refs = [ImageRef(str(p)) for p in paths.values()]
+    out = dali({"ref": refs})
+    assert out["ok"].all(), out["error"]
+    taken = [m for m, r in zip(paths, refs) if dali._read(r) is not None]
+    assert taken == ["L"]
+    for i, (m, p) in enumerate(paths.items()):
+        with Image.open(p) as im:
+            want = transform(im)
+        if m in taken:
+            assert float((out["pixels"][i] - want).abs().max()) <= MAX_ABS, m
+        else:
+            assert torch.equal(out["pixels"][i], want), (m, float((out["pixels"][i] - want).abs().max()))
 
 
 def test_text_batches_trimmed_to_longest_caption(tiny):

@@ -79,3 +79,41 @@ def test_karpathy_format_errors(tmp_path):
     (tmp_path / "k3.json").write_text("{not json")
     with pytest.raises(SuiteFormatError, match="not valid JSON"):
         read_karpathy(tmp_path / "k3.json")
+
+
+@pytest.mark.parametrize("suite", ["karpathy", "rococo", "coco_order"])
+def test_an_image_listed_twice_is_one_image_with_the_captions_of_both_entries(tmp_path, suite, caplog):
+    """BLIP's and RoCOCO's dataset code would make each listing a gallery item of its own (the copies then
+    compete: R@1 drops); hardrank merges the entries at the first one, warns and records it."""
+    clean = [("a.jpg", ["a one", "a two"]), ("b.jpg", ["b one", "b two", "b three"]), ("c.jpg", ["c one"]),
+             ("a.jpg", ["a three"])]
+    merged = [("a.jpg", ["a one", "a two", "a three"]), ("b.jpg", ["b one", "b two", "b three"]),
+              ("c.jpg", ["c one"])]
+
+    def files(folder, entries):
+        folder.mkdir()
+        _write(folder / "coco_karpathy_test.json", [{"image": im, "caption": caps} for im, caps in entries])
+        _write(folder / "same_concept.json", [{"image": im, "caption": caps + [f"{c} x" for c in caps[:5]]}
+                                              for im, caps in entries])
+        for v in ("mix_0.9_s1",):
+            (tmp_path / "images" / v).mkdir(parents=True, exist_ok=True)
+        return SuiteOptions(annotations=str(folder), images=str(tmp_path / "images"), image_variants=("mix_0.9",),
+                            seeds=(1,), text_variants=("same_concept",) if suite == "rococo" else None)
+
+    with caplog.at_level("WARNING", logger="hardrank.suites"):
+        (got,) = load_suites([suite], Tables.empty(), files(tmp_path / "twice", clean))
+    assert "1 image(s) listed more than once (e.g. 'a.jpg' at entries [0, 3])" in caplog.text
+    assert got.meta["repeated_images"] == {"images": 1, "entries": 4, "examples": {"a.jpg": [0, 3]}}
+    caplog.clear()
+    (want,) = load_suites([suite], Tables.empty(), files(tmp_path / "once", merged))
+    assert not caplog.text and "repeated_images" not in want.meta
+    if suite == "coco_order":
+        assert got.choice[0].ids == want.choice[0].ids == [f"{im}#{j}" for im, caps in merged for j in range(len(caps))]
+        return
+    for g, w in zip(got.ranking, want.ranking):
+        assert g.query_ids == w.query_ids and g.gallery_ids == w.gallery_ids and g.groups == w.groups
+        assert g.pos_ptr.tolist() == w.pos_ptr.tolist() and g.pos_idx.tolist() == w.pos_idx.tolist()
+        assert g.group_bounds.tolist() == w.group_bounds.tolist()
+    i2t, t2i = got.ranking
+    assert i2t.query_ids == ["a.jpg", "b.jpg", "c.jpg"]
+    assert t2i.gallery_ids.count("a.jpg") == 1 and (suite == "karpathy" or "mix_0.9_s1/a.jpg" in t2i.gallery_ids)

@@ -22,9 +22,12 @@ __all__ = ["DaliDecoder"]
 
 log = logging.getLogger("hardrank.dali")
 
-# Images DALI decodes exactly like Pillow's ``convert("RGB")``: 8-bit RGB / greyscale JPEG and PNG.
-# Anything else (CMYK, palette, alpha, 16-bit, GIF, WebP...) or a file whose header or end marker
-# looks wrong goes to the Pillow reference path, which decodes it or records why it cannot.
+# Images DALI takes: 8-bit RGB / greyscale JPEG and PNG, decoded to RGB (open_clip resizes a greyscale
+# image before converting it; resizing the three equal channels is the same, within the tested bound).
+# Anything else (1-bit, palette, alpha, 16-bit, CMYK, GIF, WebP, TIFF...), whose pixels depend on
+# open_clip resizing in the image's own mode and converting after, or a file whose header or end marker
+# looks wrong, goes to the Pillow reference path, which runs the model's transform exactly or records why
+# it cannot.
 _DALI_RAW = {"JPEG": ("RGB", "L"), "PNG": ("RGB", "L")}
 _END = {"JPEG": b"\xff\xd9", "PNG": b"IEND\xaeB`\x82"}
 

@@ -37,7 +37,9 @@ def make_transform(preprocess_cfg: dict):
 
 class PillowDecoder:
     """Stage: ``{"ref": [ImageRef]}`` -> ``{"pixels": (B, 3, H, W) float32, "ok": (B,) bool,
-    "error": [str|None]}``, equal bit for bit to the model's own transform run image by image.
+    "error": [str|None]}``, equal bit for bit to the model's own transform run image by image on
+    ``Image.open(path)`` (``decode_image``: every mode as Pillow opens it; the transform resizes and
+    crops in that mode and converts to RGB after, as open_clip's users get it).
 
     Threads run the Pillow part of the transform (decode, resize, crop: Pillow releases the GIL in
     each) up to 8-bit pixels, written into one ``(B, H, W, 3) uint8`` batch; ``ToTensor`` + ``Normalize``

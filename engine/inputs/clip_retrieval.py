@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from hardrank.errors import DataError
 from hardrank.text import pre_caption
+from hardrank.vectors import unit_rows
 
 __all__ = ["ClipRetrievalFolder", "VectorRows", "is_clip_retrieval_folder", "match_tables", "KINDS"]
 
@@ -252,16 +253,11 @@ class VectorRows:
         return self._normalised(out, rows)
 
     def _normalised(self, x: np.ndarray, where) -> np.ndarray:
-        norms = np.linalg.norm(x, axis=1, keepdims=True)
-        bad = ~np.isfinite(norms[:, 0]) | (norms[:, 0] == 0)
-        if bad.any():
-            j = int(np.flatnonzero(bad)[0])
+        def name(j: int) -> str:
             g = int(where + j) if isinstance(where, int) else int(where[j])
             i = int(np.searchsorted(self.starts, g, side="right")) - 1
-            raise DataError(f"{self.files[i]}: row {g - int(self.starts[i])} is all zeros or holds NaN/inf; "
-                            f"every embedding must be a finite non-zero vector (drop the sample or re-embed it)")
-        x /= norms
-        return x
+            return f"{self.files[i]}: row {g - int(self.starts[i])}"
+        return unit_rows(x, name, out=x)  # x: this read's own float32 buffer
 
 
 # -- bring-your-own evaluation: the suites' ids matched in a streamed pass over the metadata ----------

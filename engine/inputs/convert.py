@@ -7,7 +7,7 @@ import os
 from hardrank import urls
 from hardrank.errors import UsageError
 from hardrank.inputs.webdataset import write_shard
-from hardrank.suites.karpathy import read_karpathy
+from hardrank.suites.karpathy import merge_repeated_images, read_karpathy
 
 __all__ = ["write_karpathy_shards"]
 
@@ -20,7 +20,7 @@ def write_karpathy_shards(annotations: str, images: str, out: str, *, per_shard:
     (the one file's name when there is one shard)."""
     if per_shard < 1:
         raise UsageError(f"per_shard must be >= 1, got {per_shard}")
-    clean = read_karpathy(annotations)
+    clean, _, _ = merge_repeated_images(annotations, read_karpathy(annotations))  # one sample per image
     n = -(-len(clean) // per_shard)
     for si in range(n):
         batch = clean[si * per_shard:(si + 1) * per_shard]

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from hardrank.errors import DataError
 from hardrank.items import Tables
+from hardrank.vectors import unit_rows
 
 __all__ = ["load_embedding_file", "match_ids"]
 
@@ -20,7 +21,8 @@ _COLUMNS = ("kind", "id", "embedding")
 def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarray]]:
     """{kind: (ids, (n, d) float32 L2-normalised)} from a Parquet file with columns kind, id, embedding.
     Every problem (missing or mistyped column, null, duplicated id, NaN, all-zero vector) raises a
-    DataError naming the file and the first offending id."""
+    DataError naming the file and the first offending id. Vectors of any finite magnitude are
+    normalised to their direction (``vectors.unit_rows``: x 1e20 or x 1e-25 scores as the vector itself)."""
 
     path = Path(path)
     if not path.is_file():
@@ -65,20 +67,19 @@ def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarr
             first = int(np.nonzero(lengths != lengths[0])[0][0])
             raise DataError(f"{path}: {kind} embeddings have different lengths ({lengths[0]} vs {lengths[first]} "
                             f"at {kind} row {first}, id {ids[first]!r})")
+        if lengths[0] == 0:
+            raise DataError(f"{path}: {kind} embeddings are empty lists (id {ids[0]!r}); each row needs its vector")
         flat = pc.list_flatten(col)
         if flat.null_count:
             raise DataError(f"{path}: {kind} embeddings hold {flat.null_count} null value(s)")
-        emb = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(lengths), -1)
+        # the file's own dtype until normalised: a float64 value past float32's range is still a direction
+        emb = np.asarray(flat.to_numpy(zero_copy_only=False)).reshape(len(lengths), -1)
         finite = np.isfinite(emb).all(1)
         if not finite.all():
             raise DataError(f"{path}: {kind} id {ids[int(np.nonzero(~finite)[0][0])]!r} has a NaN or infinite "
                             f"value in its embedding ({int((~finite).sum())} such row(s))")
         ids, emb = _one_row_per_id(path, kind, ids, emb)
-        norms = np.linalg.norm(emb, axis=1, keepdims=True)
-        if (norms == 0).any():
-            raise DataError(f"{path}: {kind} id {ids[int(np.nonzero(norms[:, 0] == 0)[0][0])]!r} "
-                            f"has an all-zero embedding")
-        out[kind] = (ids, emb / norms)
+        out[kind] = (ids, unit_rows(emb, lambda j, ids=ids, kind=kind: f"{path}: {kind} id {ids[j]!r}"))
     dims = {v[1].shape[1] for v in out.values()}
     if len(dims) > 1:
         raise DataError(f"{path}: image and text embeddings differ in dimension {sorted(dims)}")

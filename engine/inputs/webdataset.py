@@ -57,7 +57,7 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")  # the 
 _TEXT_EXTS = ("txt", "json", "cls", "caption")
 _MAX_TEXT = 1 << 20
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # WebDataset's key/extension split: first dot of the basename
-_SCAN_VERSION = 1
+_SCAN_VERSION = 2  # 2: a file name repeated within a sample starts another sample (then refused by key)
 _scanner: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("hardrank_wds_scanner", default=None)
 
 
@@ -172,7 +172,9 @@ def _scan(shard: str, hash_images: bool, size: int) -> ShardScan:
                     continue
                 key, ext = km.group(1), km.group(2).lower()
                 end = off + msize
-                if cur is None or cur["key"] != key:
+                # a file name already in the sample (KEY.jpg twice in a row) is another sample with the same
+                # key, as older webdataset splits it (webdataset 1.0 raises): refused by key in read_shards
+                if cur is None or cur["key"] != key or ext in cur["members"] or ext in cur["texts"]:
                     close(cur)
                     cur = {"key": key, "members": {}, "texts": {}}
                 if ext in IMAGE_EXTS:
@@ -362,11 +364,35 @@ def read_shards(shards: list[str], *, hash_images: bool = True, source: str | No
     root = _common_dir(shards)
     samples = []
     for sc in scans:
+        _refuse_repeated_keys(sc.shard, sc.samples, "shard")
         name = _rel(sc.shard, root)
         for s in sc.samples:
             s.id = f"{name}#{s.key}"
             samples.append(s)
     return SampleSet("webdataset", source or ",".join(shards), samples, shards, [sc.error for sc in scans if sc.error])
+
+
+def _refuse_repeated_keys(container: str, samples: list[Sample], what: str) -> None:
+    """Two samples of one shard (or Parquet file) under one key would be two items with one id
+    (``<shard>#<key>``), and a caption variant or altered image joined by key could land on either: a
+    DataError naming both (their positions in the shard, and where their images are)."""
+    first: dict[str, int] = {}
+    for i, s in enumerate(samples):
+        j = first.setdefault(s.key, i)
+        if j != i:
+            where = [f"sample {n}" + (f" (image {_member_name(samples[n].image)})" if samples[n].image else "")
+                     for n in (j, i)]
+            raise DataError(f"{container}: two samples have the key {s.key!r}: {where[0]} and {where[1]} of the "
+                            f"{what}; a key names one sample (WebDataset groups a sample's files by it, and hardrank "
+                            f"names a sample <{what}>#<key>): re-write the {what} with unique keys")
+
+
+def _member_name(uri: str) -> str:
+    """A tar member uri as ``name at byte offset``; other uris as they are."""
+    if not urls.is_member_uri(uri):
+        return uri
+    _, off, _, member = urls.parse_member_uri(uri)
+    return f"{member} at byte {off}"
 
 
 def _files_samples(folder: str) -> SampleSet:
@@ -423,6 +449,7 @@ def _parquet_samples(spec: str, files: list[str]) -> SampleSet:
             samples.append(Sample(id=f"{name}#{keys[i]}", key=str(keys[i]),
                                   image=parquet_uri(local, i, col) if ok else None,
                                   texts={c: v[i] for c, v in cols.items() if v[i] is not None}))
+        _refuse_repeated_keys(f, samples[len(samples) - n:], "file")
     return SampleSet("parquet", spec, samples, files, errors)
 
 

@@ -45,7 +45,9 @@ __all__ = ["ModelSpec", "LoadedModel", "load_model", "resolve_arch", "file_hash"
 log = logging.getLogger("hardrank.models.openclip")
 _BUNDLED = DATA_DIR / "models"
 _registered: set[str] = set()
-EMBED_VERSION = 1  # bump when encoding semantics change: it is part of every fingerprint
+EMBED_VERSION = 2  # bump when encoding semantics change: it is part of every fingerprint
+# 2: images reach the transform in the mode Image.open gives (1, P, RGBA, CMYK, 16-bit ... resized before
+#    their RGB conversion, as open_clip does): embeddings of such images stored under 1 are not reused
 _PREPROCESS_KEYS = ("mean", "std", "interpolation", "resize_mode")  # what a pretrained tag may set
 # weights file names in a hub snapshot or local-dir folder, in open_clip's order of preference
 _WEIGHT_NAMES = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors", "open_clip_pytorch_model.bin",

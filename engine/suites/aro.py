@@ -12,7 +12,7 @@ import numpy as np
 from hardrank.items import ImageRef, Tables
 from hardrank.scoring.choice_macro import ChoiceAggregate, attach_aggregates
 from hardrank.suites._common import SuiteFormatError, SuiteOptions, find_annotation, read_bbox, read_json, require_keys
-from hardrank.suites.karpathy import read_karpathy
+from hardrank.suites.karpathy import merge_repeated_images, read_karpathy
 from hardrank.tasks import ChoiceTask, Suite
 from hardrank.text import pre_caption
 
@@ -269,7 +269,7 @@ def _load_order(tables: Tables, opts: SuiteOptions, name: str, default_name: str
     ann = find_annotation(opts, default_name, f"suite {name}")
     errors = [] if opts.images is not None else [
         ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")]
-    clean = read_karpathy(ann)
+    clean, _, repeated = merge_repeated_images(ann, read_karpathy(ann))
     images = Path(opts.images or "")  # no --images: the paths as written (ids for bring-your-own embeddings)
     img_rows = tables.images.add_many(ImageRef(os.fspath(images / im)) for im, _ in clean)
     tagger = order_tagger()
@@ -302,7 +302,8 @@ def _load_order(tables: Tables, opts: SuiteOptions, name: str, default_name: str
                        "seeds": list(opts.seeds), "perturbations": list(ORDER_PERTURBATIONS),
                        "perturbed_equal_original": same,
                        "pos_tagger": tagger.name, "trigram_tokenizer": tagger.tokenizer,
-                       "normalise": f"pre_caption(max_words={max_words}) on the original and on each shuffle"})
+                       "normalise": f"pre_caption(max_words={max_words}) on the original and on each shuffle",
+                       **({"repeated_images": repeated} if repeated else {})})
 
 
 def load_coco_order(tables: Tables, opts: SuiteOptions, name: str = "coco_order") -> Suite:

@@ -1,6 +1,7 @@
 """COCO/Flickr Karpathy-format retrieval and RoCOCO (perturbed captions, altered images)."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,10 @@ from hardrank.suites._common import SuiteFormatError, SuiteOptions, find_annotat
 from hardrank.tasks import RankingTask, Suite
 from hardrank.text import pre_caption
 
-__all__ = ["read_karpathy", "read_rococo_variant", "build_retrieval", "load_karpathy", "load_rococo",
-           "ROCOCO_TEXT_VARIANTS", "image_variant_names"]
+__all__ = ["read_karpathy", "read_rococo_variant", "merge_repeated_images", "build_retrieval", "load_karpathy",
+           "load_rococo", "ROCOCO_TEXT_VARIANTS", "image_variant_names"]
+
+log = logging.getLogger("hardrank.suites")
 
 ROCOCO_TEXT_VARIANTS = ("same_concept", "diff_concept", "rand_voca", "danger")
 N_PERTURBED = 5
@@ -66,6 +69,34 @@ def read_rococo_variant(path: str | Path, clean: list[tuple[str, list[str]]]) ->
                                    f"{n} originals, expected {min(n, N_PERTURBED)}")
         out.append(pert)
     return out
+
+
+def merge_repeated_images(path, clean: list[tuple[str, list[str]]], variants: dict[str, list[list[str]]] | None = None,
+                          ) -> tuple[list[tuple[str, list[str]]], dict[str, list[list[str]]], dict]:
+    """One entry per image path: an image the file lists more than once (a file with one entry per
+    caption, or two files joined) is one image, at its first entry, whose captions are those of all its
+    entries in file order; each variant's perturbed captions follow the same entries (``variants``: per
+    entry, as ``read_rococo_variant`` returns them). BLIP's and RoCOCO's dataset code would make every
+    listing its own gallery item, so the copies of one image would compete with each other (R@1 drops).
+    Returns (clean, variants, record): ``record`` is empty when nothing repeats, else {"images",
+    "entries", "examples": {path: [entry indices]}} for the suite's meta; a repeat is logged as a warning."""
+    variants = variants or {}
+    at: dict[str, list[int]] = {}
+    for i, (im, _) in enumerate(clean):
+        at.setdefault(im, []).append(i)
+    if len(at) == len(clean):
+        return clean, variants, {}
+    groups = list(at.values())
+    merged = [(clean[g[0]][0], [c for i in g for c in clean[i][1]]) for g in groups]
+    merged_variants = {v: [[c for i in g for c in per[i]] for g in groups] for v, per in variants.items()}
+    repeated = {im: g for im, g in at.items() if len(g) > 1}
+    first = next(iter(repeated.items()))
+    log.warning("%s: %d image(s) listed more than once (e.g. %r at entries %s); each is scored as one image "
+                "whose captions are those of all its entries (%d entries -> %d images)", path, len(repeated),
+                first[0], first[1], len(clean), len(merged))
+    record = {"images": len(repeated), "entries": len(clean),
+              "examples": {im: g for im, g in list(repeated.items())[:20]}}
+    return merged, merged_variants, record
 
 
 def image_variant_names(variants, seeds) -> list[str]:
@@ -141,10 +172,11 @@ def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") ->
     ann = find_annotation(opts, "coco_karpathy_test.json", f"suite {name}")
     errors = [] if opts.images is not None else [
         ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")]
-    clean = read_karpathy(ann)
+    clean, _, repeated = merge_repeated_images(ann, read_karpathy(ann))
     i2t, t2i = build_retrieval(tables, opts.images or "", clean)  # no --images: paths as written (ids only)
     return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, image_errors=errors,
-                 meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1])})
+                 meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1]),
+                       **({"repeated_images": repeated} if repeated else {})})
 
 
 def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Suite:
@@ -163,6 +195,7 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
             text_variants[v] = read_rococo_variant(f, clean)
         elif opts.text_variants is not None:
             raise FileNotFoundError(f"{f} does not exist (asked for text variant {v!r})")
+    clean, text_variants, repeated = merge_repeated_images(ann, clean, text_variants)
     img_variants = image_variant_names(opts.image_variants, opts.seeds)
     for v in img_variants:
         d = urls.join(opts.images, v) if opts.images is not None else None
@@ -178,4 +211,5 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
             averages[v] = members
     return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages, image_errors=errors,
                  meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1]),
-                       "text_variants": list(text_variants), "image_variants": img_variants})
+                       "text_variants": list(text_variants), "image_variants": img_variants,
+                       **({"repeated_images": repeated} if repeated else {})})

@@ -83,10 +83,10 @@ def _text_variants(ss, kept, clean, opts, how) -> dict[str, list[list[str]]]:
         vs = _variant(ss, v, required=opts.text_variants is not None)
         if vs is None:
             continue
-        by_key = {s.key: s for s in vs.samples}
+        by_id = {s.id: s for s in vs.samples}  # <shard>#<key>: keys may repeat across shards
         per = []
         for s, (sid, caps) in zip(kept, clean):
-            got = sample_captions(by_key[s.key], how) if s.key in by_key else None
+            got = sample_captions(by_id[s.id], how) if s.id in by_id else None
             if got is None or got[:len(caps)] != caps or len(got) - len(caps) != min(len(caps), N_PERTURBED):
                 raise SuiteFormatError(f"variant {v}: sample {sid} "
                                        + ("is missing" if got is None else "does not hold its originals followed by "
@@ -99,9 +99,9 @@ def _text_variants(ss, kept, clean, opts, how) -> dict[str, list[list[str]]]:
 
 def _image_variant(ss, kept, v) -> list[tuple[ImageRef, str | None]]:
     vs = _variant(ss, v, required=True)
-    by_key = {s.key: s for s in vs.samples if s.image is not None}
-    missing = [s.id for s in kept if s.key not in by_key]
+    by_id = {s.id: s for s in vs.samples if s.image is not None}  # <shard>#<key>: keys may repeat across shards
+    missing = [s.id for s in kept if s.id not in by_id]
     if missing:
         raise DataError(f"image variant {v}: {len(missing)} sample(s) have no altered image, e.g. {missing[:3]}; "
                         f"make the variant again with hardrank perturb images")
-    return [(ImageRef(by_key[s.key].image), by_key[s.key].image_key) for s in kept]
+    return [(ImageRef(by_id[s.id].image), by_id[s.id].image_key) for s in kept]

@@ -1,0 +1,57 @@
+"""Embeddings from users' files to unit rows: the one L2 normaliser for every file of vectors hardrank reads."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from hardrank.errors import DataError
+
+__all__ = ["unit_rows"]
+
+_BLOCK = 1 << 22  # values per float64 block: the temporary stays at 32 MB whatever the file's size
+# sums of squares float64 holds with full precision; outside (or NaN) a row is rescaled first. Any float32,
+# float16 or integer vector lands inside (float32's largest square x 1e4 dims is ~1e81, its smallest
+# nonzero square ~2e-90): only float64 values beyond ~1e145 or below ~1e-145 take the rescaling branch.
+_LOW, _HIGH = 1e-290, 1e290
+
+
+def unit_rows(x: np.ndarray, name_row: Callable[[int], str], out: np.ndarray | None = None) -> np.ndarray:
+    """(n, d) float32 L2-normalised rows of ``x`` (n, d), any real dtype (float16/32/64, integers).
+
+    Every finite nonzero vector becomes its direction, whatever its magnitude: the norm is taken in
+    float64, where a float32 vector x 1e20 (whose float32 norm is inf) or x 1e-25 (whose float32 squares
+    are 0) is an ordinary number, and a float64 row whose squares would leave float64's range is first
+    divided by its largest |value|; the quotient is rounded to float32 once. A row holding NaN or inf,
+    or only zeros (no direction), raises a DataError starting with ``name_row(j)`` (the file and the
+    row's id). ``out``: a float32 array of x's shape to write into (``x`` itself: in place, each block
+    is copied before it is written)."""
+    n, d = x.shape
+    out = np.empty((n, d), np.float32) if out is None else out
+    step = max(1, _BLOCK // max(d, 1))
+    for lo in range(0, n, step):
+        block = np.array(x[lo:lo + step], dtype=np.float64)  # (b, d) a copy
+        ss = np.einsum("ij,ij->i", block, block)  # (b,) sums of squares
+        odd = ~((ss > _LOW) & (ss < _HIGH))
+        if odd.any():
+            _rescale(block, ss, np.flatnonzero(odd), lo, name_row)
+        np.divide(block, np.sqrt(ss)[:, None], out=out[lo:lo + len(block)], casting="same_kind")
+    return out
+
+
+def _rescale(block: np.ndarray, ss: np.ndarray, rows: np.ndarray, lo: int, name_row) -> None:
+    """Rows ``rows`` of ``block`` divided by their largest |value| (in place, with their new sums of
+    squares in ``ss``), so the squares stay in range; the first row with NaN/inf or only zeros raises."""
+    sub = block[rows]
+    scale = np.abs(sub).max(1, initial=0.0)  # NaN for a row holding NaN, inf for one holding inf
+    bad = ~np.isfinite(scale) | (scale == 0)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        if np.isfinite(scale[k]):
+            raise DataError(f"{name_row(lo + int(rows[k]))} has an all-zero embedding (every value is 0: it has no "
+                            f"direction to score); drop the row or re-embed the item")
+        raise DataError(f"{name_row(lo + int(rows[k]))} has a NaN or infinite value in its embedding; every "
+                        f"embedding must be a finite vector (drop the row or re-embed the item)")
+    sub /= scale[:, None]
+    block[rows] = sub
+    ss[rows] = np.einsum("ij,ij->i", sub, sub)
