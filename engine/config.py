@@ -44,12 +44,15 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
 def opt(default, help: str, *, choices=None, minimum=None, path: bool = False, flag: str | None = None,
-        metavar: str | None = None, cli: bool = True):
+        metavar: str | None = None, cli: bool = True, positional: bool = False, listing: str | None = None):
     """A config field: its default and its one help text; ``choices``/``minimum`` are checked on
     construction; ``path`` values in job files are relative to the file; ``flag`` overrides the
-    ``--name`` on the command line; ``cli=False`` keeps it off the command line."""
+    ``--name`` on the command line; ``positional`` makes it a positional argument there (shown as
+    ``metavar``); ``cli=False`` keeps it off the command line; ``listing`` names a registry whose
+    names the command line's help lists after the help text (``suites``: the suite registry)."""
     return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "path": path,
-                                            "flag": flag, "metavar": metavar, "cli": cli})
+                                            "flag": flag, "metavar": metavar, "cli": cli, "positional": positional,
+                                            "listing": listing})
 
 
 def cache_dir() -> Path:
@@ -109,7 +112,9 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> Path | str:
 
 # -- validation shared by every options dataclass --------------------------------------------------
 def _named(f: dataclasses.Field) -> str:
-    """How messages name an option: its key and its command-line flag."""
+    """How messages name an option: its key and its command-line flag (or positional argument)."""
+    if f.metadata.get("positional"):
+        return f"{f.name} ({f.metadata.get('metavar') or f.name.upper()})"
     return f"{f.name} ({f.metadata.get('flag') or '--' + f.name.replace('_', '-')})"
 
 
@@ -118,7 +123,11 @@ def check_options(obj) -> None:
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
-        if choices is not None and v is not None and v not in choices:
+        if choices is not None and isinstance(v, tuple):  # a list option: each of its values
+            bad = [x for x in v if x not in choices]
+            if bad:
+                raise UsageError(f"option {_named(f)} takes values of {list(choices)}, got {bad[0]!r}")
+        elif choices is not None and v is not None and v not in choices:
             raise UsageError(f"option {_named(f)} must be one of {list(choices)}, got {v!r}")
         if minimum is not None and v is not None and not (isinstance(v, (int, float)) and v >= minimum):
             raise UsageError(f"option {_named(f)} must be a number >= {minimum}, got {v!r}")
@@ -324,6 +333,11 @@ class EmbedOptions:
     def store_root(self) -> str:
         return self.store or default_store()
 
+    def check_store(self) -> None:
+        """The usage check of a run that will encode: the store root is a folder this process can
+        write (a URL is probed), else a UsageError naming --store, before any image is read."""
+        check_writable_dir(self.store_root(), "store (--store)")
+
 
 @dataclass(frozen=True)
 class SuiteOptions:
@@ -353,8 +367,7 @@ class SuiteOptions:
 class EvalConfig:
     """One evaluation: checkpoints of one model (or precomputed embeddings) on suites."""
 
-    suites: tuple[str, ...] = opt((), "suites: toy, rococo, karpathy, hard_positives, inpaintcoco, sugarcrepe, "
-                                  "aro, coco_order, flickr_order, amodal", flag="--suite")
+    suites: tuple[str, ...] = opt((), "suites", flag="--suite", listing="suites")
     out: str = opt("", "results folder (one sub-folder per checkpoint)", path=True)
     model: str | None = opt(None, "open_clip model name (ViT-B-32), config .json, hf-hub:ORG/NAME or "
                             "local-dir:<folder> (not needed with --embeddings, --run, or mask suites scoring "
@@ -368,7 +381,8 @@ class EvalConfig:
                             "--pretrained is refused otherwise)")
     run: str | None = opt(None, "an open_clip training run folder (params.txt, checkpoints/epoch_*.pt): the model, "
                           "its preprocessing and every complete epoch's checkpoint come from it (--checkpoint picks "
-                          "some; --model names a custom architecture's config .json)", path=True)
+                          "some; --model names a custom architecture's config .json)", path=True,
+                          metavar="RUN_DIR")
     embeddings: str | None = opt(None, "score precomputed embeddings instead of a model: Parquet with columns "
                                  "kind (image|text), id (image path / caption as in the annotation file), "
                                  "embedding; or a clip-retrieval output folder (img_emb/, text_emb/, metadata/); "
@@ -409,6 +423,7 @@ class MineOptions:
     """What counts as a hard negative and how the corpus is searched."""
 
     k: int = opt(10, "negatives per query", minimum=1, flag="-k")
+    dup_filter: bool = opt(True, "drop near duplicates of positives (--no-dup-filter keeps them)")
     dup_threshold: float | None = opt(0.95, "drop candidates more similar than this to any positive (near "
                                       "duplicates); --no-dup-filter keeps them")
     max_sim: float | None = opt(None, "drop candidates scoring above this with the query (likely unlabelled "
@@ -428,6 +443,8 @@ class MineOptions:
 
     def __post_init__(self):
         check_options(self)
+        if not self.dup_filter:  # the filter off is a threshold of None, the one thing the miner reads
+            object.__setattr__(self, "dup_threshold", None)
         for name in ("dup_threshold", "max_sim", "min_sim"):
             v = getattr(self, name)
             if v is not None and not -1.0 <= float(v) <= 1.0:

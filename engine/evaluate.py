@@ -313,7 +313,7 @@ def _check_usage(cfg: EvalConfig) -> None:
                          f"FILE.parquet: suites {expand_suites(list(cfg.suites))} score embeddings")
     check_writable_dir(cfg.out, "out (--out)")
     if (cfg.model is not None or cfg.run is not None) and cfg.embeddings is None:
-        check_writable_dir(cfg.embed.store_root(), "store (--store)")
+        cfg.embed.check_store()
 
 
 def _check_not_empty(suites: list[Suite], why: str) -> None:

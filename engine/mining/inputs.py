@@ -19,7 +19,8 @@ from hardrank.inputs.clip_retrieval import ClipRetrievalFolder, is_clip_retrieva
 from hardrank.inputs.embedding_files import load_embedding_file
 from hardrank.items import ImageRef, ItemTable, Tables, text_key
 from hardrank.mining.problem import MineProblem, StoreRows
-from hardrank.models.openclip import ModelSpec, file_hash
+from hardrank.models.openclip import file_hash
+from hardrank.models.runs import user_specs
 from hardrank.scoring.counts import embed_line
 from hardrank.store.embedding_store import EmbeddingStore, is_store_folder, open_store
 from hardrank.suites.karpathy import read_karpathy
@@ -220,8 +221,8 @@ def _pipeline(cfg: MineConfig, sources: list[_MineInput], echo, runner) -> tuple
                              f"their embeddings are not comparable")
         return None, stores[0]
     e = cfg.embed
-    pipe = EmbedPipeline([ModelSpec(cfg.model, cfg.checkpoint, e.precision, e.device, pretrained=cfg.pretrained,
-                                    random_init=cfg.random_init)], e, runner=runner)
+    pipe = EmbedPipeline(user_specs(cfg.model, (cfg.checkpoint,), precision=e.precision, device=e.device,
+                                    pretrained=cfg.pretrained, random_init=cfg.random_init), e, runner=runner)
     for s in stores:
         if s.fingerprint != pipe.fingerprint(0):
             raise UsageError(f"{s.dir} holds embeddings of {s.fingerprint}, but --model/--checkpoint "
