@@ -423,7 +423,6 @@ class MineOptions:
     """What counts as a hard negative and how the corpus is searched."""
 
     k: int = opt(10, "negatives per query", minimum=1, flag="-k")
-    dup_filter: bool = opt(True, "drop near duplicates of positives (--no-dup-filter keeps them)")
     dup_threshold: float | None = opt(0.95, "drop candidates more similar than this to any positive (near "
                                       "duplicates); --no-dup-filter keeps them")
     max_sim: float | None = opt(None, "drop candidates scoring above this with the query (likely unlabelled "
@@ -440,6 +439,7 @@ class MineOptions:
     rank_precision: str = opt("auto", _RANK_PRECISION_HELP, choices=RANK_PRECISIONS)
     shards: int | None = opt(None, "with --executor ray: corpus shards, each held by a Ray actor within "
                              "--budget-mb (default: one per CPU of the cluster)", minimum=1)
+    dup_filter: bool = opt(True, "drop near duplicates of positives (--no-dup-filter keeps them)")
 
     def __post_init__(self):
         check_options(self)

@@ -20,7 +20,6 @@ from hardrank.toyworld.amodal import build_amodal_world
 __all__ = ["add_demo_parser", "next_steps", "DemoConfig"]
 
 
-
 @dataclass(frozen=True)
 class DemoConfig:
     """The demo: where its world and results go, and how the toy checkpoints are embedded and scored

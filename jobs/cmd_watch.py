@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hardrank.config import EvalConfig, opt
+from hardrank.config import EvalConfig, check_options, opt
 from hardrank.errors import EXIT_OK, MissingExtra, UsageError
 from hardrank.evaluate import evaluate
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
@@ -75,13 +75,14 @@ class WatchConfig:
     and how the run's checkpoints/ folder is polled."""
 
     evaluation: EvalConfig  # the run's model, preprocessing and checkpoints come from evaluation.run
-    interval: float = opt(60.0, "seconds between looks at checkpoints/")
-    settle: float = opt(10.0, "a checkpoint must be unchanged this long, in seconds")
+    interval: float = opt(60.0, "seconds between looks at checkpoints/", minimum=0)
+    settle: float = opt(10.0, "a checkpoint must be unchanged this long, in seconds", minimum=0)
     until: int | None = opt(None, "stop once this epoch is evaluated", metavar="EPOCH")
     once: bool = opt(False, "evaluate the complete checkpoints there now, then exit")
     report: bool = opt(True, "rebuild the report after each evaluation (needs hardrank[report])")
 
     def __post_init__(self):
+        check_options(self)
         if not self.evaluation.run:
             raise UsageError("watch needs a training run folder (RUN_DIR)")
 
