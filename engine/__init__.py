@@ -14,6 +14,9 @@ The public API (``help(hardrank)``). Options are the names of the command line's
   on suites; writes ``out/<checkpoint>/<suite>.json`` + ``.parquet``; returns an ``EvalReport``.
   ``plan(**options)`` says what it would encode, doing nothing.
 - ``mine(**options)`` / ``mine(MineConfig(...))``: hard negatives per query from a corpus.
+- ``perturb_texts(...)`` / ``perturb_images(...)``: RoCOCO-style caption and image variants;
+  ``attack_texts(...)`` / ``attack_images(...)``: the variants that break each checkpoint, evaluated
+  (each takes its config, e.g. ``AttackTextsConfig``, or the same options as keywords).
 - ``load_model(ModelSpec(...))``: an open_clip model loaded offline and fingerprinted;
   ``EmbedPipeline``: K checkpoints -> embeddings of item ``Tables`` through the store.
 - ``EmbeddingStore`` / ``open_store(folder)``: the Arrow embedding store; ``export_embeddings(...)``
@@ -29,6 +32,8 @@ from hardrank.evaluate import EvalReport, evaluate, plan
 from hardrank.items import ImageRef, Tables
 from hardrank.mining import mine
 from hardrank.models.openclip import LoadedModel, ModelSpec, load_model
+from hardrank.perturb import PerturbImagesConfig, PerturbTextsConfig, perturb_images, perturb_texts
+from hardrank.perturb.attack_run import AttackImagesConfig, AttackTextsConfig, attack_images, attack_texts
 from hardrank.scoring.backends import SearchSpec
 from hardrank.scoring.results import ResultFile, read_results
 from hardrank.store.embedding_store import EmbeddingStore, open_store
@@ -38,6 +43,8 @@ from hardrank.toyworld import demo_inputs as toy_inputs
 __all__ = [
     "evaluate", "plan", "EvalConfig", "EvalReport", "SuiteOptions", "EmbedOptions", "SearchSpec",
     "mine", "MineConfig", "MineOptions",
+    "perturb_texts", "PerturbTextsConfig", "perturb_images", "PerturbImagesConfig",
+    "attack_texts", "AttackTextsConfig", "attack_images", "AttackImagesConfig",
     "load_model", "ModelSpec", "LoadedModel", "EmbedPipeline", "Tables", "ImageRef",
     "EmbeddingStore", "open_store", "export_embeddings", "read_results", "ResultFile", "toy_inputs",
     "HardrankError", "UsageError", "DataError", "TooManyFailures", "MissingExtra",

@@ -46,12 +46,15 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
 def opt(default, help: str, *, choices=None, minimum=None, path: bool = False, flag: str | None = None,
-        metavar: str | None = None, cli: bool = True):
+        metavar: str | None = None, cli: bool = True, positional: bool = False, listing: str | None = None):
     """A config field: its default and its one help text; ``choices``/``minimum`` are checked on
     construction; ``path`` values in job files are relative to the file; ``flag`` overrides the
-    ``--name`` on the command line; ``cli=False`` keeps it off the command line."""
+    ``--name`` on the command line; ``positional`` makes it a positional argument there (shown as
+    ``metavar``); ``cli=False`` keeps it off the command line; ``listing`` names a registry whose
+    names the command line's help lists after the help text (``suites``: the suite registry)."""
     return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "path": path,
-                                            "flag": flag, "metavar": metavar, "cli": cli})
+                                            "flag": flag, "metavar": metavar, "cli": cli, "positional": positional,
+                                            "listing": listing})
 
 
 def cache_dir() -> Path:
@@ -121,7 +124,9 @@ def check_store_root(path: str | os.PathLike, option: str = "store (--store)") -
 
 # -- validation shared by every options dataclass --------------------------------------------------
 def _named(f: dataclasses.Field) -> str:
-    """How messages name an option: its key and its command-line flag."""
+    """How messages name an option: its key and its command-line flag (or positional argument)."""
+    if f.metadata.get("positional"):
+        return f"{f.name} ({f.metadata.get('metavar') or f.name.upper()})"
     return f"{f.name} ({f.metadata.get('flag') or '--' + f.name.replace('_', '-')})"
 
 
@@ -130,7 +135,11 @@ def check_options(obj) -> None:
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
-        if choices is not None and v is not None and v not in choices:
+        if choices is not None and isinstance(v, tuple):  # a list option: each of its values
+            bad = [x for x in v if x not in choices]
+            if bad:
+                raise UsageError(f"option {_named(f)} takes values of {list(choices)}, got {bad[0]!r}")
+        elif choices is not None and v is not None and v not in choices:
             raise UsageError(f"option {_named(f)} must be one of {list(choices)}, got {v!r}")
         if minimum is not None and v is not None and not (isinstance(v, (int, float)) and v >= minimum):
             raise UsageError(f"option {_named(f)} must be a number >= {minimum}, got {v!r}")
@@ -310,6 +319,11 @@ class EmbedOptions:
     def store_root(self) -> str:
         return self.store or default_store()
 
+    def check_store(self) -> None:
+        """The usage check of a run that embeds, before any image is read: the store root exists (a shared,
+        read-only cache serves what it holds) or can be created (``check_store_root``)."""
+        check_store_root(self.store_root())
+
 
 @dataclass(frozen=True)
 class SuiteOptions:
@@ -339,8 +353,7 @@ class SuiteOptions:
 class EvalConfig:
     """One evaluation: checkpoints of one model (or precomputed embeddings) on suites."""
 
-    suites: tuple[str, ...] = opt((), "suites: toy, rococo, karpathy, hard_positives, inpaintcoco, sugarcrepe, "
-                                  "aro, coco_order, flickr_order, amodal", flag="--suite")
+    suites: tuple[str, ...] = opt((), "suites", flag="--suite", listing="suites")
     out: str = opt("", "results folder (one sub-folder per checkpoint)", path=True)
     model: str | None = opt(None, "open_clip model name (ViT-B-32), config .json, hf-hub:ORG/NAME or "
                             "local-dir:<folder> (not needed with --embeddings, --run, or mask suites scoring "
@@ -354,7 +367,8 @@ class EvalConfig:
                             "--pretrained is refused otherwise)")
     run: str | None = opt(None, "an open_clip training run folder (params.txt, checkpoints/epoch_*.pt): the model, "
                           "its preprocessing and every complete epoch's checkpoint come from it (--checkpoint picks "
-                          "some; --model names a custom architecture's config .json)", path=True)
+                          "some; --model names a custom architecture's config .json)", path=True,
+                          metavar="RUN_DIR")
     embeddings: str | None = opt(None, "score precomputed embeddings instead of a model: any input holding "
                                  "embeddings by id (listed below; e.g. a Parquet with columns kind (image|text), id "
                                  "(image path / caption as in the annotation file), embedding); no image file is "
@@ -411,9 +425,12 @@ class MineOptions:
     rank_precision: str = opt("auto", _RANK_PRECISION_HELP, choices=RANK_PRECISIONS)
     shards: int | None = opt(None, "with --executor ray: corpus shards, each held by a Ray actor within "
                              "--budget-mb (default: one per CPU of the cluster)", minimum=1)
+    dup_filter: bool = opt(True, "drop near duplicates of positives (--no-dup-filter keeps them)")
 
     def __post_init__(self):
         check_options(self)
+        if not self.dup_filter:  # the filter off is a threshold of None, the one thing the miner reads
+            object.__setattr__(self, "dup_threshold", None)
         for name in ("dup_threshold", "max_sim", "min_sim"):
             v = getattr(self, name)
             if v is not None and not -1.0 <= float(v) <= 1.0:

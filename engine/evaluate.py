@@ -15,7 +15,7 @@ import pyarrow as pa
 import torch
 
 from hardrank import urls
-from hardrank.config import EvalConfig, build, check_store_root, check_writable_dir, resolve_device
+from hardrank.config import EvalConfig, build, check_writable_dir, resolve_device
 from hardrank.embed import EmbedPipeline, make_scan_mapper
 from hardrank.errors import DataError, UsageError
 from hardrank.executors import executor
@@ -306,7 +306,7 @@ def _check_usage(cfg: EvalConfig) -> None:
                          f"FILE.parquet: suites {expand_suites(list(cfg.suites))} score embeddings")
     check_writable_dir(cfg.out, "out (--out)")
     if (cfg.model is not None or cfg.run is not None) and cfg.embeddings is None:
-        check_store_root(cfg.embed.store_root())
+        cfg.embed.check_store()
 
 
 def _check_not_empty(suites: list[Suite], why: str) -> None:

@@ -9,7 +9,7 @@ import sys
 import threading
 
 from hardrank.atomic import no_space
-from hardrank.config import DATA_DIR, EvalConfig, SuiteOptions
+from hardrank.config import EvalConfig
 from hardrank.errors import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
@@ -22,7 +22,6 @@ from hardrank.errors import (
 )
 from hardrank.evaluate import evaluate, plan
 from hardrank.inputs import registry
-from hardrank.inputs.convert import write_karpathy_shards
 from hardrank.jobs.bench import add_bench_parser
 from hardrank.jobs.cmd_attack import add_attack_parser
 from hardrank.jobs.cmd_demo import add_demo_parser
@@ -30,27 +29,18 @@ from hardrank.jobs.cmd_export import add_export_parser
 from hardrank.jobs.cmd_mine import add_mine_parser
 from hardrank.jobs.cmd_perturb import add_perturb_parser
 from hardrank.jobs.cmd_store import add_store_parser
+from hardrank.jobs.cmd_toy import add_toy_parser
 from hardrank.jobs.cmd_watch import add_watch_parser
-from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
+from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, expand_globs, options_from_args
 from hardrank.jobs.grid import add_run_parser, print_plan
 from hardrank.jobs.progress import make_progress
 from hardrank.jobs.report import add_report_parser
 from hardrank.scoring.results import format_table
-from hardrank.suites.toy import default_world_dir, ensure_world
-from hardrank.toyworld import build_world
-from hardrank.toyworld.train import train_toy
 
 __all__ = ["main", "build_parser"]
 
 def _echo(args):
     return (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quiet", action="store_true", help="no progress output (bars on a terminal, periodic lines "
-                   "in logs)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan (suites, unique items, store hits per "
-                   "checkpoint) and encode nothing")
 
 
 def _run_eval(cfg: EvalConfig, args, title: str | None = None) -> None:
@@ -66,21 +56,6 @@ def _run_eval(cfg: EvalConfig, args, title: str | None = None) -> None:
 def _cmd_eval(args) -> int:
     cfg = options_from_args(EvalConfig, args, checkpoints=expand_globs(args.checkpoints))
     _run_eval(cfg, args)
-    return EXIT_OK
-
-
-def _cmd_toy(args) -> int:
-    if args.toy_command == "world":
-        print(build_world(args.out))
-        return EXIT_OK
-    if args.toy_command == "shards":
-        world = ensure_world(SuiteOptions(data=args.world))  # a world of any config, as the toy suites use it
-        print(write_karpathy_shards(str(world / "karpathy_test.json"), str(world / "images"), args.out,
-                                    per_shard=args.per_shard))
-        return EXIT_OK
-    world = build_world(args.world or default_world_dir())
-    for p in train_toy(world, args.out):
-        print(p)
     return EXIT_OK
 
 
@@ -109,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "  hardrank watch logs/exp1 --suite toy --out results/exp1\n"
                                         "  hardrank run grid.toml --dry-run\n"
                                         "  hardrank bench pipeline\n\n" + EXIT_CODES_HELP)
-    ap.add_argument("-v", "--verbose", action="store_true")
+    add_cli_flags(ap, "verbose")
     sub = ap.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="evaluate checkpoints on benchmark suites", formatter_class=Formatter,
@@ -128,34 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
                                "--annotations coco_karpathy_test.json --images /data/coco --out results/k\n"
                                "  hardrank eval --suite amodal --data amodal/ --predictions preds/ --out results/masks")
     add_options(ev, EvalConfig, required=("suites", "out"))
-    _common(ev)
+    add_cli_flags(ev, "quiet", "dry_run")
     ev.set_defaults(func=_cmd_eval)
 
     add_demo_parser(sub)
     add_mine_parser(sub)
 
-    toy = sub.add_parser("toy", help="toy world and toy checkpoints", formatter_class=Formatter,
-                         epilog="examples:\n  hardrank toy world --out /tmp/toy_world\n  hardrank toy train")
-    tsub = toy.add_subparsers(dest="toy_command", required=True)
-    tw = tsub.add_parser("world", help="build the toy world", formatter_class=Formatter,
-                         epilog="examples:\n  hardrank toy world --out /tmp/toy_world")
-    tw.add_argument("--out", required=True)
-    ts = tsub.add_parser("shards", help="write the toy world's test split as WebDataset tar shards (local or a URL)",
-                         formatter_class=Formatter,
-                         epilog="examples:\n"
-                                "  hardrank toy shards --world results/demo/toy_world --out /tmp/toy_shards\n"
-                                "  hardrank toy shards --out s3://bucket/toy_shards --per-shard 250")
-    ts.add_argument("--out", required=True, help="folder or URL for 00000.tar, 00001.tar, ...")
-    ts.add_argument("--world", default=None, help="toy world folder (default: the cache; built if missing)")
-    ts.add_argument("--per-shard", type=int, default=250, help="samples per shard (default: 250)")
-    tt = tsub.add_parser("train", help="train the toy checkpoints (regenerates engine/assets/toy_checkpoints)",
-                         formatter_class=Formatter,
-                         epilog="examples:\n  hardrank toy train\n"
-                                "  hardrank toy train --out /tmp/ckpts --world /tmp/toy_world")
-    tt.add_argument("--out", default=str(DATA_DIR / "toy_checkpoints"))
-    tt.add_argument("--world", default=None, help="toy world folder (default: the cache)")
-    toy.set_defaults(func=_cmd_toy)
-
+    add_toy_parser(sub)
     add_perturb_parser(sub)
     add_attack_parser(sub)
     add_run_parser(sub)

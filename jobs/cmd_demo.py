@@ -4,24 +4,34 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hardrank.config import EvalConfig, SuiteOptions
+from hardrank.config import EmbedOptions, EvalConfig, SuiteOptions, flat_fields, opt
 from hardrank.errors import EXIT_OK, DataError
 from hardrank.evaluate import evaluate, plan
-from hardrank.jobs.flags import Formatter, add_options, options_from_args
+from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.jobs.grid import print_plan
 from hardrank.jobs.progress import make_progress
 from hardrank.scoring.results import format_table
 from hardrank.toyworld import TOY_CHECKPOINTS, TOY_MODEL, WorldConfig, build_world, world_config
 from hardrank.toyworld.amodal import build_amodal_world
 
-__all__ = ["add_demo_parser", "next_steps"]
+__all__ = ["add_demo_parser", "next_steps", "DemoConfig"]
 
-# options of a suite's inputs: the demo brings its own
-_SUITE_INPUTS = ("suites", "model", "checkpoints", "embeddings", "data", "images", "annotations", "image_variants",
-                 "seeds", "text_variants", "predictions", "baseline", "search", "pretrained", "random_init", "run")
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """The demo: where its world and results go, and how the toy checkpoints are embedded and scored
+    (the model, checkpoints, suites and their inputs are the demo's own)."""
+
+    evaluation: EvalConfig
+    world: str | None = opt(None, "toy world folder (default: OUT/toy_world)", path=True)
+
+
+# the options of `demo`: an allow-list, so an option added to EvalConfig (a suite's inputs, say) stays off it
+_DEMO_OPTIONS = ("world", "out", "budget_mb", "shard_gallery", "shard_gallery_above_mb", "rank_precision", "tie_rule",
+                 *(name for name, _, _ in flat_fields(EmbedOptions)))
 
 
 def _shown(path: str | os.PathLike) -> str:
@@ -62,8 +72,8 @@ def _cmd_demo(args) -> int:
     ckpts = tuple(str(p) for p in sorted(TOY_CHECKPOINTS.glob("*.safetensors")))
     if not ckpts:
         raise DataError(f"no toy checkpoints in {TOY_CHECKPOINTS}; run `make toy-checkpoints`")
-    cfg = options_from_args(EvalConfig, args, model=str(TOY_MODEL), checkpoints=ckpts, suites=("toy",),
-                            data=str(world), store=args.store or str(out / "store"))
+    cfg = options_from_args(DemoConfig, args, model=str(TOY_MODEL), checkpoints=ckpts, suites=("toy",),
+                            data=str(world), store=args.store or str(out / "store")).evaluation
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     if args.dry_run:  # builds nothing: the worlds are reported, not made
         print_plan(plan(cfg), echo=print)
@@ -93,11 +103,8 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
                     "toy mask suite, then print where everything is and three commands to try next.",
         epilog="examples:\n  hardrank demo --out results/demo\n"
                "  hardrank demo --out results/demo --dry-run\n  hardrank report results/demo")
-    dm.add_argument("--world", default=None, help="toy world folder (default: OUT/toy_world)")
-    add_options(dm, EvalConfig, skip=_SUITE_INPUTS, required=("out",))
-    dm.add_argument("--quiet", action="store_true", help="no progress output (bars on a terminal, periodic lines "
-                    "in logs)")
-    dm.add_argument("--dry-run", action="store_true", help="print the plan (suites, items, store hits per "
-                    "checkpoint); build, encode and write nothing")
+    add_options(dm, DemoConfig, only=_DEMO_OPTIONS, required=("out",))
+    add_cli_flags(dm, "quiet", "dry_run", help={"dry_run": "print the plan (suites, items, store hits per "
+                                                           "checkpoint); build, encode and write nothing"})
     dm.set_defaults(func=_cmd_demo)
     return dm

@@ -3,17 +3,36 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
-from hardrank.errors import EXIT_OK
-from hardrank.jobs.flags import Formatter
+from hardrank.config import check_options, opt
+from hardrank.errors import EXIT_OK, UsageError
+from hardrank.jobs.flags import Formatter, add_options, options_from_args
 from hardrank.scoring.clip_benchmark_export import FORMATS, export_clip_benchmark
 
-__all__ = ["add_export_parser"]
+__all__ = ["add_export_parser", "ExportConfig"]
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """One export: a results folder, the format, where the files go."""
+
+    results: str = opt("", "a results folder (what `hardrank eval --out`, `run` or `demo` wrote)", positional=True,
+                       metavar="RESULTS_DIR", path=True)
+    format: str | None = opt(None, "the format to write", choices=FORMATS)
+    out: str = opt("", "folder for the files (created)", metavar="DIR", path=True)
+
+    def __post_init__(self):
+        check_options(self)
+        for name in ("results", "format", "out"):
+            if not getattr(self, name):
+                raise UsageError(f"option {name} is required")
 
 
 def _cmd_export(args) -> int:
-    s = export_clip_benchmark(args.results, args.out)
-    print(f"{len(s['written'])} CLIP_benchmark result file(s) in {args.out}")
+    cfg = options_from_args(ExportConfig, args)
+    s = export_clip_benchmark(cfg.results, cfg.out)
+    print(f"{len(s['written'])} CLIP_benchmark result file(s) in {cfg.out}")
     for path, why in s["skipped"]:
         print(f"  skipped {path}: {why}", file=sys.stderr)
     return EXIT_OK
@@ -33,8 +52,6 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
                     "counterpart and are skipped (listed). The mapping is in the README.",
         epilog="examples:\n  hardrank export results/demo --format clip_benchmark --out results/demo_cb\n"
                "  clip_benchmark build results/demo_cb/*.json --output benchmark.csv")
-    p.add_argument("results", metavar="RESULTS_DIR", help="a results folder (the --out of eval / run / demo)")
-    p.add_argument("--format", required=True, choices=FORMATS, help="the format to write")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder for the files (created)")
+    add_options(p, ExportConfig, required=("results", "format", "out"))
     p.set_defaults(func=_cmd_export)
     return p

@@ -8,7 +8,7 @@ import sys
 from hardrank.config import MineConfig
 from hardrank.errors import EXIT_OK
 from hardrank.inputs import registry
-from hardrank.jobs.flags import Formatter, add_options, options_from_args
+from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.jobs.progress import make_progress
 from hardrank.mining import mine
 
@@ -17,8 +17,7 @@ __all__ = ["add_mine_parser"]
 
 def _cmd_mine(args) -> int:
     """Run ``hardrank mine``; prints the summary's headline. Errors reach the CLI's exit-code map."""
-    extra = {} if args.dup_filter else {"dup_threshold": None}
-    cfg = options_from_args(MineConfig, args, **extra)
+    cfg = options_from_args(MineConfig, args)
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     summary = mine(cfg, progress=make_progress(args.quiet), echo=echo)
     c = summary["counts"]
@@ -52,8 +51,6 @@ def add_mine_parser(subparsers) -> argparse.ArgumentParser:
                "  hardrank mine --model ViT-B-32 --checkpoint a.pt --corpus images/ --queries captions.json "
                "--executor ray --decoder dali --out mined/ray")
     add_options(p, MineConfig, required=("corpus", "queries", "out"))
-    p.add_argument("--dup-filter", action=argparse.BooleanOptionalAction, default=True,
-                   help="drop near duplicates of positives (--no-dup-filter keeps them)")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_cli_flags(p, "quiet")
     p.set_defaults(func=_cmd_mine)
     return p

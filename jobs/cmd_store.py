@@ -3,23 +3,50 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
-from hardrank.config import EvalConfig, default_store
+from hardrank.config import EvalConfig, default_store, opt
 from hardrank.errors import EXIT_OK
 from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
 from hardrank.store.id_export import export_embeddings, list_stores
 
-__all__ = ["add_store_parser"]
+__all__ = ["add_store_parser", "StoreListConfig", "StoreExportConfig"]
 
-# eval options that have no say in which embeddings are exported or how they are named
-_NOT_EXPORT = ("out", "embeddings", "search", "budget_mb", "tie_rule", "batch_size", "decode_threads", "max_failures",
-               "executor", "ray_address", "baseline")
+
+@dataclass(frozen=True)
+class StoreListConfig:
+    """Which store root to list, and how."""
+
+    root: str | None = opt(None, "store root (default: $HARDRANK_CACHE/store or ~/.cache/hardrank/store)",
+                           positional=True, metavar="STORE", path=True)
+    json: bool = opt(False, "print the list as JSON")
+
+
+@dataclass(frozen=True)
+class StoreExportConfig:
+    """Whose embeddings (a fingerprint folder, or the model options that name one in the store), of
+    the items of which suites, into which Parquet file."""
+
+    evaluation: EvalConfig  # suites, model and store; its scoring and results options play no part here
+    folder: str | None = opt(None, "a store fingerprint folder (instead of --model/--checkpoint/--run)",
+                             positional=True, metavar="FINGERPRINT_DIR", path=True)
+    file: str = opt("", "the Parquet file to write", flag="--out", metavar="FILE.parquet", path=True)
+
+
+# the options of `store export`: an allow-list, so an option added to EvalConfig stays off it until it applies
+_EXPORT_OPTIONS = ("folder", "file", "suites", "model", "checkpoints", "pretrained", "random_init", "run", "data",
+                   "images", "annotations", "image_variants", "seeds", "text_variants", "predictions", "captions",
+                   "store", "precision", "device", "decoder", "key_by")
+_EXPORT_HELP = {"model": "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder> that made the "
+                         "embeddings (with --checkpoint or --pretrained)",
+                "checkpoints": "the checkpoint that made the embeddings (one)"}
 
 
 def _cmd_list(args) -> int:
-    root = args.root or default_store()
+    cfg = options_from_args(StoreListConfig, args)
+    root = cfg.root or default_store()
     rows = list_stores(root)
-    if args.json:
+    if cfg.json:
         print(json.dumps(rows, indent=1))
         return EXIT_OK
     print(f"store {root}: {len(rows)} fingerprint folder(s)")
@@ -31,8 +58,8 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    cfg = options_from_args(EvalConfig, args, checkpoints=expand_globs(args.checkpoints))
-    s = export_embeddings(cfg, out=args.out, folder=args.folder)
+    cfg = options_from_args(StoreExportConfig, args, checkpoints=expand_globs(args.checkpoints))
+    s = export_embeddings(cfg.evaluation, out=cfg.file, folder=cfg.folder)
     c = s["counts"]
     print(f"{s['out']}: {c['image']['rows']} images, {c['text']['rows']} texts, dim {s['dim']}, from "
           f"{s['fingerprint']}")
@@ -47,7 +74,7 @@ def add_store_parser(subparsers) -> argparse.ArgumentParser:
         description="The store keeps one folder per model fingerprint (architecture + checkpoint hash + "
                     "precision + preprocessing), its rows keyed by content. `list` says which folder is which "
                     "checkpoint; `export` writes a store's embeddings under the ids the suites' annotation files "
-                    "use, in the --embeddings (bring your own) format.",
+                    "use, in the format `hardrank eval --embeddings` reads (bring your own).",
         epilog="examples:\n  hardrank store list results/demo/store\n"
                "  hardrank store export --model toy-clip --checkpoint "
                "engine/assets/toy_checkpoints/toy-clip_step0700.safetensors --suite toy --data results/demo/toy_world "
@@ -57,20 +84,18 @@ def add_store_parser(subparsers) -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="the fingerprint folders of a store root: model, checkpoint, rows",
                         formatter_class=Formatter,
                         epilog="examples:\n  hardrank store list results/demo/store\n  hardrank store list --json")
-    ls.add_argument("root", nargs="?", default=None, metavar="STORE",
-                    help="store root (default: $HARDRANK_CACHE/store or ~/.cache/hardrank/store)")
-    ls.add_argument("--json", action="store_true", help="print the list as JSON")
+    add_options(ls, StoreListConfig)
     ls.set_defaults(func=_cmd_list)
 
     ex = sub.add_parser(
-        "export", help="write a store's embeddings with their human ids (the --embeddings format)",
+        "export", help="write a store's embeddings with their human ids (the format `eval --embeddings` reads)",
         formatter_class=Formatter,
         description="Write one row per image and text the suites use: kind (image|text), id (image: the path as "
                     "the annotation file writes it, or relative to --images / the suite's data folder, with "
                     "@crop:x,y,w,h for a cropped region; text: the caption as written), embedding "
                     "(fixed_size_list<float32>[D], L2-normalised) and key (the store's content key). "
                     "`hardrank eval --embeddings FILE` on the same suites gives the same metrics, and `hardrank "
-                    "mine` takes the file as --corpus / --queries. Name the embeddings by a fingerprint folder "
+                    "mine --corpus/--queries` take the file. Name the embeddings by a fingerprint folder "
                     "(hardrank store list) or by the model and checkpoint that made them.",
         epilog="examples:\n"
                "  hardrank store export --model toy-clip --checkpoint "
@@ -78,9 +103,6 @@ def add_store_parser(subparsers) -> argparse.ArgumentParser:
                "--store results/demo/store --out results/demo_emb.parquet\n"
                "  hardrank store export ~/.cache/hardrank/store/ViT-B-32-fp16-ab12 --suite rococo --annotations "
                "data/rococo --images /data/coco --out b32.parquet")
-    ex.add_argument("folder", nargs="?", default=None, metavar="FINGERPRINT_DIR",
-                    help="a store fingerprint folder (instead of --model/--checkpoint/--run)")
-    ex.add_argument("--out", required=True, metavar="FILE.parquet", help="the Parquet file to write")
-    add_options(ex, EvalConfig, skip=_NOT_EXPORT, required=("suites",))
+    add_options(ex, StoreExportConfig, only=_EXPORT_OPTIONS, required=("suites", "file"), help=_EXPORT_HELP)
     ex.set_defaults(func=_cmd_export)
     return p

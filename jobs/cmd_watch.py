@@ -4,20 +4,20 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hardrank.config import EvalConfig
-from hardrank.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, MissingExtra, Terminated
+from hardrank.config import EvalConfig, check_options, opt
+from hardrank.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, MissingExtra, Terminated, UsageError
 from hardrank.evaluate import evaluate
-from hardrank.jobs.flags import Formatter, add_options, options_from_args
+from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.jobs.progress import make_progress
 from hardrank.jobs.report import build_report
 from hardrank.models.runs import checkpoint_complete, read_params, run_checkpoints
 from hardrank.scoring.results import format_table
 from hardrank.suites import expand_suites
 
-__all__ = ["watch", "add_watch_parser"]
+__all__ = ["watch", "add_watch_parser", "WatchConfig"]
 
 def _ready(path: Path, settle: float, now: float) -> bool:
     """Complete (whole archive / all safetensors data) and unchanged for ``settle`` seconds: a file
@@ -66,12 +66,40 @@ def watch(cfg: EvalConfig, *, interval: float = 60.0, settle: float = 10.0, unti
         time.sleep(interval)
 
 
+@dataclass(frozen=True)
+class WatchConfig:
+    """Following a training run: the evaluation of each new checkpoint (its ``run`` is the run folder)
+    and how the run's checkpoints/ folder is polled."""
+
+    evaluation: EvalConfig  # the run's model, preprocessing and checkpoints come from evaluation.run
+    interval: float = opt(60.0, "seconds between looks at checkpoints/", minimum=0)
+    settle: float = opt(10.0, "a checkpoint must be unchanged this long, in seconds", minimum=0)
+    until: int | None = opt(None, "stop once this epoch is evaluated", metavar="EPOCH")
+    once: bool = opt(False, "evaluate the complete checkpoints there now, then exit")
+    report: bool = opt(True, "rebuild the report after each evaluation (needs hardrank[report])")
+
+    def __post_init__(self):
+        check_options(self)
+        if not self.evaluation.run:
+            raise UsageError("watch needs a training run folder (RUN_DIR)")
+
+
+# options of `eval` that a watched run decides itself: its checkpoints and their weights
+_NOT_WATCH = ("checkpoints", "pretrained", "random_init", "embeddings")
+_WATCH_HELP = {
+    "run": "the training run folder (params.txt, checkpoints/): what open_clip_train writes under its `--logs`",
+    "model": "a config .json for a custom architecture the run's params.txt names but open_clip does not know "
+             "(default: the run's own model)",
+}
+
+
 def _cmd_watch(args) -> int:
-    cfg = options_from_args(EvalConfig, args, run=args.run_dir)
+    w = options_from_args(WatchConfig, args)
+    cfg = w.evaluation
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     try:
-        done = watch(cfg, interval=args.interval, settle=args.settle, until=args.until, once=args.once,
-                     report=args.report, echo=echo, progress=make_progress(args.quiet))
+        done = watch(cfg, interval=w.interval, settle=w.settle, until=w.until, once=w.once,
+                     report=w.report, echo=echo, progress=make_progress(args.quiet))
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (a service manager stopping it: see cli.main)
         print(f"hardrank watch: stopped; the results so far are in {cfg.out}", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
@@ -91,16 +119,8 @@ def add_watch_parser(subparsers) -> argparse.ArgumentParser:
         epilog="examples:\n  hardrank watch logs/exp1 --suite rococo --annotations data/rococo --images /data/coco "
                "--out results/exp1\n  hardrank watch logs/exp1 --suite toy --out results/exp1 --once\n"
                "  hardrank watch logs/exp1 --suite karpathy --annotations test.json --images coco --out r --until 32")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the training run folder (open_clip_train's --logs/<name>)")
-    add_options(p, EvalConfig, skip=("checkpoints", "pretrained", "random_init", "run", "embeddings"),
-                required=("suites", "out"))
-    p.add_argument("--interval", type=float, default=60.0, help="seconds between looks at checkpoints/ (default: 60)")
-    p.add_argument("--settle", type=float, default=10.0, help="a checkpoint must be unchanged this long, in seconds "
-                   "(default: 10)")
-    p.add_argument("--until", type=int, default=None, metavar="EPOCH", help="stop once this epoch is evaluated")
-    p.add_argument("--once", action="store_true", help="evaluate the complete checkpoints there now, then exit")
-    p.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
-                   help="rebuild the report after each evaluation (needs hardrank[report])")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_options(p, WatchConfig, skip=_NOT_WATCH, required=("suites", "out", "run"), positional=("run",),
+                help=_WATCH_HELP)
+    add_cli_flags(p, "quiet")
     p.set_defaults(func=_cmd_watch)
     return p

@@ -7,32 +7,75 @@ import glob
 import typing
 
 from hardrank.config import build, flat_fields, option_kind
+from hardrank.suites import ALIASES, SUITES
 
-__all__ = ["add_options", "options_from_args", "expand_globs", "Formatter"]
+__all__ = ["add_options", "add_cli_flags", "options_from_args", "expand_globs", "Formatter", "CLI_FLAGS",
+           "CONFIG_CLASS"]
+
+# the parser default naming a command's config dataclass (tests walk the parsers with it)
+CONFIG_CLASS = "config_class"
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the epilog's example lines as written."""
 
 
+# The only flags that are no option of a config: they steer the command line itself (what it prints,
+# whether it does the work at all), never the work, so no config, job file or Python call has them.
+CLI_FLAGS = {
+    "quiet": (("--quiet",), "no progress output (bars on a terminal, periodic lines in logs)"),
+    "dry_run": (("--dry-run",), "print the plan (suites, unique items, store hits per checkpoint) and encode nothing"),
+    "verbose": (("-v", "--verbose"), "log what happens (INFO); `hardrank run` also prints a failing entry's "
+                "traceback"),
+}
+
 _GROUPS = {"SuiteOptions": "suite inputs", "EmbedOptions": "embedding (model runs, store, executor)",
            "MineOptions": "mining"}
 
 
-def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), required=()) -> None:
-    """One flag per option of ``cls`` (nested options flattened, each nested dataclass under its
-    own heading): ``--batch-size`` for ``batch_size``, its type, choices and help from the field;
-    lists take several values."""
+def _suites() -> str:
+    """The suite registry's names, aliases first with what they stand for."""
+    return ", ".join([*(f"{a} (= {' + '.join(m)})" for a, m in ALIASES.items()), *SUITES])
+
+
+_LISTINGS = {"suites": _suites}  # opt(listing=...) -> the names the help lists, from their registry
+
+
+def add_cli_flags(parser: argparse.ArgumentParser, *names: str, help: dict[str, str] | None = None) -> None:
+    """The command-line-only flags ``names`` (keys of ``CLI_FLAGS``); ``help`` rewords one for a command."""
+    for name in names:
+        flags, text = CLI_FLAGS[name]
+        parser.add_argument(*flags, dest=name, action="store_true", help=(help or {}).get(name, text))
+
+
+def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, required=(), help=None,
+                positional=()) -> None:
+    """One flag per option of ``cls``, the command's config dataclass (nested options flattened, each
+    nested dataclass under its own heading): ``--batch-size`` for ``batch_size``, its type, choices
+    and help from the field; lists take several values. A command that takes some of a shared
+    config's options names them in ``only`` (an allow-list: options added to the config later stay
+    off it) or the few it lacks in ``skip``; ``help`` rewords an option's help for this command (one
+    that mentions flags the command lacks), ``positional`` shows options as positional arguments.
+    Records ``cls`` as the parser's ``config_class`` default."""
+    if parser.get_default(CONFIG_CLASS) is not None:
+        raise ValueError(f"parser {parser.prog!r} already takes {parser.get_default(CONFIG_CLASS).__name__}")
+    parser.set_defaults(**{CONFIG_CLASS: cls})
+    known = {name for name, _, _ in flat_fields(cls)}
+    unknown = (set(skip) | set(only or ()) | set(required) | set(help or ()) | set(positional)) - known
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no options {sorted(unknown)}")
     groups: dict[str, argparse._ActionsContainer] = {}
     for owner, name, f, tp in _owned_fields(cls):
-        if name in skip or not f.metadata.get("cli", True):
+        if name in skip or (only is not None and name not in only) or not f.metadata.get("cli", True):
             continue
         title = _GROUPS.get(owner.__name__)
         target = parser if title is None else groups.setdefault(title, parser.add_argument_group(title))
         scalar, is_list, _ = option_kind(tp)
         flag = f.metadata.get("flag") or "--" + name.replace("_", "-")
-        default = f.default
-        help_text = f.metadata.get("help", "")
+        default = None if f.default is dataclasses.MISSING else f.default
+        help_text = (help or {}).get(name, f.metadata.get("help", ""))
+        if f.metadata.get("listing"):
+            help_text += ": " + _LISTINGS[f.metadata["listing"]]()
         if default not in (None, (), "", (None,)) and name not in required:
             shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
             help_text += f" (default: {shown})"
@@ -49,9 +92,16 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), required=()) -
                 kw.pop("metavar")
             if is_list:
                 kw["nargs"] = "+" if name in required or default not in ((), None) else "*"
+        if f.metadata.get("positional") or name in positional:
+            kw.pop("dest")  # argparse names a positional's destination by its first argument
+            kw.setdefault("metavar", f.metadata.get("metavar") or name.upper())
+            if name not in required and not is_list:
+                kw["nargs"] = "?"
+            target.add_argument(name, **kw)
+            continue
         if name in required:
             kw["required"] = True
-        flags = [flag] if not flag.startswith("-") or flag.startswith("--") else [flag, "--" + name.replace("_", "-")]
+        flags = [flag] if flag.startswith("--") else [flag, "--" + name.replace("_", "-")]
         target.add_argument(*flags, **kw)
 
 

@@ -20,11 +20,12 @@ from hardrank.config import EvalConfig, build, flat_fields, opt
 from hardrank.errors import EXIT_OK, HardrankError, TooManyFailures, UsageError, exit_code
 from hardrank.evaluate import evaluate, plan
 from hardrank.executors import executor
-from hardrank.jobs.flags import Formatter
+from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.jobs.progress import make_progress
 from hardrank.scoring.results import format_table
 
-__all__ = ["JobFile", "JobModel", "JobFileError", "load_job", "print_plan", "add_run_parser", "OPTION_KEYS"]
+__all__ = ["JobFile", "JobModel", "JobFileError", "load_job", "print_plan", "add_run_parser", "OPTION_KEYS",
+           "RunConfig"]
 
 EXAMPLE = """\
 # results go to <out>/<model name>/<checkpoint>/<suite>.json; relative paths are relative to this file
@@ -296,9 +297,16 @@ def _shared_runner(cfg: EvalConfig, runners: dict):
     return runners[key]
 
 
+@dataclass(frozen=True)
+class RunConfig:
+    """A grid run: the job file; its entries and their options are all in it."""
+
+    job: str = opt("", "the job file", positional=True, metavar="JOB.toml", path=True)
+
+
 def _cmd_run(args) -> int:
     try:
-        job = load_job(args.job)
+        job = load_job(options_from_args(RunConfig, args).job)
     except JobFileError as exc:
         print(f"hardrank run: {exc}", file=sys.stderr)
         return exit_code(exc)
@@ -352,9 +360,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=Formatter,
         epilog="examples:\n  hardrank run grid.toml --dry-run\n  hardrank run grid.toml --quiet > grid.log\n\n"
                "a job file:\n\n" + EXAMPLE)
-    p.add_argument("job", metavar="JOB.toml", help="the job file")
-    p.add_argument("--dry-run", action="store_true", help="print the plan (suites, unique items, store hits per "
-                   "checkpoint) and encode nothing")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_options(p, RunConfig, required=("job",))
+    add_cli_flags(p, "dry_run", "quiet")
     p.set_defaults(func=_cmd_run)
     return p

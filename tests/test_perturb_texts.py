@@ -236,3 +236,24 @@ def test_cli_texts_and_images(tiny, tmp_path, capsys):
     for name in ("a.jpg", "b.jpg"):
         with Image.open(tmp_path / "mix_0.9_s1" / name) as im:
             assert im.size == (384, 384)
+
+
+def test_python_entry_point_writes_what_the_cli_writes(tiny, tmp_path, capsys):
+    """`hardrank perturb texts` is hardrank.perturb_texts behind its flags: same files, same reports."""
+    import hardrank
+
+    _, cfg = tiny
+    ann = _karpathy(tmp_path / "coco_karpathy_test.json", [("a.jpg", CAPTIONS[:5]), ("b.jpg", CAPTIONS[2:4])])
+    torch.manual_seed(1)  # the random text encoder's weights
+    reports = hardrank.perturb_texts(model=str(cfg), random_init=True, device="cpu", annotations=str(ann),
+                                     kinds=["same_concept", "danger"], out=str(tmp_path / "api"))
+    assert [r["kind"] for r in reports] == ["same_concept", "danger"]
+    torch.manual_seed(1)
+    assert run_perturb(_parse(["perturb", "texts", "--model", str(cfg), "--random-init", "--device", "cpu",
+                               "--annotations", str(ann), "--kinds", "same_concept", "danger",
+                               "--out", str(tmp_path / "cli")])) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [{k: v for k, v in r.items() if k != "path"} for r in printed] == \
+        [{k: v for k, v in r.items() if k != "path"} for r in reports]
+    for kind in ("same_concept", "danger"):
+        assert (tmp_path / "api" / f"{kind}.json").read_bytes() == (tmp_path / "cli" / f"{kind}.json").read_bytes()

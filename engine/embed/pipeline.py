@@ -25,6 +25,7 @@ from hardrank.errors import UsageError
 from hardrank.executors import LocalRunner, executor
 from hardrank.items import ItemTable, Tables
 from hardrank.models.openclip import LoadedModel, ModelSpec, load_model
+from hardrank.models.runs import user_specs
 from hardrank.store.embedding_store import EmbeddingStore, is_store_folder
 from hardrank.store.idkeys import IdIndex, table_keys
 
@@ -260,8 +261,8 @@ class EmbedPipeline:
     def from_checkpoints(cls, model: str, checkpoints: Sequence[str | None], options: EmbedOptions = EmbedOptions(),
                          *, pretrained: str | None = None, random_init: bool = False, runner=None) -> EmbedPipeline:
         """K checkpoints of ``model`` (``None``: the tag's / folder's weights, or random with ``random_init``)."""
-        return cls([ModelSpec(model, c, options.precision, options.device, pretrained=pretrained,
-                              random_init=random_init) for c in checkpoints or (None,)], options, runner=runner)
+        return cls(user_specs(model, checkpoints, precision=options.precision, device=options.device,
+                              pretrained=pretrained, random_init=random_init), options, runner=runner)
 
     def fingerprint(self, i: int) -> str:
         """Store folder of model i: DALI pixels differ from Pillow's (within a tested bound), so

@@ -15,7 +15,7 @@ from hardrank.inputs.kind import Embeddings, InputOptions, Items, Source
 from hardrank.inputs.kinds.image_folder import IMAGE_EXTENSIONS
 from hardrank.items import ItemTable, Tables, text_key
 from hardrank.mining.problem import MineProblem, StoreRows
-from hardrank.models.openclip import ModelSpec
+from hardrank.models.runs import user_specs
 from hardrank.scoring.counts import embed_line
 from hardrank.store.embedding_store import EmbeddingStore
 
@@ -39,8 +39,8 @@ def _pipeline(cfg: MineConfig, sources: list[Source], echo,
                              f"their embeddings are not comparable")
         return None, stores[0]
     e = cfg.embed
-    pipe = EmbedPipeline([ModelSpec(cfg.model, cfg.checkpoint, e.precision, e.device, pretrained=cfg.pretrained,
-                                    random_init=cfg.random_init)], e, runner=runner)
+    pipe = EmbedPipeline(user_specs(cfg.model, (cfg.checkpoint,), precision=e.precision, device=e.device,
+                                    pretrained=cfg.pretrained, random_init=cfg.random_init), e, runner=runner)
     for s in stores:
         if s.fingerprint != pipe.fingerprint(0):
             raise UsageError(f"{s.dir} holds embeddings of {s.fingerprint}, but --model/--checkpoint "

@@ -21,7 +21,6 @@ from hardrank.config import (
     MineConfig,
     MineOptions,
     build,
-    check_store_root,
     check_writable_dir,
     resolve_device,
 )
@@ -51,7 +50,8 @@ def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
     record = {"run_version": RUN_VERSION, "direction": problem.direction, "modality": problem.modality,
               "queries": len(problem.xq), "corpus": len(problem.xb), "dim": int(problem.xq.shape[1]),
               "query_ids": _digest(problem.query_ids), "corpus_ids": _digest(problem.corpus_ids),
-              "options": {k: v for k, v in asdict(opts).items() if k not in ("recall_sample", "shards")}}
+              # dup_filter off is dup_threshold None already: records written before the flag was an option match
+              "options": {k: v for k, v in asdict(opts).items() if k not in ("recall_sample", "shards", "dup_filter")}}
     path = out / "mine_run.json"
     if path.exists():
         try:
@@ -190,7 +190,7 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     resolve_device(cfg.embed.device)  # usage first: nothing is embedded for a missing device or unwritable output
     check_writable_dir(cfg.out, "out (--out)")
     if cfg.model is not None:
-        check_store_root(cfg.embed.store_root())
+        cfg.embed.check_store()
     if cfg.export_training:
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
     t0 = time.perf_counter()

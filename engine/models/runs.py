@@ -1,4 +1,4 @@
-"""Where model specs come from: flags, or an open_clip training run folder as its trainer wrote it.
+"""Where model specs come from: the user's options (``user_specs``, the one place), or an open_clip training run.
 
 open_clip's trainer (``open_clip_train.main``) writes ``<logs>/<name>/params.txt`` (one
 ``name: value`` line per argument) and ``<logs>/<name>/checkpoints/epoch_<N>.pt``. The model of a run
@@ -13,6 +13,7 @@ import json
 import re
 import struct
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import open_clip
@@ -21,7 +22,7 @@ from hardrank.config import EvalConfig
 from hardrank.errors import DataError, UsageError
 from hardrank.models.openclip import ModelSpec, resolve_arch
 
-__all__ = ["read_params", "run_checkpoints", "run_spec", "model_specs", "checkpoint_complete"]
+__all__ = ["read_params", "run_checkpoints", "run_spec", "model_specs", "user_specs", "checkpoint_complete"]
 
 _EPOCH = re.compile(r"^epoch_(\d+)\.(pt|pth|safetensors)$")
 # params.txt name -> the preprocessing key it overrides
@@ -106,6 +107,15 @@ def run_spec(run_dir: str | Path, *, precision: str = "auto", device: str = "aut
                      logit_bias=bool(params.get("siglip", False)))
 
 
+def user_specs(model: str, checkpoints: Sequence[str | None] = (None,), *, precision: str = "auto",
+               device: str = "auto", pretrained: str | None = None, random_init: bool = False) -> list[ModelSpec]:
+    """The specs the user's options name, one per checkpoint of ``model`` (``None``: the tag's or the
+    folder's weights, or random ones with ``random_init``): every command that loads a model from its
+    --model/--checkpoint/--pretrained/--random-init/--precision/--device flags builds its specs here."""
+    return [ModelSpec(model, c, precision, device, pretrained=pretrained, random_init=random_init)
+            for c in checkpoints or (None,)]
+
+
 def model_specs(cfg: EvalConfig) -> list[ModelSpec]:
     """One spec per checkpoint of ``cfg``: its model + checkpoints + tag, or its run's epochs."""
     e = cfg.embed
@@ -120,8 +130,8 @@ def model_specs(cfg: EvalConfig) -> list[ModelSpec]:
         return [ModelSpec(**{**_fields(base), "checkpoint": str(p)}) for p in ckpts]
     if cfg.model is None:
         raise UsageError("give --model (with --checkpoint or --pretrained), --run RUN_DIR, or --embeddings FILE")
-    return [ModelSpec(cfg.model, c, e.precision, e.device, pretrained=cfg.pretrained, random_init=cfg.random_init)
-            for c in cfg.checkpoints]
+    return user_specs(cfg.model, cfg.checkpoints, precision=e.precision, device=e.device, pretrained=cfg.pretrained,
+                      random_init=cfg.random_init)
 
 
 def _fields(spec: ModelSpec) -> dict:

@@ -16,9 +16,9 @@ from PIL import Image
 from hardrank.atomic import atomic_path
 from hardrank.config import resolve_device
 
-__all__ = ["alter_images", "variant_name"]
+__all__ = ["METHODS", "alter_images", "variant_name"]
 
-_METHODS = ("mix", "patch")
+METHODS = ("mix", "patch")  # RoCOCO mix_images: blend (mix) or CutMix box (patch)
 
 # What we match of the reference script (github.com/pseulki/rococo `mix_images.py`):
 # * torch's CPU generator seeded with `seed`; a shuffled DataLoader (batch 64) first draws one int64
@@ -51,8 +51,8 @@ class _Batch:
 
 
 def _check_args(method: str, lam: float, seed: int) -> None:
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= float(lam) <= 1.0:
         raise ValueError(f"lam must be a number in [0, 1] (RoCOCO uses 0.9), got {lam!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -98,7 +98,7 @@ def _alter_batch(x: torch.Tensor, perm: torch.Tensor, *, method: str, lam: float
         out = x.clone()
         out[:, :, r1:r2, c1:c2] = x[perm, :, r1:r2, c1:c2]
         return out
-    raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 
 def _to_uint8(x: torch.Tensor) -> torch.Tensor:

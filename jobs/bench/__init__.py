@@ -10,11 +10,12 @@ from hardrank.jobs.bench.end_to_end import (
     format_bench,
     write_bench,
 )
-from hardrank.jobs.bench.kernel_bench import add_kernels_parser, run_kernels_bench
+from hardrank.jobs.bench.kernel_bench import add_kernels_parser, bench_kernels
+from hardrank.jobs.bench.options import KernelBenchConfig
 from hardrank.jobs.flags import Formatter
 
 __all__ = ["add_bench_parser", "PipelineBenchConfig", "bench_pipeline", "format_bench", "write_bench",
-           "run_kernels_bench"]
+           "KernelBenchConfig", "bench_kernels"]
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:

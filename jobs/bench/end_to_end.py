@@ -21,7 +21,7 @@ from hardrank.jobs.bench.naive import NaivePipeline
 from hardrank.jobs.bench.options import PipelineBenchConfig
 from hardrank.jobs.bench.stages import time_stages
 from hardrank.jobs.bench.timing import Clock, bare_gemm_gflops, timed
-from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
+from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, expand_globs, options_from_args
 from hardrank.jobs.report import plot_bench
 from hardrank.suites import load_suites
 from hardrank.suites.toy import default_world_dir
@@ -172,7 +172,7 @@ def _cmd_pipeline(args) -> int:
         cfg = options_from_args(PipelineBenchConfig, args, checkpoints=expand_globs(args.checkpoints))
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     b = bench_pipeline(cfg, echo=echo)
-    written = write_bench(b, args.out)
+    written = write_bench(b, cfg.out)
     print(format_bench(b))
     print(f"\nwrote {' and '.join(str(p) for p in written)}")
     return EXIT_OK
@@ -194,6 +194,5 @@ def add_pipeline_parser(bsub) -> None:
                "  hardrank bench pipeline --model ViT-B-32 --checkpoint a.pt b.pt --suite rococo \\\n"
                "      --annotations data/rococo --images /data/coco --no-naive")
     add_options(p, PipelineBenchConfig, skip=_NOT_FLAGS)
-    p.add_argument("--out", default="results/bench", help="folder for bench_pipeline.json/.png (default: %(default)s)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_cli_flags(p, "quiet")
     p.set_defaults(func=_cmd_pipeline)

@@ -9,18 +9,19 @@ from pathlib import Path
 
 import torch
 
+from hardrank.atomic import write_text_atomic
 from hardrank.config import resolve_device
 from hardrank.errors import EXIT_OK, UsageError
+from hardrank.jobs.bench.options import KernelBenchConfig
 from hardrank.jobs.bench.timing import PeakRSS, bare_gemm, timed
-from hardrank.jobs.flags import Formatter
+from hardrank.jobs.flags import Formatter, add_options, options_from_args
 from hardrank.kernels import grouped_ranks, precision_choice, resolve_precision, topk
 
-__all__ = ["add_kernels_parser", "run_kernels_bench"]
+__all__ = ["add_kernels_parser", "bench_kernels"]
 
 # the bare GEMM's query x gallery tilings tried; the fastest is the limit the kernels are held to
 _TILINGS = [(1024, 1024), (2048, 1024), (2048, 2048), (4096, 1024), (1024, 4096), (512, 8192)]
 _VARIANT_SIZE = 25000  # items per added gallery group (one RoCOCO caption file)
-_METHODS = ("gemm", "gemm_lp", "grouped", "grouped_lp", "topk", "topk_lp", "faiss", "argsort", "onehot")
 
 
 def add_kernels_parser(bsub) -> None:
@@ -33,33 +34,13 @@ def add_kernels_parser(bsub) -> None:
                                "  hardrank bench kernels --data random        # positives in the bulk (rank ~15,000)\n"
                                "  hardrank bench kernels --nq 100000 --nb 100000 --variants 0\n"
                                "  hardrank bench kernels --device cuda")
-    p.add_argument("--nq", type=int, default=5000, help="queries (RoCOCO i2t: 5,000 images)")
-    p.add_argument("--nb", type=int, default=25010, help="clean gallery (25,010 captions)")
-    p.add_argument("--variants", type=int, default=4, help="added groups of 25,000 items (RoCOCO: 4 caption files)")
-    p.add_argument("--d", type=int, default=512)
-    p.add_argument("--positives", type=int, default=5, help="positives per query")
-    p.add_argument("--data", choices=("matched", "random"), default="matched",
-                   help="matched: each caption is its image's embedding plus noise (cosine ~0.33 to it, ~0 +- 0.044 "
-                        "to others) and the added groups hold perturbed copies of the captions, like a CLIP model "
-                        "on RoCOCO (R@1 ~40%%); random: unrelated unit vectors, every positive ranks ~15,000")
-    p.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp16"),
-                   help="the low-precision path's first GEMM (auto: bf16 on CPU, fp16 on CUDA, whatever "
-                        "kernels.resolve_precision('auto') picks here)")
-    p.add_argument("--baseline-queries", type=int, default=500,
-                   help="queries for the full-matrix baselines (they hold a queries x gallery matrix); "
-                        "their time is scaled to --nq")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--budget-mb", type=int, default=256, help="kernel tile budget")
-    p.add_argument("--repeat", type=int, default=3,
-                   help="timed rounds after a warm-up; every round runs each method once, in turn (best is kept), "
-                        "so a shared machine's load drifts over all of them alike")
-    p.add_argument("--skip", nargs="*", default=[], choices=_METHODS, metavar="METHOD",
-                   help=f"methods to skip ({' '.join(_METHODS)})")
-    p.add_argument("--gemm-tiling", default=None, metavar="QxG",
-                   help="time the bare GEMMs with this tiling only (e.g. 4096x1024) instead of the fastest of six")
-    p.add_argument("--no-warmup", action="store_true", help="skip the untimed first round (large shapes)")
-    p.add_argument("--out", default="benchmarks/results/bench_kernels.json")
-    p.set_defaults(func=run_kernels_bench)
+    add_options(p, KernelBenchConfig)
+    p.set_defaults(func=_cmd_kernels)
+
+
+def _cmd_kernels(args) -> int:
+    bench_kernels(options_from_args(KernelBenchConfig, args))
+    return EXIT_OK
 
 
 def _tilings(text: str | None) -> list[tuple[int, int]]:
@@ -78,27 +59,27 @@ class _Problem:
     """A COCO-shaped ranking problem: ``xq (nq, d)`` queries against ``xb (nb, d)``, a clean group
     of ``nb0`` items then ``variants`` added groups, ``npos`` positives per query in the clean group."""
 
-    def __init__(self, args, dev: torch.device):
+    def __init__(self, cfg: KernelBenchConfig, dev: torch.device):
         self.dev = dev
         self.dtype = torch.float16 if dev.type == "cuda" else torch.float32
         g = torch.Generator().manual_seed(0)
-        self.nq, n0, self.d = args.nq, args.nb, args.d
-        self.nb = n0 + args.variants * _VARIANT_SIZE
-        self.npos = npos = min(args.positives, max(1, n0 // max(self.nq, 1)))
+        self.nq, n0, self.d = cfg.nq, cfg.nb, cfg.d
+        self.nb = n0 + cfg.variants * _VARIANT_SIZE
+        self.npos = npos = min(cfg.positives, max(1, n0 // max(self.nq, 1)))
         norm = torch.nn.functional.normalize
         xq = norm(torch.randn(self.nq, self.d, generator=g), dim=1)  # (nq, d)
-        if args.data == "random":
+        if cfg.data == "random":
             xb = norm(torch.randn(self.nb, self.d, generator=g), dim=1)  # (nb, d)
         else:  # caption j describes image (j // npos) mod nq; added groups perturb the first captions
             owner = (torch.arange(n0) // npos) % max(self.nq, 1)
             cap = norm(0.35 * xq[owner] + norm(torch.randn(n0, self.d, generator=g), dim=1), dim=1)
             parts = [cap]
-            for _ in range(args.variants):
+            for _ in range(cfg.variants):
                 src = cap[torch.arange(_VARIANT_SIZE) % n0]
                 parts.append(norm(src + 0.35 * norm(torch.randn(_VARIANT_SIZE, self.d, generator=g), dim=1), dim=1))
             xb = torch.cat(parts)
         self.xq, self.xb = xq.to(dev, self.dtype), xb.to(dev, self.dtype)
-        self.bounds = torch.tensor([0, n0] + [n0 + (i + 1) * _VARIANT_SIZE for i in range(args.variants)], device=dev)
+        self.bounds = torch.tensor([0, n0] + [n0 + (i + 1) * _VARIANT_SIZE for i in range(cfg.variants)], device=dev)
         q = torch.arange(self.nq, device=dev)
         self.pos_idx = (q[:, None] * npos + torch.arange(npos, device=dev)).reshape(-1) % n0
         self.pos_ptr = torch.arange(self.nq + 1, device=dev) * npos
@@ -142,30 +123,25 @@ def _time_once(fn, dev: torch.device) -> tuple[float, int, object]:
     return sec, peak, res
 
 
-def run_kernels_bench(args) -> int:
-    """Time each method on one problem, in interleaved rounds; print the table, write the JSON."""
-    for flag, v, lo in (("--nq", args.nq, 1), ("--nb", args.nb, 1), ("--d", args.d, 1),
-                        ("--variants", args.variants, 0), ("--positives", args.positives, 1),
-                        ("--baseline-queries", args.baseline_queries, 1),
-                        ("--budget-mb", args.budget_mb, 1), ("--repeat", args.repeat, 1)):
-        if v < lo:
-            raise UsageError(f"{flag} must be >= {lo}, got {v}")
-    dev = torch.device(resolve_device(args.device))
-    tilings = _tilings(args.gemm_tiling)
-    lp = resolve_precision("auto", dev) if args.precision == "auto" else args.precision
+def bench_kernels(cfg: KernelBenchConfig, echo=print) -> dict:
+    """Time each method on one problem, in interleaved rounds; ``echo`` the table, write the JSON
+    (``cfg.out``) and return it."""
+    dev = torch.device(resolve_device(cfg.device))
+    tilings = _tilings(cfg.gemm_tiling)
+    lp = resolve_precision("auto", dev) if cfg.precision == "auto" else cfg.precision
     if lp == "fp32":  # no fast low-precision GEMM here: still time the low-precision path, as bf16
         lp = "bf16"
     lp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[lp]
-    pb = _Problem(args, dev)
+    pb = _Problem(cfg, dev)
     nq, nb, d = pb.nq, pb.nb, pb.d
-    budget = args.budget_mb << 20
+    budget = cfg.budget_mb << 20
     flops = 2.0 * nq * nb * d
 
     # the GEMM limits: the fastest of a few tilings (each output tile reused, nothing else done)
     gemm_times: dict[str, dict] = {}
     best_tiling = {}
     for key, dt in (("gemm", torch.float32), ("gemm_lp", lp_dtype)):
-        if key in args.skip:
+        if key in cfg.skip:
             continue
         times = {}
         for qb, gb in tilings:
@@ -175,7 +151,7 @@ def run_kernels_bench(args) -> int:
         best_tiling[key] = min(times, key=times.get)
         gemm_times[key] = {f"{a}x{b}": t for (a, b), t in times.items()}
 
-    m = min(args.baseline_queries, nq)
+    m = min(cfg.baseline_queries, nq)
     rank_args = (pb.xq, pb.xb, pb.bounds, pb.pos_ptr, pb.pos_idx)
     methods = [  # (key, name, run, time scale to nq queries, what it returns)
         ("gemm", "bare fp32 GEMM (best tiling {})", lambda: pb.bare_gemm(*best_tiling["gemm"], torch.float32),
@@ -194,13 +170,13 @@ def run_kernels_bench(args) -> int:
         ("argsort", f"full matrix + argsort ({m} q, scaled)", lambda: pb.full_argsort(m), nq / m, "exact ranks"),
         ("onehot", f"full matrix + topk + one-hot ({m} q, scaled)", lambda: pb.full_onehot(m), nq / m, "R@10 only"),
     ]
-    methods = [x for x in methods if x[0] not in args.skip]
+    methods = [x for x in methods if x[0] not in cfg.skip]
     best = {key: (float("inf"), 0) for key, *_ in methods}
     results = {}
-    for rnd in range(args.repeat + (0 if args.no_warmup else 1)):
+    for rnd in range(cfg.repeat + (0 if not cfg.warmup else 1)):
         for key, _, fn, _, _ in methods:
             sec, peak, res = _time_once(fn, dev)
-            if rnd == 0 and not args.no_warmup:
+            if rnd == 0 and not not cfg.warmup:
                 continue  # warm-up round (and torch.compile, where used)
             results[key] = res
             best[key] = (min(best[key][0], sec), max(best[key][1], peak))
@@ -222,32 +198,32 @@ def run_kernels_bench(args) -> int:
     t_gemm = next((r["seconds"] for r in rows if r["key"] == "gemm"), None)
     auto = precision_choice("auto", dev, nq * nb * d)  # what the kernels' auto takes for this problem, and why
     emb_mb = (pb.xq.numel() + pb.xb.numel()) * pb.xq.element_size() / 2**20
-    print(f"{nq} queries x {nb} gallery ({args.variants} added groups, {args.data} data), d={d}, {dev} {pb.dtype}, "
-          f"torch threads {torch.get_num_threads()}; embeddings {emb_mb:.0f} MB, tile budget {args.budget_mb} MB; "
+    echo(f"{nq} queries x {nb} gallery ({cfg.variants} added groups, {cfg.data} data), d={d}, {dev} {pb.dtype}, "
+          f"torch threads {torch.get_num_threads()}; embeddings {emb_mb:.0f} MB, tile budget {cfg.budget_mb} MB; "
           f"auto precision here: {auto[0]} ({auto[1]})")
-    print(f"{'method':<46} {'seconds':>9} {'GFLOP/s':>8} {'x fp32 GEMM':>11} {'peak MB':>8}  returns")
+    echo(f"{'method':<46} {'seconds':>9} {'GFLOP/s':>8} {'x fp32 GEMM':>11} {'peak MB':>8}  returns")
     for r in rows:
         r["gflops"] = flops / r["seconds"] / 1e9
         r["speed_vs_fp32_gemm"] = t_gemm / r["seconds"] if t_gemm else None
         ratio = f"{r['speed_vs_fp32_gemm']:.2f}" if t_gemm else "-"
-        print(f"{r['method']:<46} {r['seconds']:9.3f} {r['gflops']:8.1f} {ratio:>11} {r['peak_extra_mb']:8.0f}  "
-              f"{r['returns']}")
+        echo(f"{r['method']:<46} {r['seconds']:9.3f} {r['gflops']:8.1f} {ratio:>11} {r['peak_extra_mb']:8.0f}  "
+             f"{r['returns']}")
     by = {r["key"]: r for r in rows}
     if "gemm" in by:
         for key, aim in (("grouped", "aim >= 0.85"), ("topk", "aim >= 0.85"), ("grouped_lp", "aim >= 2"),
                          ("topk_lp", "aim >= 2"), ("gemm_lp", "the low-precision limit")):
             if key in by:
-                print(f"{by[key]['method']}: {by[key]['speed_vs_fp32_gemm']:.2f}x the fp32 GEMM throughput ({aim})")
+                echo(f"{by[key]['method']}: {by[key]['speed_vs_fp32_gemm']:.2f}x the fp32 GEMM throughput ({aim})")
     if "faiss" in by:
         for key in ("grouped", "grouped_lp", "topk", "topk_lp"):
             if key in by:
-                print(f"{by[key]['method']} vs FAISS flat top-10: {by['faiss']['seconds'] / by[key]['seconds']:.2f}x")
+                echo(f"{by[key]['method']} vs FAISS flat top-10: {by['faiss']['seconds'] / by[key]['seconds']:.2f}x")
     if same:
-        print("low-precision path bit-identical to the fp32 path: " + ", ".join(f"{k} {v}" for k, v in same.items()))
+        echo("low-precision path bit-identical to the fp32 path: " + ", ".join(f"{k} {v}" for k, v in same.items()))
     lp_info = results["grouped_lp"].info if "grouped_lp" in results else {}
     if lp_info:
-        print(f"grouped_ranks {lp} path: rows x tiles scored per level {lp_info.get('row_tiles')}, "
-              f"exact re-scores {lp_info.get('rescored_pairs')}")
+        echo(f"grouped_ranks {lp} path: rows x tiles scored per level {lp_info.get('row_tiles')}, "
+             f"exact re-scores {lp_info.get('rescored_pairs')}")
     out = {"machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                        "device": str(dev), "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
                        "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -255,9 +231,9 @@ def run_kernels_bench(args) -> int:
            "gemm_tilings_seconds": gemm_times, "low_precision": lp, "auto_precision": auto[0],
            "auto_precision_reason": auto[1],
            "bit_identical": same, "grouped_lp_info": lp_info,
-           "shape": {"nq": nq, "nb": nb, "d": d, "groups": args.variants + 1, "dtype": str(pb.dtype),
-                     "data": args.data, "embeddings_mb": emb_mb, "budget_mb": args.budget_mb}, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.out}")
-    return EXIT_OK
+           "shape": {"nq": nq, "nb": nb, "d": d, "groups": cfg.variants + 1, "dtype": str(pb.dtype),
+                     "data": cfg.data, "embeddings_mb": emb_mb, "budget_mb": cfg.budget_mb}, "rows": rows}
+    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(cfg.out, json.dumps(out, indent=2))
+    echo(f"wrote {cfg.out}")
+    return out

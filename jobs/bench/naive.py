@@ -10,7 +10,8 @@ from hardrank.items import Tables, decode_image
 from hardrank.jobs.bench.options import PipelineBenchConfig
 from hardrank.jobs.bench.timing import Clock
 from hardrank.kernels.reference import naive_rank
-from hardrank.models.openclip import ModelSpec, load_model
+from hardrank.models.openclip import load_model
+from hardrank.models.runs import user_specs
 from hardrank.scoring.metrics import choice_metrics
 from hardrank.suites import load_suites
 
@@ -96,8 +97,9 @@ class NaivePipeline:
         for ckpt in cfg.checkpoints:
             with self.clock("model load", 1):
                 no_weights = ckpt is None and not cfg.pretrained
-                model = load_model(ModelSpec(cfg.model, ckpt, cfg.embed.precision, cfg.embed.device,
-                                             pretrained=cfg.pretrained, random_init=no_weights))
+                (spec,) = user_specs(cfg.model, (ckpt,), precision=cfg.embed.precision, device=cfg.embed.device,
+                                     pretrained=cfg.pretrained, random_init=no_weights)
+                model = load_model(spec)
             with self.clock("suite load"):
                 tables = Tables.empty()
                 suites = load_suites(list(cfg.suites), tables, cfg.suite_options)

@@ -2,21 +2,35 @@
 from __future__ import annotations
 
 import argparse
-import sys
+from dataclasses import dataclass
 
+from hardrank.config import check_options, opt
+from hardrank.errors import EXIT_OK
+from hardrank.jobs.flags import add_options, options_from_args
 from hardrank.jobs.report.build import build_report
 
-__all__ = ["add_report_parser"]
+__all__ = ["add_report_parser", "ReportConfig"]
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """One report: the results folder it reads, where it goes, how many failures it lists."""
+
+    results: str = opt("", "a results folder (what `hardrank eval --out` or `hardrank run` wrote)", positional=True,
+                       metavar="RESULTS_DIR", path=True)
+    out: str | None = opt(None, "report folder (default: RESULTS_DIR/report)", path=True)
+    top: int = opt(20, "worst failures listed per suite", minimum=0)
+
+    def __post_init__(self):
+        check_options(self)
 
 
 def _cmd_report(args) -> int:
-    if args.top < 0:
-        print(f"hardrank report: --top must be >= 0, got {args.top}", file=sys.stderr)
-        return 2
-    paths = build_report(args.results, args.out, top=args.top)
+    cfg = options_from_args(ReportConfig, args)
+    paths = build_report(cfg.results, cfg.out, top=cfg.top)
     for k in ("csv", "html", "md"):
         print(paths[k])
-    return 0
+    return EXIT_OK
 
 
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
@@ -34,8 +48,6 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         epilog="examples:\n  hardrank report results/demo\n"
                "  hardrank report results/demo --out results/demo_report --top 50\n"
                "  xdg-open results/demo/report/report.html   # or benchmarks/screenshot_report.sh results/demo")
-    p.add_argument("results", metavar="RESULTS_DIR", help="the --out folder of `hardrank eval` / `hardrank run`")
-    p.add_argument("--out", default=None, help="report folder (default: RESULTS_DIR/report)")
-    p.add_argument("--top", type=int, default=20, help="worst failures listed per suite (default 20)")
+    add_options(p, ReportConfig, required=("results",))
     p.set_defaults(func=_cmd_report)
     return p

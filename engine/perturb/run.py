@@ -1,0 +1,187 @@
+"""`perturb texts` and `perturb images` as one call each: their configs and entry points (folders or tar shards)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hardrank.atomic import copy_into
+from hardrank.config import PRECISIONS, build, check_options, opt
+from hardrank.errors import UsageError
+from hardrank.inputs import is_sample_source, parse_captions, read_samples, sample_captions
+from hardrank.models.openclip import load_model
+from hardrank.models.runs import user_specs
+from hardrank.perturb.images import METHODS, alter_images, variant_name
+from hardrank.perturb.shards import alter_shards, perturb_shard_texts
+from hardrank.perturb.texts import KINDS, embedding_influence, load_vocab, write_variant_file
+from hardrank.suites.karpathy import N_PERTURBED, merge_repeated_images, read_karpathy
+
+__all__ = ["PerturbTextsConfig", "PerturbImagesConfig", "perturb_texts", "perturb_images"]
+
+
+@dataclass(frozen=True)
+class PerturbTextsConfig:
+    """RoCOCO-style caption variants: each caption's lowest-embedding-influence noun replaced, one
+    ``<kind>.json`` per kind (RoCOCO format), or text-only variant shards for tar shard inputs."""
+
+    model: str = opt("", "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder>; its text "
+                     "encoder ranks the words")
+    checkpoint: str | None = opt(None, "weights file", path=True)
+    pretrained: str | None = opt(None, "open_clip pretrained tag (its weights from the local cache when no "
+                                 "--checkpoint is given)")
+    random_init: bool = opt(False, "rank words with a random text encoder (tests only)")
+    annotations: str = opt("", "Karpathy-format JSON (image + caption list per item), or tar shards "
+                           "('dir/{00000..00009}.tar', local or a URL): variant shards go to <out>/<kind>/", path=True)
+    captions: str = opt("txt", "tar shards: where the captions are: txt or json:KEY")
+    kinds: tuple[str, ...] = opt(KINDS, "the variants to write", choices=KINDS)
+    seed: int = opt(1, "seed of the replacement words (each draw depends on the seed, the kind and the caption)")
+    out: str = opt("", "folder for <kind>.json (the annotation file is copied there too, so `hardrank eval --suite "
+                   "rococo --annotations <out>/<file>` finds both)", path=True)
+    vocab: str | None = opt(None, "vocabulary JSON (default: the bundled concepts.json)", path=True)
+    batch_size: int = opt(512, "texts per text-encoder pass", minimum=1)
+    precision: str = opt("auto", "text encoder precision: auto = fp16 on CUDA, fp32 on CPU", choices=PRECISIONS)
+    device: str = opt("auto", "auto | cpu | cuda | cuda:N")
+    overwrite: bool = opt(False, "regenerate <kind>.json files that exist (otherwise they are skipped)")
+
+    def __post_init__(self):
+        object.__setattr__(self, "kinds", tuple(dict.fromkeys(self.kinds)))
+        check_options(self)
+        for name in ("model", "annotations", "out"):
+            if not getattr(self, name):
+                raise UsageError(f"option {name} (--{name}) is required")
+        if not self.kinds:
+            raise UsageError(f"option kinds (--kinds) is empty; name at least one of {list(KINDS)}")
+
+
+@dataclass(frozen=True)
+class PerturbImagesConfig:
+    """RoCOCO's altered galleries: every image mixed (or CutMix-patched) with another, written where
+    ``eval --image-variants <method>_<lam> --seeds <seed>`` finds it."""
+
+    method: str | None = opt(None, "mix: the image blended with its partner; patch: a box of the partner pasted "
+                             "in (CutMix)", choices=METHODS)
+    lam: float = opt(0.9, "weight of the original image")
+    seed: int = opt(1, "seed of the partners and patch boxes; the folder's _s<seed> suffix")
+    quality: int = opt(75, "JPEG quality of the altered images (75 = PIL default, as the reference)")
+    images: str = opt("", "image root the annotation paths are relative to, or tar shards ('dir/{00000..00009}.tar', "
+                      "local or a URL: altered shards go to <out>/<method>_<lam>_s<seed>/)", path=True)
+    annotations: str | None = opt(None, "Karpathy-format JSON naming the images (not for shards)", path=True)
+    out: str = opt("", "altered images go to <out>/<method>_<lam>_s<seed>/<image path> (shards: "
+                   "<out>/<method>_<lam>_s<seed>/<shard>); use the image root of `hardrank eval --images` (the "
+                   "shards' folder) so `--image-variants` finds them", path=True)
+
+    def __post_init__(self):
+        check_options(self)
+        for name in ("method", "images", "out"):
+            if not getattr(self, name):
+                raise UsageError(f"option {name} (--{name}) is required")
+        if not 0.0 <= self.lam <= 1.0:
+            raise UsageError(f"option lam (--lam) must be in [0, 1] (the weight of the original image), got {self.lam}")
+        if not 1 <= self.quality <= 100:
+            raise UsageError(f"option quality (--quality) must be in [1, 100], got {self.quality}")
+
+
+def _echo(echo):
+    return echo or (lambda s: None)
+
+
+def perturb_texts(cfg: PerturbTextsConfig | None = None, *, echo=None, **options) -> list[dict]:
+    """Write the caption variants ``cfg.kinds`` of ``cfg.annotations`` into ``cfg.out`` (the options
+    as keywords work too: ``perturb_texts(model=..., annotations=..., out=...)``). Returns one report
+    per kind written (counts of perturbed, fallback and unchanged captions, the model's fingerprint);
+    ``echo`` gets progress and the `eval` command that reads the variants."""
+    cfg = _config(PerturbTextsConfig, cfg, options)
+    say = _echo(echo)
+    if is_sample_source(cfg.annotations):
+        return _shard_texts(cfg, say)
+    ann, out = Path(cfg.annotations), Path(cfg.out)
+    clean = read_karpathy(ann)  # validate before loading the model
+    vocab = load_vocab(cfg.vocab)
+    todo = [k for k in cfg.kinds if cfg.overwrite or not (out / f"{k}.json").is_file()]
+    for k in cfg.kinds:
+        if k not in todo:
+            say(f"{out / f'{k}.json'} exists, skipped (pass --overwrite to regenerate)")
+    out.mkdir(parents=True, exist_ok=True)
+    copy = out / ann.name
+    copy_into(ann, copy, "the variant files must sit next to the clean file they were made from "
+                         "(--annotations): use another --out")
+    reports = []
+    if todo:
+        lm = _load(cfg)
+        if lm.info["random_init"]:
+            say("warning: --random-init: a randomly initialised text encoder ranks the words")
+        sources = list(dict.fromkeys(c for _, caps in clean for c in caps[:N_PERTURBED]))
+        t0 = time.perf_counter()
+        influence = dict(zip(sources, embedding_influence(lm.model, lm.tokenizer, sources,
+                                                          batch_size=cfg.batch_size)))
+        dt = time.perf_counter() - t0
+        say(f"embedding influence: {len(sources)} captions in {dt:.1f} s "
+            f"({len(sources) / max(dt, 1e-9):.0f} captions/s, {lm.device}, {lm.precision})")
+        for k in todo:
+            report = write_variant_file(copy, out / f"{k}.json", k, lm.model, lm.tokenizer, cfg.seed,
+                                        vocab=vocab, influence=influence, batch_size=cfg.batch_size)
+            report["model"] = lm.fingerprint
+            reports.append(report)
+    say(f"evaluate with: hardrank eval --suite rococo --annotations {copy} --text-variants {' '.join(cfg.kinds)} ...")
+    return reports
+
+
+def _shard_texts(cfg: PerturbTextsConfig, say) -> list[dict]:
+    """perturb texts on tar shards: text-only variant shards <out>/<kind>/<shard>."""
+    how = parse_captions(cfg.captions)  # usage first
+    vocab = load_vocab(cfg.vocab)
+    lm = _load(cfg)
+    sources = list(dict.fromkeys(c for s in read_samples(cfg.annotations, hash_images=False).samples
+                                 if s.image is not None for c in sample_captions(s, how)[:N_PERTURBED]))
+    influence = dict(zip(sources, embedding_influence(lm.model, lm.tokenizer, sources, batch_size=cfg.batch_size)))
+    reports = []
+    for k in cfg.kinds:
+        report = perturb_shard_texts(cfg.annotations, cfg.out, k, lm.model, lm.tokenizer, cfg.seed,
+                                     captions=cfg.captions, vocab=vocab, influence=influence,
+                                     batch_size=cfg.batch_size)
+        report["model"] = lm.fingerprint
+        reports.append(report)
+    say(f"evaluate with: hardrank eval --suite wds --images '{cfg.annotations}' --captions {cfg.captions} "
+        f"--text-variants {' '.join(cfg.kinds)} ...")
+    return reports
+
+
+def _load(cfg: PerturbTextsConfig):
+    (spec,) = user_specs(cfg.model, (cfg.checkpoint,), precision=cfg.precision, device=cfg.device,
+                         pretrained=cfg.pretrained, random_init=cfg.random_init)
+    return load_model(spec)
+
+
+def perturb_images(cfg: PerturbImagesConfig | None = None, *, echo=None, **options) -> dict:
+    """Write the ``cfg.method`` copy of every image under ``cfg.out/<method>_<lam>_s<seed>/`` (folders:
+    the images ``cfg.annotations`` names; tar shards: every sample). Returns the report (images,
+    written, skipped, self_pairs, where); ``echo`` gets the `eval` flags that read them."""
+    cfg = _config(PerturbImagesConfig, cfg, options)
+    say = _echo(echo)
+    if is_sample_source(cfg.images):
+        report = alter_shards(cfg.images, cfg.out, method=cfg.method, lam=cfg.lam, seed=cfg.seed,
+                              quality=cfg.quality)
+        say(f"{report['images']} images in {len(report['shards'])} shard(s), {report['self_pairs']} mixed with "
+            f"themselves; evaluate with --suite wds --images '{cfg.images}' --image-variants "
+            f"{cfg.method}_{cfg.lam:g} --seeds {cfg.seed}")
+        return report
+    if not cfg.annotations:
+        raise UsageError("perturb images --images FOLDER needs --annotations (a Karpathy JSON naming the images); "
+                         "tar shards need none")
+    images_root = Path(cfg.images)
+    if not images_root.is_dir():
+        raise FileNotFoundError(f"--images {images_root} is not a folder")
+    # one altered copy per image, in the order the suites list them (an image listed twice is one image)
+    paths = [im for im, _ in merge_repeated_images(cfg.annotations, read_karpathy(cfg.annotations))[0]]
+    report = alter_images(images_root, paths, Path(cfg.out), method=cfg.method, lam=cfg.lam, seed=cfg.seed,
+                          quality=cfg.quality)
+    say(f"{variant_name(cfg.method, cfg.lam, cfg.seed)}: {report.get('self_pairs')} images were mixed with "
+        f"themselves (RoCOCO keeps these); evaluate with --image-variants {cfg.method}_{cfg.lam:g} --seeds {cfg.seed}")
+    return report
+
+
+def _config(cls, cfg, options: dict):
+    """``cfg``, or ``cls`` built from keyword options (not both)."""
+    if cfg is not None and options:
+        raise UsageError(f"pass a {cls.__name__} or keyword options, not both (got {sorted(options)})")
+    return cfg if cfg is not None else build(cls, options)
