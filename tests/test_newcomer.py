@@ -6,6 +6,11 @@ import ast
 import csv
 import io
 import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -265,3 +270,62 @@ def test_order_tasks_use_spacy_tags_when_installed(tmp_path, monkeypatch):
     monkeypatch.setattr(aro, "order_tagger", lambda: aro.WORD_LISTS)
     meta = SUITES["coco_order"](Tables.empty(), opts).meta
     assert meta["pos_tagger"].startswith("word lists") and meta["trigram_tokenizer"].startswith("regex")
+
+
+# -- small batches: no fixed cost per batch --------------------------------------------------------
+def test_openmp_threads_sleep_between_regions_unless_the_user_chose():
+    """Importing hardrank sets libgomp's wait policy before torch loads it: spinning threads made each
+    small op cost a scheduler time slice on busy cores (--batch-size 8 ran 7x slower than the default)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+
+    def spin_count(**extra) -> int:
+        proc = subprocess.run([sys.executable, "-c", "import hardrank, torch; torch.ones(4096).sum()"],
+                              env={**env, "OMP_DISPLAY_ENV": "VERBOSE", **extra}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        found = re.search(r"GOMP_SPINCOUNT = '(\d+)'", proc.stderr)
+        if found is None:
+            pytest.skip("torch's OpenMP runtime here is not libgomp")
+        return int(found.group(1))
+
+    assert spin_count() == 0                           # PASSIVE: sleep at once
+    assert spin_count(OMP_WAIT_POLICY="ACTIVE") > 0    # the user's choice stands
+
+
+def test_small_batches_build_stages_and_commit_shards_once_per_run(kworld, tmp_path, monkeypatch):
+    """--batch-size 1: every batch is encoded by K checkpoints, but the decoder, the encoder stage and
+    each store's shard are made once per modality, not once per batch."""
+    from hardrank import EmbedOptions, EmbedPipeline, Tables
+    from hardrank.embed import decode, job
+    from hardrank.store import EmbeddingStore
+    from hardrank.suites import SuiteOptions, load_suites
+
+    w = kworld
+    calls: Counter = Counter()
+
+    def counted(cls, name):
+        real = getattr(cls, name)
+
+        def spy(self, *a, **k):
+            calls[f"{cls.__name__}.{name}"] += 1
+            return real(self, *a, **k)
+        monkeypatch.setattr(cls, name, spy)
+
+    for cls, name in ((EmbeddingStore, "write"), (EmbeddingStore, "write_manifest"), (job.DecodeStage, "__init__"),
+                      (job.EncodeStage, "__init__"), (job.EncodeStage, "__call__"),
+                      (decode.PillowDecoder, "__init__")):
+        counted(cls, name)
+    second = save_random_checkpoint(w["cfg"], tmp_path / "m2.safetensors", 1)
+    tables = Tables.empty()
+    load_suites(["karpathy"], tables, SuiteOptions(annotations=str(w["annotations"]), images=str(w["images"])))
+    pipe = EmbedPipeline.from_checkpoints(str(w["cfg"]), [str(w["ckpt"]), str(second)],
+                                          EmbedOptions(store=str(tmp_path / "store"), batch_size=1, device="cpu"))
+    st = pipe.run(tables)
+    n_images, n_texts = st["image"].encoded, st["text"].encoded
+    assert n_images == 8 and n_texts == 40
+    assert calls["EncodeStage.__call__"] == n_images + n_texts                  # one batch per item
+    assert calls["EncodeStage.__init__"] == calls["DecodeStage.__init__"] == 2  # once per modality
+    assert calls["PillowDecoder.__init__"] == 1
+    assert calls["EmbeddingStore.write"] == 2 * 2                               # 2 stores x 2 modalities
+    # per store: when created, when the run takes its lock, after each of its 2 shards
+    assert calls["EmbeddingStore.write_manifest"] == 2 * (1 + 1 + 2)
