@@ -59,6 +59,40 @@ def test_eta_comes_from_measured_throughput_not_the_first_batch():
     assert lines[-1] == "embed texts: 100/500 (20%) 100 item/s, 0:00, done"
 
 
+
+def test_throughput_counts_only_what_was_encoded():
+    """A batch with failed images reaches the bar as its failures, then its encoded rows, microseconds
+    apart: the failures advance the count, never the rate (it read 5,000,000 item/s here)."""
+    from hardrank.embed import EmbedSink, EmbedStats
+
+    class Ticking:  # 1 us passes on every reading
+        def __init__(self):
+            self.t = 0.0
+
+        def __call__(self):
+            self.t += 1e-6
+            return self.t
+
+    clock, out = Ticking(), io.StringIO()
+    bar = _LogLines(16, "embed images", out, interval=1e9, clock=clock)
+    table = ItemTable("image")
+    table.add_many([ImageRef(f"/data/{i}.jpg") for i in range(16)])
+    sink = EmbedSink(table, [f"k{i}" for i in range(16)], [], [], EmbedStats(total=16), flush_rows=1000,
+                     max_failures=None, bar=bar)
+    ok = np.array([False] * 3 + [True] * 5)
+    sink.deliver({"rows": np.arange(8), "ok": ok, "error": ["truncated"] * 3 + [None] * 5, "emb": []})
+    assert bar.meter.n == 8 and bar.meter.rate is None  # one encoded batch: no rate yet
+    clock.t += 1.0
+    sink.deliver({"rows": np.arange(8, 16), "ok": np.ones(8, bool), "error": [None] * 8, "emb": []})
+    assert bar.meter.rate == pytest.approx(8.0, rel=1e-4)  # the second batch's 8 rows in 1 s
+    bar.close()
+    assert out.getvalue().splitlines()[-1] == "embed images: 16/16 (100%) 8 item/s, 0:01, done; 3 failed"
+    assert sink.stats.encoded == 13 and len(sink.stats.failures) == 3
+    m = _Meter(total=10)  # failures alone: no rate at all, whatever their timing
+    m.skip(4)
+    m.skip(6)
+    assert m.rate is None and m.n == 10
+
 # -- counts name their duplicates ------------------------------------------------------------------
 def test_counts_name_duplicates_and_unreadable_images(tmp_path):
     rng = np.random.default_rng(0)
