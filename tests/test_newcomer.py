@@ -220,7 +220,7 @@ def test_store_export_round_trips_through_bring_your_own_embeddings(kworld, tmp_
 
 
 # -- mining: human ids, keys, the NegCLIP table ----------------------------------------------------
-def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp_path):
+def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp_path, capsys):
     w = kworld
     ann = w["annotations"] / "coco_karpathy_test.json"
     out = tmp_path / "mined"
@@ -229,6 +229,14 @@ def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp
                  "--queries", str(ann), "--images", str(w["images"]), "--corpus", str(w["images"] / "val2014"),
                  "--direction", "t2i", "-k", "3", "--no-dup-filter",  # a random tiny model: images all alike
                  "--out", str(out), "--export-training", str(tsv), "--quiet"]) == 0
+    # stdout: a few lines a person reads, and where the summary is (its ~40 lines of JSON stay in the file)
+    lines = capsys.readouterr().out.splitlines()
+    n_q = sum(len(set(it["caption"])) for it in kworld["clean"])
+    assert lines[0] == f"{n_q} text queries x 8 image corpus items: {3 * n_q} negatives (k 3), 0 queries short of k"
+    assert lines[1] == "dropped: 0 near duplicates of a positive, 0 above --max-sim, 0 below --min-sim"
+    assert re.fullmatch(r"search: exact \(kernels\.topk, fp32\); 1 block\(s\) computed, 0 reused; \d+\.\ds", lines[2])
+    assert lines[3:] == [f"negatives  {out / 'negatives' / 'part-*.parquet'}", f"training   {tsv} ({n_q} rows)",
+                         f"summary    {out / 'summary.json'}"]
     t = pq.read_table(out / "negatives" / "part-000000.parquet").to_pydict()
     assert all(n.startswith("val2014/COCO_val2014_") for n in t["negative_id"])  # relative to --images
     assert all(k.startswith("i") for k in t["negative_key"]) and all(k.startswith("t") for k in t["query_key"])
@@ -241,6 +249,7 @@ def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp
     for r in rows:  # what NegCLIP's CsvDataset does with a row: every list non-empty, every index a row
         caps, imgs = ast.literal_eval(r["neg_caption"]), ast.literal_eval(r["neg_image"])
         assert caps and imgs and all(0 <= j < len(rows) for j in imgs)
+        assert len(caps) <= 3 and len(imgs) <= 3  # one caption per negative image, not its 5-6 (k x 5 a row)
         assert all(rows[j]["filepath"] != r["filepath"] for j in imgs)         # never the row's own image
         assert r["title"] not in caps
         assert r["filepath"].startswith(str(w["images"]))
@@ -363,3 +372,38 @@ def test_small_batches_build_stages_and_commit_shards_once_per_run(kworld, tmp_p
     assert calls["EmbeddingStore.write"] == 2 * 2                               # 2 stores x 2 modalities
     # per store: when created, when the run takes its lock, after each of its 2 shards
     assert calls["EmbeddingStore.write_manifest"] == 2 * (1 + 1 + 2)
+
+
+# -- mining says what it is about to do, and for how long -----------------------------------------
+def test_mining_prints_its_plan_and_an_estimate_before_the_search(tmp_path, monkeypatch):
+    from hardrank.config import MineOptions
+    from hardrank.mining import MineProblem, mine_arrays
+    from hardrank.mining import run as mine_run
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((600, 8)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = [f"caption {i}" for i in range(600)]
+    prob = MineProblem(xq=x, xb=x, query_ids=ids, corpus_ids=ids, modality="text", direction="t2t",
+                       exclude_ptr=np.arange(601), exclude_idx=np.arange(600))
+    said: list[str] = []
+    opts = MineOptions(k=2, block_size=256, dup_threshold=None)
+    monkeypatch.setattr(mine_run, "_ESTIMATE_PAIRS", 600 * 600 + 1)  # just above this search: no estimate
+    mine_arrays(prob, opts, tmp_path / "small", echo=said.append)
+    assert said[0] == ("plan: 600 text queries x 600 text corpus items (8-d), top 2 each by exact search "
+                       "(kernels.topk); 3 block(s) of up to 256 queries")
+    assert not any(s.startswith("estimated") for s in said)
+    said.clear()
+    monkeypatch.setattr(mine_run, "_ESTIMATE_PAIRS", 600 * 600)  # as large as the threshold: timed first
+    (tmp_path / "big" / "negatives").mkdir(parents=True)
+    s = mine_arrays(prob, opts, tmp_path / "big", echo=said.append)
+    assert said[0].startswith("plan: 600 text queries x 600 text corpus items")
+    assert re.fullmatch(r"estimated search time \d+:\d\d \(37 queries timed: \d+\.\ds\)", said[1])  # 600 // 16
+    assert re.fullmatch(r"block 1/3: 256 queries \(1/3 this run, \d+\.\ds, ETA \d+:\d\d\)", said[2])
+    assert re.fullmatch(r"block 3/3: 88 queries \(3/3 this run, \d+\.\ds\)", said[4])
+    assert set(s["timings"]) >= {"estimate", "search", "total"} and s["counts"]["negatives"] == 1200
+    said.clear()
+    (tmp_path / "big" / "negatives" / "part-000001.parquet").unlink()  # a resumed run plans what is left
+    mine_arrays(prob, opts, tmp_path / "big", echo=said.append)
+    assert said[0].endswith("3 block(s) of up to 256 queries (2 done, 1 to run)")
+    assert not any(s.startswith("estimated") for s in said)  # 256 x 600 pairs: under the threshold

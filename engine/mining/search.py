@@ -14,7 +14,7 @@ from ..config import MineOptions
 from ..kernels import precision_choice, topk
 from .problem import MineProblem, f32
 
-__all__ = ["build_searcher", "searcher_for", "merge_topk", "measure_recall"]
+__all__ = ["build_searcher", "searcher_for", "merge_topk", "measure_recall", "describe_search"]
 
 _TARGET_RECALL = 0.95  # nprobe auto-tuning stops once recall@10 on the sample reaches this
 
@@ -118,6 +118,14 @@ def _method(shape: tuple[int, int], opts: MineOptions) -> tuple[str, str | None]
     if nb * d * 4 <= budget:
         return "exact", None
     return "faiss", _auto_factory(nb, d, budget)
+
+
+def describe_search(shape: tuple[int, int], opts: MineOptions) -> str:
+    """How ``searcher_for`` will search a corpus of ``shape`` (n, d), in words, for plans printed before the work."""
+    method, factory = _method(shape, opts)
+    if method == "exact":
+        return "exact search (kernels.topk)"
+    return f"FAISS {factory}" + ("" if factory == "Flat" else ", candidates re-scored exactly")
 
 
 def build_searcher(problem: MineProblem, opts: MineOptions):
