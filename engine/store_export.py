@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import urls
 from .atomic import atomic_path
 from .config import EvalConfig, build
 from .embed import EmbedPipeline
@@ -150,7 +151,8 @@ def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, 
 
 def list_stores(root: str | os.PathLike) -> list[dict]:
     """Every fingerprint folder under a store root, from its manifest: what model, checkpoint,
-    precision and decoder made it, and how many images and texts it holds."""
+    precision and decoder made it, and how many images and texts it holds. ``checkpoint_exists``:
+    whether the checkpoint file is still there (None: no file was recorded, or a URL)."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"store root {root} does not exist (the default is $HARDRANK_CACHE/store or "
@@ -162,7 +164,13 @@ def list_stores(root: str | os.PathLike) -> list[dict]:
         except (OSError, ValueError):
             continue
         meta = m.get("meta") or {}
+        ck = meta.get("checkpoint")
         out.append({"folder": str(manifest.parent), "fingerprint": m.get("fingerprint"), "arch": meta.get("arch"),
-                    "checkpoint": meta.get("checkpoint"), "precision": meta.get("precision"),
-                    "decoder": meta.get("decoder"), "dim": m.get("dim"), "rows": m.get("rows", {})})
+                    "checkpoint": ck, "checkpoint_exists": Path(ck).is_file() if _local_file(ck) else None,
+                    "precision": meta.get("precision"), "decoder": meta.get("decoder"), "dim": m.get("dim"),
+                    "rows": m.get("rows", {})})
     return sorted(out, key=lambda r: (str(r["arch"]), str(r["checkpoint"]), str(r["fingerprint"])))
+
+
+def _local_file(path) -> bool:
+    return isinstance(path, str) and bool(path) and not urls.is_url(path)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from hardrank.config import EvalConfig, default_store
 from hardrank.errors import EXIT_OK
@@ -27,8 +28,26 @@ def _cmd_list(args) -> int:
     for r in rows:
         rows_ = r["rows"] or {}
         print(f"  {r['fingerprint']}  {r['arch']} {r['precision']} {r['decoder'] or ''}  "
-              f"images {rows_.get('image', 0)}, texts {rows_.get('text', 0)}  checkpoint {r['checkpoint']}")
+              f"images {rows_.get('image', 0)}, texts {rows_.get('text', 0)}  {_checkpoint_words(r)}")
     return EXIT_OK
+
+
+def _checkpoint_words(row: dict) -> str:
+    """``checkpoint PATH``, relative to this folder when below it, and whether the file is gone."""
+    ck = row["checkpoint"]
+    if not ck:
+        return "checkpoint - (the model's own weights)"
+    if row.get("checkpoint_exists") is None:
+        return f"checkpoint {ck}"
+    shown = ck
+    if os.path.isabs(ck):
+        rel = os.path.relpath(ck)
+        shown = ck if rel.startswith("..") else rel
+    if row["checkpoint_exists"]:
+        return f"checkpoint {shown}"
+    if os.path.isabs(ck):
+        return f"checkpoint {shown} (no longer exists)"
+    return f"checkpoint {shown} (recorded relative to the folder of that run; not found from here)"
 
 
 def _cmd_export(args) -> int:

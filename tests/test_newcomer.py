@@ -219,6 +219,35 @@ def test_store_export_round_trips_through_bring_your_own_embeddings(kworld, tmp_
     assert "run `hardrank eval` with the same model" in capsys.readouterr().err
 
 
+
+def test_store_list_shows_checkpoints_relative_here_and_says_when_they_are_gone(kworld, tmp_path, monkeypatch,
+                                                                                 capsys):
+    import shutil
+
+    from hardrank import EmbedOptions, EmbedPipeline
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpts").mkdir()
+    shutil.copy(kworld["ckpt"], tmp_path / "ckpts" / "step1.safetensors")
+    pipe = EmbedPipeline.from_checkpoints(str(kworld["cfg"]), ["ckpts/step1.safetensors"],
+                                          EmbedOptions(store="store", device="cpu"))
+    assert len(pipe.stores) == 1  # the folder and its manifest, as any run makes them
+    (row,) = list_stores("store")
+    assert row["checkpoint"] == str(tmp_path / "ckpts" / "step1.safetensors")  # recorded absolute
+    assert row["checkpoint_exists"] is True
+    assert main(["store", "list", "store"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.endswith("  checkpoint ckpts/step1.safetensors")  # relative to this folder
+    (tmp_path / "ckpts" / "step1.safetensors").unlink()
+    assert main(["store", "list", "store"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("  checkpoint ckpts/step1.safetensors (no longer exists)")
+    assert main(["store", "list", "store", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["checkpoint_exists"] is False
+    monkeypatch.chdir(kworld["annotations"])  # from another folder: the absolute path
+    assert main(["store", "list", str(tmp_path / "store")]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith(
+        f"  checkpoint {tmp_path / 'ckpts' / 'step1.safetensors'} (no longer exists)")
+
 # -- mining: human ids, keys, the NegCLIP table ----------------------------------------------------
 def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp_path, capsys):
     w = kworld
