@@ -56,6 +56,13 @@ def _cmd_export(args) -> int:
     c = s["counts"]
     print(f"{s['out']}: {c['image']['rows']} images, {c['text']['rows']} texts, dim {s['dim']}, from "
           f"{s['fingerprint']}")
+    if s["missing_list"]:
+        n_img, n_txt = len(s["missing"]["image"]), len(s["missing"]["text"])
+        print(f"not in the store, so not exported: {n_img} images, {n_txt} texts, e.g. "
+              f"{(s['missing']['image'] + s['missing']['text'])[:3]}; all listed in {s['missing_list']}")
+        print("  an image that failed to decode is never stored (eval lists it in its results' failures); "
+              "items no run embedded: run `hardrank eval` with this model on these suites and --store, then "
+              "export again")
     return EXIT_OK
 
 

@@ -248,6 +248,39 @@ def test_store_list_shows_checkpoints_relative_here_and_says_when_they_are_gone(
     assert capsys.readouterr().out.splitlines()[1].endswith(
         f"  checkpoint {tmp_path / 'ckpts' / 'step1.safetensors'} (no longer exists)")
 
+
+def test_store_export_writes_what_the_store_holds_and_lists_the_rest(kworld, tmp_path, capsys):
+    """An image that fails to decode is never stored, so no eval can fill the gap: the export writes the
+    rest and lists what is missing (it refused with exit 3, advising that eval)."""
+    w = make_karpathy_world(tmp_path / "w", n_images=4, image_variants=())
+    broken = w["clean"][1]["image"]
+    (w["images"] / broken).write_bytes(b"these bytes are no image")  # readable, not decodable
+    common = ["--model", str(kworld["cfg"]), "--checkpoint", str(kworld["ckpt"]), "--suite", "karpathy",
+              "--annotations", str(w["annotations"]), "--images", str(w["images"]), "--store", str(tmp_path / "s")]
+    assert main(["eval", *common, "--out", str(tmp_path / "res"), "--quiet"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "emb.parquet"
+    assert main(["store", "export", *common, "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == (f"not in the store, so not exported: 1 images, 0 texts, e.g. ['{broken}']; all listed in "
+                        f"{tmp_path / 'emb.missing.jsonl'}")
+    assert "an image that failed to decode is never stored" in lines[2]
+    t = pq.read_table(out).to_pydict()
+    assert t["kind"].count("image") == 3 and broken not in t["id"]
+    assert t["kind"].count("text") == sum(len(set(it["caption"])) for it in w["clean"])  # every caption
+    assert [json.loads(x) for x in (tmp_path / "emb.missing.jsonl").read_text().splitlines()] == [
+        {"kind": "image", "id": broken}]
+    meta = json.loads(pq.read_schema(out).metadata[b"hardrank_export"])
+    assert meta["missing"] == {"image": 1, "text": 0}
+    # the image fixed and embedded: a full export, and the stale list is gone
+    write_image(w["images"] / broken, np.random.default_rng(5))
+    assert main(["eval", *common, "--out", str(tmp_path / "res2"), "--quiet"]) == 0
+    s = export_embeddings(model=str(kworld["cfg"]), checkpoints=[str(kworld["ckpt"])], suites=["karpathy"],
+                          annotations=str(w["annotations"]), images=str(w["images"]), store=str(tmp_path / "s"),
+                          out=out)
+    assert s["counts"]["image"] == {"rows": 4, "unreadable": 0, "missing": 0} and s["missing_list"] is None
+    assert not (tmp_path / "emb.missing.jsonl").exists()
+
 # -- mining: human ids, keys, the NegCLIP table ----------------------------------------------------
 def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp_path, capsys):
     w = kworld
