@@ -98,7 +98,9 @@ def add_store_parser(subparsers) -> argparse.ArgumentParser:
                     "(fixed_size_list<float32>[D], L2-normalised) and key (the store's content key). "
                     "`hardrank eval --embeddings FILE` on the same suites gives the same metrics, and `hardrank "
                     "mine` takes the file as --corpus / --queries. Name the embeddings by a fingerprint folder "
-                    "(hardrank store list) or by the model and checkpoint that made them.",
+                    "(hardrank store list) or by the model and checkpoint that made them. Items the store lacks "
+                    "(an image that failed to decode is never stored) are left out and listed in "
+                    "OUT.missing.jsonl.",
         epilog="examples:\n"
                "  hardrank store export --model toy-clip --checkpoint "
                "engine/data/toy_checkpoints/toy-clip_step0700.safetensors --suite toy --data results/demo/toy_world "
