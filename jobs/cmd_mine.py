@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from hardrank.config import MineConfig
+from hardrank import urls
+from hardrank.config import DIRECTIONS, MineConfig
 from hardrank.errors import EXIT_OK
 from hardrank.inputs import registry
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
@@ -15,16 +15,48 @@ from hardrank.mining import mine
 __all__ = ["add_mine_parser"]
 
 
+def _search_words(search: dict) -> str:
+    if not search:
+        return "none this run"
+    if search.get("method") == "exact":
+        how = f"exact ({search.get('backend')}, {search.get('precision')})"
+    else:
+        how = f"FAISS {search.get('factory')}" + (" on the GPU" if search.get("gpu") else "")
+        if search.get("nprobe") is not None:
+            how += f", nprobe {search['nprobe']}"
+        if search.get("recall@10") is not None:
+            how += f", recall@10 {search['recall@10']:.3f} on {search.get('recall_sample')} queries"
+    if search.get("sharded"):
+        how += f", {search['sharded']['shards']} Ray shards"
+    return how
+
+
+def _summary_lines(summary: dict, out: str) -> list[str]:
+    """What a person reads of a mining summary: counts, filters, search, and where the files are (the
+    rest is in ``summary.json``)."""
+    c, b, dropped = summary["counts"], summary["blocks"], summary["counts"]["dropped"]
+    qmod, cmod = DIRECTIONS[summary["direction"]]
+    lines = [f"{c['queries']:,} {qmod} queries x {c['corpus']:,} {cmod} corpus items: {c['negatives']:,} negatives "
+             f"(k {summary['k']}), {c['queries_short']:,} queries short of k",
+             f"dropped: {dropped['near_duplicate']:,} near duplicates of a positive, {dropped['above_max_sim']:,} "
+             f"above --max-sim, {dropped['below_min_sim']:,} below --min-sim",
+             f"search: {_search_words(summary['search'])}; {b['computed']} block(s) computed, {b['skipped']} "
+             f"reused; {summary['timings'].get('total', 0):.1f}s",
+             f"negatives  {urls.join(out, 'negatives', 'part-*.parquet')}"]
+    t = summary.get("training")
+    if t:
+        n = f"{t['rows']:,} rows" if t["format"] == "negclip" else f"{t['lines']:,} lines"
+        lines.append(f"training   {t['path']} ({n})")
+    lines.append(f"summary    {urls.join(out, 'summary.json')}")
+    return lines
+
+
 def _cmd_mine(args) -> int:
     """Run ``hardrank mine``; prints the summary's headline. Errors reach the CLI's exit-code map."""
     cfg = options_from_args(MineConfig, args)
     echo = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     summary = mine(cfg, progress=make_progress(args.quiet), echo=echo)
-    c = summary["counts"]
-    print(json.dumps({"queries": c["queries"], "corpus": c["corpus"], "negatives": c["negatives"],
-                      "queries_short": c["queries_short"], "dropped": c["dropped"], "search": summary["search"],
-                      "blocks": summary["blocks"], "seconds": summary["timings"].get("total"),
-                      "out": cfg.out}, indent=1))
+    print("\n".join(_summary_lines(summary, cfg.out)))
     return EXIT_OK
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import dataclass
 
 from hardrank.config import EvalConfig, default_store, opt
@@ -53,8 +54,26 @@ def _cmd_list(args) -> int:
     for r in rows:
         rows_ = r["rows"] or {}
         print(f"  {r['fingerprint']}  {r['arch']} {r['precision']} {r['decoder'] or ''}  "
-              f"images {rows_.get('image', 0)}, texts {rows_.get('text', 0)}  checkpoint {r['checkpoint']}")
+              f"images {rows_.get('image', 0)}, texts {rows_.get('text', 0)}  {_checkpoint_words(r)}")
     return EXIT_OK
+
+
+def _checkpoint_words(row: dict) -> str:
+    """``checkpoint PATH``, relative to this folder when below it, and whether the file is gone."""
+    ck = row["checkpoint"]
+    if not ck:
+        return "checkpoint - (the model's own weights)"
+    if row.get("checkpoint_exists") is None:
+        return f"checkpoint {ck}"
+    shown = ck
+    if os.path.isabs(ck):
+        rel = os.path.relpath(ck)
+        shown = ck if rel.startswith("..") else rel
+    if row["checkpoint_exists"]:
+        return f"checkpoint {shown}"
+    if os.path.isabs(ck):
+        return f"checkpoint {shown} (no longer exists)"
+    return f"checkpoint {shown} (recorded relative to the folder of that run; not found from here)"
 
 
 def _cmd_export(args) -> int:
@@ -63,6 +82,13 @@ def _cmd_export(args) -> int:
     c = s["counts"]
     print(f"{s['out']}: {c['image']['rows']} images, {c['text']['rows']} texts, dim {s['dim']}, from "
           f"{s['fingerprint']}")
+    if s["missing_list"]:
+        n_img, n_txt = len(s["missing"]["image"]), len(s["missing"]["text"])
+        print(f"not in the store, so not exported: {n_img} images, {n_txt} texts, e.g. "
+              f"{(s['missing']['image'] + s['missing']['text'])[:3]}; all listed in {s['missing_list']}")
+        print("  an image that failed to decode is never stored (eval lists it in its results' failures); "
+              "items no run embedded: run `hardrank eval` with this model on these suites and --store, then "
+              "export again")
     return EXIT_OK
 
 
@@ -95,8 +121,10 @@ def add_store_parser(subparsers) -> argparse.ArgumentParser:
                     "@crop:x,y,w,h for a cropped region; text: the caption as written), embedding "
                     "(fixed_size_list<float32>[D], L2-normalised) and key (the store's content key). "
                     "`hardrank eval --embeddings FILE` on the same suites gives the same metrics, and `hardrank "
-                    "mine --corpus/--queries` take the file. Name the embeddings by a fingerprint folder "
-                    "(hardrank store list) or by the model and checkpoint that made them.",
+                    "mine` takes the file as --corpus / --queries. Name the embeddings by a fingerprint folder "
+                    "(hardrank store list) or by the model and checkpoint that made them. Items the store lacks "
+                    "(an image that failed to decode is never stored) are left out and listed in "
+                    "OUT.missing.jsonl.",
         epilog="examples:\n"
                "  hardrank store export --model toy-clip --checkpoint "
                "engine/assets/toy_checkpoints/toy-clip_step0700.safetensors --suite toy --data results/demo/toy_world "

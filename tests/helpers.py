@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,12 @@ TINY_CFG = {
     "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 16},
     "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1},
 }
+
+
+def measured(x) -> bool:
+    """The shape of a measured time, rate or ratio: a finite number >= 0. Tests assert this, never its value:
+    a busy machine rounds a rate or fraction to 0.0, and a loaded one stretches any time."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
 
 def write_tiny_config(folder: Path, name: str = "tiny-test-clip") -> Path:

@@ -6,6 +6,11 @@ import ast
 import csv
 import io
 import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -53,6 +58,40 @@ def test_eta_comes_from_measured_throughput_not_the_first_batch():
     assert lines[1] == "embed texts: 100/500 (20%) 100 item/s, ETA 0:04"
     assert lines[-1] == "embed texts: 100/500 (20%) 100 item/s, 0:00, done"
 
+
+
+def test_throughput_counts_only_what_was_encoded():
+    """A batch with failed images reaches the bar as its failures, then its encoded rows, microseconds
+    apart: the failures advance the count, never the rate (it read 5,000,000 item/s here)."""
+    from hardrank.embed import EmbedSink, EmbedStats
+
+    class Ticking:  # 1 us passes on every reading
+        def __init__(self):
+            self.t = 0.0
+
+        def __call__(self):
+            self.t += 1e-6
+            return self.t
+
+    clock, out = Ticking(), io.StringIO()
+    bar = _LogLines(16, "embed images", out, interval=1e9, clock=clock)
+    table = ItemTable("image")
+    table.add_many([ImageRef(f"/data/{i}.jpg") for i in range(16)])
+    sink = EmbedSink(table, [f"k{i}" for i in range(16)], [], [], EmbedStats(total=16), flush_rows=1000,
+                     max_failures=None, bar=bar)
+    ok = np.array([False] * 3 + [True] * 5)
+    sink.deliver({"rows": np.arange(8), "ok": ok, "error": ["truncated"] * 3 + [None] * 5, "emb": []})
+    assert bar.meter.n == 8 and bar.meter.rate is None  # one encoded batch: no rate yet
+    clock.t += 1.0
+    sink.deliver({"rows": np.arange(8, 16), "ok": np.ones(8, bool), "error": [None] * 8, "emb": []})
+    assert bar.meter.rate == pytest.approx(8.0, rel=1e-4)  # the second batch's 8 rows in 1 s
+    bar.close()
+    assert out.getvalue().splitlines()[-1] == "embed images: 16/16 (100%) 8 item/s, 0:01, done; 3 failed"
+    assert sink.stats.encoded == 13 and len(sink.stats.failures) == 3
+    m = _Meter(total=10)  # failures alone: no rate at all, whatever their timing
+    m.skip(4)
+    m.skip(6)
+    assert m.rate is None and m.n == 10
 
 # -- counts name their duplicates ------------------------------------------------------------------
 def test_counts_name_duplicates_and_unreadable_images(tmp_path):
@@ -180,8 +219,70 @@ def test_store_export_round_trips_through_bring_your_own_embeddings(kworld, tmp_
     assert "run `hardrank eval` with the same model" in capsys.readouterr().err
 
 
+
+def test_store_list_shows_checkpoints_relative_here_and_says_when_they_are_gone(kworld, tmp_path, monkeypatch,
+                                                                                 capsys):
+    import shutil
+
+    from hardrank import EmbedOptions, EmbedPipeline
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpts").mkdir()
+    shutil.copy(kworld["ckpt"], tmp_path / "ckpts" / "step1.safetensors")
+    pipe = EmbedPipeline.from_checkpoints(str(kworld["cfg"]), ["ckpts/step1.safetensors"],
+                                          EmbedOptions(store="store", device="cpu"))
+    assert len(pipe.stores) == 1  # the folder and its manifest, as any run makes them
+    (row,) = list_stores("store")
+    assert row["checkpoint"] == str(tmp_path / "ckpts" / "step1.safetensors")  # recorded absolute
+    assert row["checkpoint_exists"] is True
+    assert main(["store", "list", "store"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.endswith("  checkpoint ckpts/step1.safetensors")  # relative to this folder
+    (tmp_path / "ckpts" / "step1.safetensors").unlink()
+    assert main(["store", "list", "store"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("  checkpoint ckpts/step1.safetensors (no longer exists)")
+    assert main(["store", "list", "store", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["checkpoint_exists"] is False
+    monkeypatch.chdir(kworld["annotations"])  # from another folder: the absolute path
+    assert main(["store", "list", str(tmp_path / "store")]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith(
+        f"  checkpoint {tmp_path / 'ckpts' / 'step1.safetensors'} (no longer exists)")
+
+
+def test_store_export_writes_what_the_store_holds_and_lists_the_rest(kworld, tmp_path, capsys):
+    """An image that fails to decode is never stored, so no eval can fill the gap: the export writes the
+    rest and lists what is missing (it refused with exit 3, advising that eval)."""
+    w = make_karpathy_world(tmp_path / "w", n_images=4, image_variants=())
+    broken = w["clean"][1]["image"]
+    (w["images"] / broken).write_bytes(b"these bytes are no image")  # readable, not decodable
+    common = ["--model", str(kworld["cfg"]), "--checkpoint", str(kworld["ckpt"]), "--suite", "karpathy",
+              "--annotations", str(w["annotations"]), "--images", str(w["images"]), "--store", str(tmp_path / "s")]
+    assert main(["eval", *common, "--out", str(tmp_path / "res"), "--quiet"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "emb.parquet"
+    assert main(["store", "export", *common, "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == (f"not in the store, so not exported: 1 images, 0 texts, e.g. ['{broken}']; all listed in "
+                        f"{tmp_path / 'emb.missing.jsonl'}")
+    assert "an image that failed to decode is never stored" in lines[2]
+    t = pq.read_table(out).to_pydict()
+    assert t["kind"].count("image") == 3 and broken not in t["id"]
+    assert t["kind"].count("text") == sum(len(set(it["caption"])) for it in w["clean"])  # every caption
+    assert [json.loads(x) for x in (tmp_path / "emb.missing.jsonl").read_text().splitlines()] == [
+        {"kind": "image", "id": broken}]
+    meta = json.loads(pq.read_schema(out).metadata[b"hardrank_export"])
+    assert meta["missing"] == {"image": 1, "text": 0}
+    # the image fixed and embedded: a full export, and the stale list is gone
+    write_image(w["images"] / broken, np.random.default_rng(5))
+    assert main(["eval", *common, "--out", str(tmp_path / "res2"), "--quiet"]) == 0
+    s = export_embeddings(model=str(kworld["cfg"]), checkpoints=[str(kworld["ckpt"])], suites=["karpathy"],
+                          annotations=str(w["annotations"]), images=str(w["images"]), store=str(tmp_path / "s"),
+                          out=out)
+    assert s["counts"]["image"] == {"rows": 4, "unreadable": 0, "missing": 0} and s["missing_list"] is None
+    assert not (tmp_path / "emb.missing.jsonl").exists()
+
 # -- mining: human ids, keys, the NegCLIP table ----------------------------------------------------
-def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp_path):
+def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp_path, capsys):
     w = kworld
     ann = w["annotations"] / "coco_karpathy_test.json"
     out = tmp_path / "mined"
@@ -190,6 +291,14 @@ def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp
                  "--queries", str(ann), "--images", str(w["images"]), "--corpus", str(w["images"] / "val2014"),
                  "--direction", "t2i", "-k", "3", "--no-dup-filter",  # a random tiny model: images all alike
                  "--out", str(out), "--export-training", str(tsv), "--quiet"]) == 0
+    # stdout: a few lines a person reads, and where the summary is (its ~40 lines of JSON stay in the file)
+    lines = capsys.readouterr().out.splitlines()
+    n_q = sum(len(set(it["caption"])) for it in kworld["clean"])
+    assert lines[0] == f"{n_q} text queries x 8 image corpus items: {3 * n_q} negatives (k 3), 0 queries short of k"
+    assert lines[1] == "dropped: 0 near duplicates of a positive, 0 above --max-sim, 0 below --min-sim"
+    assert re.fullmatch(r"search: exact \(kernels\.topk, fp32\); 1 block\(s\) computed, 0 reused; \d+\.\ds", lines[2])
+    assert lines[3:] == [f"negatives  {out / 'negatives' / 'part-*.parquet'}", f"training   {tsv} ({n_q} rows)",
+                         f"summary    {out / 'summary.json'}"]
     t = pq.read_table(out / "negatives" / "part-000000.parquet").to_pydict()
     assert all(n.startswith("val2014/COCO_val2014_") for n in t["negative_id"])  # relative to --images
     assert all(k.startswith("i") for k in t["negative_key"]) and all(k.startswith("t") for k in t["query_key"])
@@ -202,6 +311,7 @@ def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp
     for r in rows:  # what NegCLIP's CsvDataset does with a row: every list non-empty, every index a row
         caps, imgs = ast.literal_eval(r["neg_caption"]), ast.literal_eval(r["neg_image"])
         assert caps and imgs and all(0 <= j < len(rows) for j in imgs)
+        assert len(caps) <= 3 and len(imgs) <= 3  # one caption per negative image, not its 5-6 (k x 5 a row)
         assert all(rows[j]["filepath"] != r["filepath"] for j in imgs)         # never the row's own image
         assert r["title"] not in caps
         assert r["filepath"].startswith(str(w["images"]))
@@ -265,3 +375,97 @@ def test_order_tasks_use_spacy_tags_when_installed(tmp_path, monkeypatch):
     monkeypatch.setattr(aro, "order_tagger", lambda: aro.WORD_LISTS)
     meta = SUITES["coco_order"](Tables.empty(), opts).meta
     assert meta["pos_tagger"].startswith("word lists") and meta["trigram_tokenizer"].startswith("regex")
+
+
+# -- small batches: no fixed cost per batch --------------------------------------------------------
+def test_openmp_threads_sleep_between_regions_unless_the_user_chose():
+    """Importing hardrank sets libgomp's wait policy before torch loads it: spinning threads made each
+    small op cost a scheduler time slice on busy cores (--batch-size 8 ran 7x slower than the default)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+
+    def spin_count(**extra) -> int:
+        proc = subprocess.run([sys.executable, "-c", "import hardrank, torch; torch.ones(4096).sum()"],
+                              env={**env, "OMP_DISPLAY_ENV": "VERBOSE", **extra}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        found = re.search(r"GOMP_SPINCOUNT = '(\d+)'", proc.stderr)
+        if found is None:
+            pytest.skip("torch's OpenMP runtime here is not libgomp")
+        return int(found.group(1))
+
+    assert spin_count() == 0                           # PASSIVE: sleep at once
+    assert spin_count(OMP_WAIT_POLICY="ACTIVE") > 0    # the user's choice stands
+
+
+def test_small_batches_build_stages_and_commit_shards_once_per_run(kworld, tmp_path, monkeypatch):
+    """--batch-size 1: every batch is encoded by K checkpoints, but the decoder, the encoder stage and
+    each store's shard are made once per modality, not once per batch."""
+    from hardrank import EmbedOptions, EmbedPipeline, Tables
+    from hardrank.embed import decode, job
+    from hardrank.store import EmbeddingStore
+    from hardrank.suites import SuiteOptions, load_suites
+
+    w = kworld
+    calls: Counter = Counter()
+
+    def counted(cls, name):
+        real = getattr(cls, name)
+
+        def spy(self, *a, **k):
+            calls[f"{cls.__name__}.{name}"] += 1
+            return real(self, *a, **k)
+        monkeypatch.setattr(cls, name, spy)
+
+    for cls, name in ((EmbeddingStore, "write"), (EmbeddingStore, "write_manifest"), (job.DecodeStage, "__init__"),
+                      (job.EncodeStage, "__init__"), (job.EncodeStage, "__call__"),
+                      (decode.PillowDecoder, "__init__")):
+        counted(cls, name)
+    second = save_random_checkpoint(w["cfg"], tmp_path / "m2.safetensors", 1)
+    tables = Tables.empty()
+    load_suites(["karpathy"], tables, SuiteOptions(annotations=str(w["annotations"]), images=str(w["images"])))
+    pipe = EmbedPipeline.from_checkpoints(str(w["cfg"]), [str(w["ckpt"]), str(second)],
+                                          EmbedOptions(store=str(tmp_path / "store"), batch_size=1, device="cpu"))
+    st = pipe.run(tables)
+    n_images, n_texts = st["image"].encoded, st["text"].encoded
+    assert n_images == 8 and n_texts == 40
+    assert calls["EncodeStage.__call__"] == n_images + n_texts                  # one batch per item
+    assert calls["EncodeStage.__init__"] == calls["DecodeStage.__init__"] == 2  # once per modality
+    assert calls["PillowDecoder.__init__"] == 1
+    assert calls["EmbeddingStore.write"] == 2 * 2                               # 2 stores x 2 modalities
+    # per store: when created, when the run takes its lock, after each of its 2 shards
+    assert calls["EmbeddingStore.write_manifest"] == 2 * (1 + 1 + 2)
+
+
+# -- mining says what it is about to do, and for how long -----------------------------------------
+def test_mining_prints_its_plan_and_an_estimate_before_the_search(tmp_path, monkeypatch):
+    from hardrank.config import MineOptions
+    from hardrank.mining import MineProblem, mine_arrays
+    from hardrank.mining import run as mine_run
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((600, 8)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = [f"caption {i}" for i in range(600)]
+    prob = MineProblem(xq=x, xb=x, query_ids=ids, corpus_ids=ids, modality="text", direction="t2t",
+                       exclude_ptr=np.arange(601), exclude_idx=np.arange(600))
+    said: list[str] = []
+    opts = MineOptions(k=2, block_size=256, dup_threshold=None)
+    monkeypatch.setattr(mine_run, "_ESTIMATE_PAIRS", 600 * 600 + 1)  # just above this search: no estimate
+    mine_arrays(prob, opts, tmp_path / "small", echo=said.append)
+    assert said[0] == ("plan: 600 text queries x 600 text corpus items (8-d), top 2 each by exact search "
+                       "(kernels.topk); 3 block(s) of up to 256 queries")
+    assert not any(s.startswith("estimated") for s in said)
+    said.clear()
+    monkeypatch.setattr(mine_run, "_ESTIMATE_PAIRS", 600 * 600)  # as large as the threshold: timed first
+    (tmp_path / "big" / "negatives").mkdir(parents=True)
+    s = mine_arrays(prob, opts, tmp_path / "big", echo=said.append)
+    assert said[0].startswith("plan: 600 text queries x 600 text corpus items")
+    assert re.fullmatch(r"estimated search time \d+:\d\d \(37 queries timed: \d+\.\ds\)", said[1])  # 600 // 16
+    assert re.fullmatch(r"block 1/3: 256 queries \(1/3 this run, \d+\.\ds, ETA \d+:\d\d\)", said[2])
+    assert re.fullmatch(r"block 3/3: 88 queries \(3/3 this run, \d+\.\ds\)", said[4])
+    assert set(s["timings"]) >= {"estimate", "search", "total"} and s["counts"]["negatives"] == 1200
+    said.clear()
+    (tmp_path / "big" / "negatives" / "part-000001.parquet").unlink()  # a resumed run plans what is left
+    mine_arrays(prob, opts, tmp_path / "big", echo=said.append)
+    assert said[0].endswith("3 block(s) of up to 256 queries (2 done, 1 to run)")
+    assert not any(s.startswith("estimated") for s in said)  # 256 x 600 pairs: under the threshold

@@ -449,13 +449,15 @@ from hardrank import EmbeddingStore
 from hardrank.executors.ray_embed import RayRunner
 from test_ray_dali import _world, _stores
 
-write = EmbeddingStore.write
-def slow_write(self, *a, **k):  # throttle commits so the kill lands mid-run
-    name = write(self, *a, **k)
-    time.sleep(0.4)
-    return name
-EmbeddingStore.write = slow_write
 models = [load_model(ModelSpec({cfg!r}, c)) for c in {ckpts!r}]
+write, written = EmbeddingStore.write, []
+def write_then_block(self, modality, *a, **k):  # the first image flush commits a shard per store, then the
+    name = write(self, modality, *a, **k)        # run waits to be killed: mid-run on any machine
+    written.append(modality)
+    if written.count("image") == len(models):
+        time.sleep(3600)
+    return name
+EmbeddingStore.write = write_then_block
 embed_tables(_world(Path({img!r})), models, _stores(Path({store!r}), models), batch_size=4, flush_rows=4,
              runner=RayRunner({address!r}, decode_actors=1))
 print("finished", flush=True)

@@ -229,8 +229,8 @@ class EmbedSink:
             r = int(r)
             self.stats.failures.append((r, self.table.entries[r].uri, why))
             log.warning("skipping image %s: %s", self.table.entries[r].uri, why)
-        if self.bar and len(rows):
-            self.bar.update(len(rows))
+        if self.bar and len(rows):  # progress, not throughput: a bar without skip() counts them as done
+            getattr(self.bar, "skip", self.bar.update)(len(rows))
         if self.max_failures is not None and len(self.stats.failures) > self.max_failures:
             self.flush()
             check_failures(self.stats, self.max_failures)

@@ -303,7 +303,9 @@ class EmbedPipeline:
         return self._stores
 
     def _meta(self, m: LoadedModel) -> dict:
-        return {"arch": m.arch_name, "checkpoint": m.spec.checkpoint, "precision": m.precision,
+        ck = m.spec.checkpoint  # absolute: `hardrank store list` runs from other folders and checks it is there
+        ck = os.path.abspath(ck) if ck and not urls.is_url(ck) else ck
+        return {"arch": m.arch_name, "checkpoint": ck, "precision": m.precision,
                 "preprocess": m.preprocess_cfg, "decoder": self.options.decoder}
 
     def run(self, tables: Tables, *, progress=None, flush_rows: int = 8192) -> dict[str, EmbedStats]:

@@ -39,6 +39,36 @@ __all__ = ["mine", "mine_arrays"]
 
 RUN_VERSION = 2  # 2: human ids (image paths relative to one root), query_key / negative_key columns
 _HIST_BINS = 40  # score histogram: 40 bins over [-1, 1]
+# a search of at least this many (query, corpus item) pairs is timed on a sample of its queries first,
+# for the plan's estimate; the sample is at most 1/16 of the queries and 1,024 of them
+_ESTIMATE_PAIRS = 1 << 28
+_PROBE_MAX, _PROBE_MIN = 1024, 32
+
+
+def _hms(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def _plan_line(problem: MineProblem, opts: MineOptions, n_blocks: int, n_todo: int, backend: Backend | None) -> str:
+    """The search about to run, in one line: queries x corpus, k, how, blocks."""
+    nq, nb, d = len(problem.xq), len(problem.xb), problem.xq.shape[1]
+    how = backends.describe(opts.search_spec, problem.xb.shape, opts, backend=backend)
+    done = f" ({n_blocks - n_todo} done, {n_todo} to run)" if n_todo < n_blocks else ""
+    return (f"plan: {nq:,} {DIRECTIONS[problem.direction][0]} queries x {nb:,} {problem.modality} corpus items "
+            f"({d}-d), top {opts.k} each by {how}; {n_blocks} block(s) of up to {opts.block_size:,} queries{done}")
+
+
+def _estimate(search, problem: MineProblem, opts: MineOptions, rows: np.ndarray) -> tuple[float, int, float] | None:
+    """(estimated seconds for ``rows``, queries timed, their seconds): a sample of ``rows`` mined and
+    thrown away (a few percent of the work), for searches of at least ``_ESTIMATE_PAIRS`` pairs."""
+    n = min(_PROBE_MAX, len(rows) // 16)
+    if len(rows) * len(problem.xb) < _ESTIMATE_PAIRS or n < _PROBE_MIN:
+        return None
+    t0 = time.perf_counter()
+    mine_block(search, problem, rows[:n], opts, Counter())
+    dt = time.perf_counter() - t0
+    return dt * len(rows) / n, n, dt
 
 
 def _digest(strings) -> str:
@@ -105,6 +135,8 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     keys_b = pa.array(problem.corpus_keys if problem.corpus_keys is not None else [None] * len(problem.xb),
                       pa.string())
     if todo:
+        todo_rows = np.concatenate([np.arange(b * B, min(nq, (b + 1) * B)) for b in todo])
+        echo(_plan_line(problem, opts, n_blocks, len(todo), backend))
         t0 = time.perf_counter()
         search = build_searcher(problem, opts, backend)
         timings["index"] = time.perf_counter() - t0
@@ -118,7 +150,12 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
             what = search_info.get("factory", search_info["method"])
             echo(f"approximate search {what}: recall@10 {search_info['recall@10']:.3f} "
                  f"at nprobe {search_info.get('nprobe')} on {search_info['recall_sample']} queries")
-        t0 = time.perf_counter()
+        estimate = _estimate(search, problem, opts, todo_rows)
+        if estimate is not None:
+            total, n, dt = estimate
+            timings["estimate"] = dt
+            echo(f"estimated search time {_hms(total)} ({n:,} queries timed: {dt:.1f}s)")
+        t0, done_q = time.perf_counter(), 0
         for i, b in enumerate(todo):
             rows = np.arange(b * B, min(nq, (b + 1) * B))
             st: Counter = Counter()
@@ -134,8 +171,10 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
             table = table.replace_schema_metadata({"hardrank_block": block_meta})
             with atomic_path(shard_path(out, b), table.nbytes) as tmp:
                 pq.write_table(table, tmp)
-            echo(f"block {b + 1}/{n_blocks}: {len(rows)} queries ({i + 1}/{len(todo)} this run, "
-                 f"{time.perf_counter() - t0:.1f}s)")
+            elapsed, done_q = time.perf_counter() - t0, done_q + len(rows)
+            left = len(todo_rows) - done_q
+            eta = f", ETA {_hms(elapsed / done_q * left)}" if left else ""
+            echo(f"block {b + 1}/{n_blocks}: {len(rows)} queries ({i + 1}/{len(todo)} this run, {elapsed:.1f}s{eta})")
         timings["search"] = time.perf_counter() - t0
     # summary over every shard, also those written by earlier runs
     stats: Counter = Counter()
@@ -155,7 +194,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
         timings["export"] = time.perf_counter() - t0
         files["training"] = str(export_training)
     timings["total"] = time.perf_counter() - t_start
-    searched = sum(min(nq, (b + 1) * B) - b * B for b in todo)
+    searched = sum(min(nq, (b + 1) * B) - b * B for b in todo)  # (the estimate's sample is not counted)
     summary = {
         "direction": problem.direction, "modality": problem.modality, "k": opts.k, "options": asdict(opts),
         "inputs": problem.meta, "search": search_info, "run": record,

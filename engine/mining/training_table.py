@@ -5,7 +5,9 @@ NegCLIP (Yuksekgonul et al., ICLR 2023; its open_clip fork's ``CsvDataset``) rea
 negative captions, one drawn per step) and ``neg_image`` (a Python list literal of row indices of
 the same table: a hard negative image is another training row, whose image, caption and negative
 captions join the batch). Every list must be non-empty: the loader draws from each with
-``random.choice``.
+``random.choice``. Each list holds at most k entries (one per mined negative): an image negative
+gives one caption, its first, not all of them (with k = 50 and 5 captions an image, every row carried
+250 captions: 19 MB for 1,000 captions), and the loader draws one entry a step either way.
 """
 from __future__ import annotations
 
@@ -89,8 +91,9 @@ def _write_jsonl(path: Path, out: Path, problem: MineProblem, n_blocks: int, B: 
 def _write_negclip(path: Path, out: Path, problem: MineProblem, n_blocks: int) -> dict:
     """The NegCLIP table: one row per Karpathy (image, caption) pair whose query side (the caption for
     t2*, the image for i2*) was mined. A text negative gives its caption and, through the pairs, its
-    image's row; an image negative gives its row and its captions. Rows left without a negative
-    caption or a negative image row are dropped (the loader needs both), until every list is whole."""
+    image's row; an image negative gives its row and its first caption, so each list holds at most k.
+    Rows left without a negative caption or a negative image row are dropped (the loader needs both),
+    until every list is whole."""
     check_training(path, problem)
     qmod = "text" if problem.direction.startswith("t") else "image"
     key_of_query = dict(zip(problem.query_ids, problem.query_keys))
@@ -109,11 +112,11 @@ def _write_negclip(path: Path, out: Path, problem: MineProblem, n_blocks: int) -
         caps, imgs = [], []
         for nid, nkey, _ in by_qkey[ckey if qmod == "text" else ikey]:
             if problem.modality == "text":
-                caps.append((nid, nkey))
-                imgs.extend(cap_imgs.get(nkey, []))
+                caps.append((nid, nkey))  # and the row of its image (the first other image listing it)
+                imgs.extend(next(([i] for i in cap_imgs.get(nkey, []) if i != ikey), []))
             else:
-                imgs.append(nkey)
-                caps.extend(img_caps.get(nkey, []))
+                imgs.append(nkey)  # and one caption of it (the first that is not this row's): lists stay within k
+                caps.extend(next(([c] for c in img_caps.get(nkey, []) if c[1] != ckey), []))
         caps = list(dict.fromkeys((c, k) for c, k in caps if k != ckey))
         imgs = list(dict.fromkeys(k for k in imgs if k != ikey))
         cands.append((caps, imgs))

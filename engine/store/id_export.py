@@ -5,7 +5,8 @@ names come from the suites: their item tables map each content key to the id the
 writes (an image path, a caption as written). ``export_embeddings`` writes one row per item the
 suites use, ``kind``, ``id``, ``embedding`` (``fixed_size_list<float32>[D]``) and ``key``, which
 ``hardrank eval --embeddings`` reads back to the same metrics and ``hardrank mine`` takes as an
-input. The store is only read (``open_store``, ``contains``, ``read``).
+input. The store is only read (``open_store``, ``contains``, ``read``). Items the store lacks (an
+image that failed to decode is never stored) are left out and listed next to the file.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hardrank import urls
 from hardrank.atomic import atomic_path
 from hardrank.config import EvalConfig, build
 from hardrank.embed import EmbedPipeline
@@ -26,7 +28,7 @@ from hardrank.models.runs import model_specs
 from hardrank.store.embedding_store import EmbeddingStore, open_store
 from hardrank.suites import load_suites
 
-__all__ = ["export_embeddings", "export_schema", "list_stores", "image_id"]
+__all__ = ["export_embeddings", "export_schema", "list_stores", "image_id", "missing_path"]
 
 _PARQUET = "parquet://"
 
@@ -97,12 +99,21 @@ def _store_for(cfg: EvalConfig, folder: str | None) -> EmbeddingStore:
     return open_store(path)
 
 
+def missing_path(out: str | os.PathLike) -> Path:
+    """Where ``export_embeddings`` lists the items it left out: ``b32.parquet`` -> ``b32.missing.jsonl``."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}.missing.jsonl")
+
+
 def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, folder: str | None = None,
                       **options) -> dict:
     """Write every item the suites of ``cfg`` use, with its embedding from the store, to ``out``
     (Parquet, ``export_schema``). The embeddings are those of ``folder`` (a store fingerprint folder)
-    or of ``cfg``'s one checkpoint in ``cfg``'s store. Items the store lacks fail, naming a few.
-    Returns counts and the store's fingerprint. ``options``: EvalConfig keywords instead of ``cfg``."""
+    or of ``cfg``'s one checkpoint in ``cfg``'s store. Items the store lacks (images that failed to
+    decode, items no run embedded) are left out and listed in ``missing_path(out)``, one JSON line
+    each (``kind``, ``id``); when the store lacks every item, nothing is written and DataError says
+    so. Returns counts (per modality: ``rows`` written, ``unreadable``, ``missing``), the missing ids
+    and the store's fingerprint. ``options``: EvalConfig keywords instead of ``cfg``."""
     if cfg is None:
         cfg = build(EvalConfig, options)
     elif options:
@@ -114,23 +125,26 @@ def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, 
         s.check_images()
     roots = _roots(cfg, suites)
     kinds, ids, keys, parts = [], [], [], []
-    counts = {}
+    counts, missing = {}, {}
     for modality in ("image", "text"):
         table = tables.of(modality)
         tkeys = table.keys()
-        rows = [r for r, k in enumerate(tkeys) if k and r not in table.failed]
-        have = store.contains(modality, [tkeys[r] for r in rows])
-        if not have.all():
-            missing = [table.ids[r] for r, h in zip(rows, have) if not h]
-            raise DataError(f"store folder {store.dir} lacks {len(missing)} of the {len(rows)} {modality}s these "
-                            f"suites use, e.g. {missing[:3]}; run `hardrank eval` with this model on the same suites "
-                            f"and --store first")
-        names = [image_id(table, r, roots) if modality == "image" else table.ids[r] for r in rows]
+        readable = [r for r, k in enumerate(tkeys) if k and r not in table.failed]
+        have = store.contains(modality, [tkeys[r] for r in readable])
+        rows = [r for r, h in zip(readable, have) if h]
+        name = (lambda r: image_id(table, r, roots)) if modality == "image" else (lambda r: table.ids[r])
+        missing[modality] = [name(r) for r, h in zip(readable, have) if not h]
         kinds += [modality] * len(rows)
-        ids += names
+        ids += [name(r) for r in rows]
         keys += [tkeys[r] for r in rows]
         parts.append(store.read(modality, [tkeys[r] for r in rows]).astype(np.float32))
-        counts[modality] = {"rows": len(rows), "unreadable": len(tkeys) - len(rows)}
+        counts[modality] = {"rows": len(rows), "unreadable": len(tkeys) - len(readable),
+                            "missing": len(missing[modality])}
+    if not ids and any(missing.values()):
+        raise DataError(f"store folder {store.dir} holds none of the {len(missing['image'])} images and "
+                        f"{len(missing['text'])} texts these suites use, e.g. "
+                        f"{(missing['image'] + missing['text'])[:3]}; run `hardrank eval` with this model on the "
+                        f"same suites and --store first, or name the store folder that run filled")
     emb = np.concatenate(parts) if parts else np.zeros((0, store.dim), np.float32)  # (n, d) float32
     schema = export_schema(store.dim)
     table = pa.Table.from_arrays(
@@ -138,19 +152,28 @@ def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, 
          pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1), pa.float32()), store.dim),
          pa.array(keys, pa.string())], schema=schema)
     meta = {"fingerprint": store.fingerprint, "suites": list(cfg.suites), "store": str(store.dir),
-            "image_roots": [str(r) for r in roots]}
+            "image_roots": [str(r) for r in roots], "missing": {m: len(v) for m, v in missing.items()}}
     table = table.replace_schema_metadata({**schema.metadata, b"hardrank_export": json.dumps(meta).encode()})
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    listing = missing_path(out)
+    if any(missing.values()):
+        with atomic_path(listing) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            for modality, names in missing.items():
+                f.writelines(json.dumps({"kind": modality, "id": n}, ensure_ascii=False) + "\n" for n in names)
+    else:
+        listing.unlink(missing_ok=True)  # an earlier export's list no longer describes this file
     with atomic_path(out) as tmp:
         pq.write_table(table, tmp)
     return {"out": str(out), "fingerprint": store.fingerprint, "dim": store.dim, "counts": counts,
+            "missing": missing, "missing_list": str(listing) if any(missing.values()) else None,
             "image_roots": meta["image_roots"]}
 
 
 def list_stores(root: str | os.PathLike) -> list[dict]:
     """Every fingerprint folder under a store root, from its manifest: what model, checkpoint,
-    precision and decoder made it, and how many images and texts it holds."""
+    precision and decoder made it, and how many images and texts it holds. ``checkpoint_exists``:
+    whether the checkpoint file is still there (None: no file was recorded, or a URL)."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"store root {root} does not exist (the default is $HARDRANK_CACHE/store or "
@@ -162,7 +185,13 @@ def list_stores(root: str | os.PathLike) -> list[dict]:
         except (OSError, ValueError):
             continue
         meta = m.get("meta") or {}
+        ck = meta.get("checkpoint")
         out.append({"folder": str(manifest.parent), "fingerprint": m.get("fingerprint"), "arch": meta.get("arch"),
-                    "checkpoint": meta.get("checkpoint"), "precision": meta.get("precision"),
-                    "decoder": meta.get("decoder"), "dim": m.get("dim"), "rows": m.get("rows", {})})
+                    "checkpoint": ck, "checkpoint_exists": Path(ck).is_file() if _local_file(ck) else None,
+                    "precision": meta.get("precision"), "decoder": meta.get("decoder"), "dim": m.get("dim"),
+                    "rows": m.get("rows", {})})
     return sorted(out, key=lambda r: (str(r["arch"]), str(r["checkpoint"]), str(r["fingerprint"])))
+
+
+def _local_file(path) -> bool:
+    return isinstance(path, str) and bool(path) and not urls.is_url(path)

@@ -13,7 +13,7 @@ from hardrank.scoring.backends import auto, exhaustive, faiss
 from hardrank.scoring.backends.base import OPS, RANKS, TOPK, Backend, SearchSpec
 
 __all__ = ["Backend", "SearchSpec", "OPS", "RANKS", "TOPK", "register", "unregister", "get", "registered", "parse",
-           "search_help", "grouped_ranks", "searcher"]
+           "search_help", "grouped_ranks", "searcher", "describe"]
 
 _BUILTIN = (exhaustive.Exhaustive(), faiss.Faiss(), auto.Auto())  # the order of --help and error listings
 
@@ -120,3 +120,10 @@ def searcher(spec: SearchSpec | str, xb, opts, nq: int | None = None, *, backend
 
 for _b in _BUILTIN:
     register(_b)
+
+
+def describe(spec: SearchSpec | str, shape: tuple[int, int], opts, *, backend: Backend | None = None) -> str:
+    """How the top-k search of ``spec`` (``backend``: as placed for this run) will run over a corpus of
+    ``shape`` (nb, d), in words: the plan line printed before a long search."""
+    spec = parse(spec, TOPK)
+    return (backend or get(spec)).describe(spec, shape, opts)

@@ -5,7 +5,7 @@ import math
 
 from hardrank.scoring.backends.base import TOPK, Backend
 from hardrank.scoring.backends.exhaustive import kernel_searcher
-from hardrank.scoring.backends.faiss import faiss_searcher
+from hardrank.scoring.backends.faiss import describe_factory, faiss_searcher
 
 __all__ = ["Auto", "auto_factory", "choose"]
 
@@ -44,3 +44,7 @@ class Auto(Backend):
     def searcher(self, spec, xb, opts, nq=None):
         method, factory = choose(xb.shape, opts.budget_mb << 20)
         return kernel_searcher(xb, opts, nq) if method == "exact" else faiss_searcher(xb, factory, opts)
+
+    def describe(self, spec, shape, opts):
+        method, factory = choose(tuple(shape), opts.budget_mb << 20)
+        return "exact search (kernels.topk)" if method == "exact" else describe_factory(factory)

@@ -76,6 +76,10 @@ class Backend:
                              f"write --search {self.name}")
         return None
 
+    def describe(self, spec: SearchSpec, shape: tuple[int, int], opts) -> str:
+        """How its top-k will search a corpus of ``shape`` (nb, d), in words, for plans printed before the work."""
+        return f"--search {spec}"
+
     def lacks(self, op: str) -> UsageError:
         """The error for an operation this backend does not serve."""
         serves = " and ".join(OPS[o] for o in self.ops) or "nothing"

@@ -84,3 +84,6 @@ class Exhaustive(Backend):
 
     def searcher(self, spec, xb, opts, nq=None):
         return kernel_searcher(xb, opts, nq)
+
+    def describe(self, spec, shape, opts):
+        return "exact search (kernels.topk)"

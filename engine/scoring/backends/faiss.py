@@ -70,3 +70,11 @@ class Faiss(Backend):
 
     def searcher(self, spec, xb, opts, nq=None):
         return faiss_searcher(xb, spec.arg, opts)
+
+    def describe(self, spec, shape, opts):
+        return describe_factory(spec.arg)
+
+
+def describe_factory(factory: str) -> str:
+    """A FAISS index in words: approximate ones have their candidates re-scored exactly (``FaissSearch``)."""
+    return f"FAISS {factory}" + ("" if factory == "Flat" else ", candidates re-scored exactly")

@@ -38,6 +38,11 @@ class Sharded(Backend):
             return self.inner.searcher(spec, xb, opts, nq)
         return self.search(xb, opts)
 
+    def describe(self, spec, shape, opts):
+        if self.remote:
+            return f"the corpus sharded over Ray actors ({self.inner.describe(spec, shape, opts)} on each shard)"
+        return self.inner.describe(spec, shape, opts)
+
     def close(self) -> None:
         for part in (self.ranker, self.search):
             if part is not None:
