@@ -12,7 +12,8 @@ from PIL import Image, ImageDraw
 from safetensors.torch import save_file
 
 from hardrank.atomic import atomic_path, write_text_atomic
-from hardrank.models.openclip import ModelSpec, load_model
+from hardrank.models.openclip import load_model
+from hardrank.models.runs import user_specs
 
 __all__ = ["coco_like_jpegs", "CONFIGS", "small_checkpoints", "images_and_models"]
 
@@ -85,6 +86,6 @@ def images_and_models(data: str | Path, n_images: int, k: int, size: str):
     bench model, and a fresh work folder for their stores."""
     paths = coco_like_jpegs(data, n_images)
     cfg, ckpts = small_checkpoints(Path(data) / "models", k, size)
-    models = [load_model(ModelSpec(cfg, c)) for c in ckpts]
+    models = [load_model(s) for s in user_specs(cfg, ckpts)]
     return paths, models, Path(tempfile.mkdtemp(prefix="hardrank-bench-"))
 
