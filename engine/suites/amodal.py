@@ -428,8 +428,8 @@ def clip_regions_items(data: AmodalSet, tables: Tables) -> RegionItems:
     """Add every question text and every candidate crop (``ImageRef(image, crop=amodal box)``)
     to ``tables``; the embed stage then encodes them like any suite's items."""
     if not any(data.instances.values()):
-        raise ValueError(f"{data.path}: the clip-regions baseline needs an 'instances' list (the candidate "
-                         f"regions of each image); the file has none")
+        raise DataError(f"{data.path}: the clip-regions baseline needs an 'instances' list (the candidate "
+                        f"regions of each image); the file has none")
     crops: dict = {}
     for image_id, insts in data.instances.items():
         uri = data.images[image_id]["path"]

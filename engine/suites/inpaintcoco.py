@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hardrank.errors import UsageError
 from hardrank.items import ImageRef, Tables, parquet_uri
 from hardrank.suites._common import SuiteFormatError, SuiteOptions
 from hardrank.tasks import ChoiceTask, Suite
@@ -87,7 +88,7 @@ def load_inpaintcoco(tables: Tables, opts: SuiteOptions, name: str = "inpaintcoc
     dropped). Rows with an empty caption are skipped and counted. Metrics per concept and overall."""
 
     if opts.data is None:
-        raise ValueError("suite inpaintcoco needs --data DIR (or a .parquet file) with the test shards")
+        raise UsageError("suite inpaintcoco needs --data DIR (or a .parquet file) with the test shards")
     files = _shards(Path(opts.data))
     left, right, ids, concepts = [], [], [], []
     empty = {"inpaint_caption": 0, "coco_caption": 0}
