@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hardrank.atomic import copy_into
 from hardrank.config import PRECISIONS
+from hardrank.errors import UsageError
 from hardrank.inputs import is_sample_source, parse_captions, read_samples, sample_captions
 from hardrank.models.openclip import ModelSpec, load_model
 from hardrank.perturb.images import alter_images
@@ -76,7 +77,7 @@ def run_perturb(args) -> int:
         return _texts(args)
     if args.perturb_command == "images":
         return _images(args)
-    raise ValueError(f"unknown perturb command {args.perturb_command!r}; expected texts or images")
+    raise UsageError(f"unknown perturb command {args.perturb_command!r}; expected texts or images")
 
 
 def _say(msg: str) -> None:
@@ -143,7 +144,7 @@ def _texts(args) -> int:
 
 def _images(args) -> int:
     if not 0.0 <= args.lam <= 1.0:
-        raise ValueError(f"--lam must be in [0, 1] (the weight of the original image), got {args.lam}")
+        raise UsageError(f"--lam must be in [0, 1] (the weight of the original image), got {args.lam}")
     if is_sample_source(args.images):
         report = alter_shards(args.images, args.out, method=args.method, lam=args.lam, seed=args.seed,
                               quality=args.quality)
@@ -153,7 +154,7 @@ def _images(args) -> int:
              f"{args.method}_{args.lam:g} --seeds {args.seed}")
         return 0
     if not args.annotations:
-        raise ValueError("perturb images --images FOLDER needs --annotations (a Karpathy JSON naming the images); "
+        raise UsageError("perturb images --images FOLDER needs --annotations (a Karpathy JSON naming the images); "
                          "tar shards need none")
     images_root = Path(args.images)
     if not images_root.is_dir():
