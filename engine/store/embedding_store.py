@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from hardrank.atomic import atomic_path, write_json_atomic
-from hardrank.errors import DataError
+from hardrank.errors import DataError, UsageError
 from hardrank.store.key_index import KeyIndex, as_string_array
 
 __all__ = ["EmbeddingStore", "MissingKeys", "embedding_schema", "open_store", "is_store_folder", "SCHEMA_VERSION"]
@@ -44,7 +44,7 @@ def embedding_schema(dim: int, dtype: str) -> pa.Schema:
     """The one place the store's row schema is built: ``key`` + ``embedding`` as a
     ``fixed_size_list<dtype>[dim]`` (never a variable ``list``)."""
     if dtype not in _DTYPES:
-        raise ValueError(f"store dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        raise UsageError(f"store dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     return pa.schema(
         [pa.field("key", pa.string(), nullable=False),
          pa.field("embedding", pa.list_(pa.field("item", _DTYPES[dtype], nullable=False), dim), nullable=False)],
@@ -218,7 +218,7 @@ class EmbeddingStore:
         try:
             m = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(m, dict):
-                raise ValueError(f"holds a {type(m).__name__}, not an object")
+                raise DataError(f"holds a {type(m).__name__}, not an object")
             return m
         except (OSError, ValueError) as exc:
             log.warning("%s is unreadable (%s); rebuilding it from the shards, which are the truth", path, exc)
