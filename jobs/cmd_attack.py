@@ -17,7 +17,7 @@ import numpy as np
 from hardrank.atomic import atomic_path, copy_into, write_json_atomic, write_text_atomic
 from hardrank.config import PRECISIONS, EmbedOptions, EvalConfig, SuiteOptions, resolve_device
 from hardrank.embed import EmbedPipeline
-from hardrank.errors import EXIT_OK, UsageError
+from hardrank.errors import EXIT_OK, DataError, UsageError
 from hardrank.evaluate import evaluate
 from hardrank.items import ImageRef, Tables
 from hardrank.jobs.flags import Formatter, expand_globs
@@ -188,8 +188,8 @@ def attack_texts(args) -> int:
     t_embed = time.perf_counter() - t0
     if tables.images.failed:
         bad = sorted(tables.images.failed)[0]
-        raise UsageError(f"image {tables.images.entries[bad].uri} could not be read ({tables.images.failed[bad]}); "
-                         f"the attack needs every image: fix or remove it from {ann}")
+        raise DataError(f"image {tables.images.entries[bad].uri} could not be read ({tables.images.failed[bad]}); "
+                        f"the attack needs every image: fix or remove it from {ann}")
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "concepts.json", concepts.to_json())
     write_json_atomic(out / "vocab.json", vocab.to_json())
@@ -288,6 +288,9 @@ def attack_images(args) -> int:
         raise FileNotFoundError(f"--images {root} is not a folder")
     clean = read_karpathy(ann)
     paths = [im for im, _ in clean]
+    if len(paths) < 2:  # checked here, before any encoding: each image's partner is another image
+        raise DataError(f"{ann}: {len(paths)} image(s); the image attack needs at least 2 (each image's partner "
+                        f"is another image): pass a Karpathy file with more images")
     pipe = _pipe(args)
     tables = Tables.empty()
     img_rows = tables.images.add_many(ImageRef(os.fspath(root / im)) for im in paths)
@@ -301,8 +304,8 @@ def attack_images(args) -> int:
     pipe.run(tables, progress=make_progress(args.quiet))
     if tables.images.failed:
         bad = sorted(tables.images.failed)[0]
-        raise UsageError(f"image {tables.images.entries[bad].uri} could not be read ({tables.images.failed[bad]}); "
-                         f"the attack needs every image: fix or remove it from {ann}")
+        raise DataError(f"image {tables.images.entries[bad].uri} could not be read ({tables.images.failed[bad]}); "
+                        f"the attack needs every image: fix or remove it from {ann}")
     embs = [pipe.embeddings(k, tables) for k in range(len(pipe.models))]
     neighbours = [nearest_images(e["image"][img_rows], args.k) for e in embs]
     pairs = list(dict.fromkeys(p for nb in neighbours for p in image_candidates(paths, nb)))
@@ -325,7 +328,7 @@ def attack_images(args) -> int:
     pipe.run(tables, progress=make_progress(args.quiet))
     if tables.images.failed:
         bad = sorted(tables.images.failed)[0]
-        raise UsageError(f"candidate {tables.images.entries[bad].uri} could not be read; delete it and rerun")
+        raise DataError(f"candidate {tables.images.entries[bad].uri} could not be read; delete it and rerun")
     t_embed = time.perf_counter() - t0 - t_write
     n, kk = len(paths), neighbours[0].shape[1]
     cmax = int(np.bincount(cap_img).max())
