@@ -6,7 +6,15 @@ import logging
 import sys
 
 from hardrank.config import DATA_DIR, EvalConfig, SuiteOptions
-from hardrank.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, HardrankError, TooManyFailures, exit_code
+from hardrank.errors import (
+    EXIT_CODES_HELP,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    INPUT_FILE_ERRORS,
+    HardrankError,
+    TooManyFailures,
+    exit_code,
+)
 from hardrank.evaluate import evaluate, plan
 from hardrank.inputs.convert import write_karpathy_shards
 from hardrank.jobs.bench import add_bench_parser
@@ -164,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     except TooManyFailures as exc:
         print(f"hardrank: stopped: {exc}", file=sys.stderr)
         return exit_code(exc)
-    except (HardrankError, FileNotFoundError, NotADirectoryError, ValueError, KeyError) as exc:
+    except (HardrankError, *INPUT_FILE_ERRORS) as exc:  # anything else is a bug: its traceback, exit 1
         print(f"hardrank: error: {exc}", file=sys.stderr)
         return exit_code(exc)
 
