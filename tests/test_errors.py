@@ -81,6 +81,75 @@ def test_main_lets_a_bug_raise(monkeypatch, exc):
         cli.main(["toy", "world", "--out", "unused"])
 
 
+# -- a library's parse error on a user's file is DataError naming the file (it was a plain ValueError, 3) -----
+NOT_JSON, LATIN1 = b"not json", '["caf\xe9"]'.encode("latin-1")
+
+
+def _model_config(tmp_path, content):
+    from hardrank.models.openclip import resolve_arch
+
+    (tmp_path / "model.json").write_bytes(content)
+    resolve_arch(str(tmp_path / "model.json"))
+
+
+def _local_dir(tmp_path, content):
+    from hardrank.models.openclip import ModelSpec, load_model
+
+    (tmp_path / "open_clip_config.json").write_bytes(content)
+    load_model(ModelSpec(f"local-dir:{tmp_path}", None, device="cpu"))
+
+
+def _inpaintcoco(tmp_path, content):
+    from hardrank.items import Tables
+    from hardrank.suites import SuiteOptions, load_suites
+
+    (tmp_path / "test.parquet").write_bytes(content)
+    load_suites(["inpaintcoco"], Tables.empty(), SuiteOptions(data=str(tmp_path / "test.parquet")))
+
+
+def _img2dataset_parquet(tmp_path, content):
+    from hardrank.inputs.webdataset import read_samples
+
+    (tmp_path / "00000.parquet").write_bytes(content)
+    read_samples(str(tmp_path / "00000.parquet"))
+
+
+def _attack_vocab(tmp_path, content):
+    from hardrank.perturb.attack import vocab_from_file
+
+    (tmp_path / "words.txt").write_bytes(content)
+    vocab_from_file(tmp_path / "words.txt")
+
+
+def _perturb_vocab(tmp_path, content):
+    from hardrank.perturb.texts import load_vocab
+
+    (tmp_path / "vocab.json").write_bytes(content)
+    load_vocab(tmp_path / "vocab.json")
+
+
+@pytest.mark.parametrize("read, name, content", [
+    (_model_config, "model.json", NOT_JSON), (_model_config, "model.json", LATIN1),
+    (_local_dir, "open_clip_config.json", NOT_JSON),
+    (_inpaintcoco, "test.parquet", b"PAR1 not parquet PAR1"),
+    (_img2dataset_parquet, "00000.parquet", b"PAR1 not parquet PAR1"),
+    (_attack_vocab, "words.txt", LATIN1),
+    (_perturb_vocab, "vocab.json", NOT_JSON), (_perturb_vocab, "vocab.json", LATIN1),
+], ids=lambda v: getattr(v, "__name__", None) or (None if isinstance(v, bytes) else str(v)))
+def test_unparsable_input_files_are_data_errors_naming_the_file(tmp_path, read, name, content):
+    with pytest.raises(DataError) as e:
+        read(tmp_path, content)
+    assert str(tmp_path / name) in str(e.value)
+
+
+def test_unparsable_mining_listing_exits_3(tmp_path, capsys):
+    bad = tmp_path / "listing.parquet"
+    bad.write_bytes(b"PAR1 not parquet PAR1")
+    assert cli.main(["mine", "--corpus", str(bad), "--queries", str(bad), "--direction", "t2t",
+                     "--out", str(tmp_path / "out"), "--quiet"]) == 3
+    assert f"{bad}: not a readable Parquet file" in capsys.readouterr().err
+
+
 # -- no plain ValueError where the user can act ------------------------------------------------------
 # The raises of a plain ValueError left in engine/ and jobs/: each is an internal invariant, a caller bug
 # (exit 1), never reachable from a flag, a job file or an input file (those raise UsageError / DataError),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hardrank import urls
@@ -160,7 +161,10 @@ def _load_source(path: str, images: str | None, captions: str = "txt") -> _MineI
                                     np.arange(len(clean)))
         return _MineInput("karpathy", path, items, group_names=paths)
     if p.suffix == ".parquet":
-        cols = pq.read_schema(p).names
+        try:
+            cols = pq.read_schema(p).names
+        except (pa.ArrowException, OSError) as exc:
+            raise _source_error(p, f"not a readable Parquet file ({exc})") from None
         if {"kind", "id", "embedding"} <= set(cols):  # an embeddings file: ids and embeddings, no model needed
             emb = _FileEmbeddings(p)
             items = {mod: _Items(ids=list(emb.ids[mod]), entries=None, group=np.arange(len(emb.ids[mod])),

@@ -167,7 +167,10 @@ def vocab_from_file(path: str | os.PathLike, tagger: OrderTagger | None = None) 
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"--vocab {p} does not exist (give a word file, or a number of words per class)")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"--vocab {p}: not UTF-8 text ({exc}); re-save it as UTF-8") from None
     try:
         items = json.loads(text)
     except json.JSONDecodeError:

@@ -47,8 +47,8 @@ def _load_vocab(path: str) -> Vocab:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"vocabulary {path} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise DataError(f"vocabulary {path}: not valid JSON ({exc})") from exc
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise DataError(f"vocabulary {path}: not valid UTF-8 JSON ({exc})") from exc
     expected = {"classes", "danger", "random", "stopwords"}
     if not isinstance(doc, dict) or not expected <= set(doc) or set(doc) - expected - {"about"}:
         got = sorted(doc) if isinstance(doc, dict) else type(doc).__name__

@@ -55,7 +55,11 @@ def _shards(root: Path, split: str = "test") -> list[Path]:
 
 
 def _check_schema(f: Path) -> None:
-    schema = pq.read_schema(f)
+    try:
+        schema = pq.read_schema(f)
+    except (pa.ArrowException, OSError) as exc:
+        raise SuiteFormatError(f"{f}: not a readable Parquet file ({exc}); expected an InpaintCOCO test "
+                               f"shard") from None
     missing = [c for c in (*_TEXT_COLUMNS, *_IMAGE_COLUMNS) if c not in schema.names]
     if missing:
         raise SuiteFormatError(f"{f}: missing column(s) {missing}; has {schema.names}. Expected the InpaintCOCO "
