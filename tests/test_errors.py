@@ -150,6 +150,14 @@ def test_unparsable_mining_listing_exits_3(tmp_path, capsys):
     assert f"{bad}: not a readable Parquet file" in capsys.readouterr().err
 
 
+def test_a_store_folder_that_is_a_file_is_a_usage_error(tmp_path):
+    from hardrank.store.embedding_store import EmbeddingStore
+
+    (tmp_path / "fp").write_text("x")  # the same refusal as the --store check up front: exit 2, naming --store
+    with pytest.raises(UsageError, match="is a file; pass a --store folder"):
+        EmbeddingStore(tmp_path, "fp", dim=4, dtype="float16")
+
+
 # -- no plain ValueError where the user can act ------------------------------------------------------
 # The raises of a plain ValueError left in engine/ and jobs/: each is an internal invariant, a caller bug
 # (exit 1), never reachable from a flag, a job file or an input file (those raise UsageError / DataError),

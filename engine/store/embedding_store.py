@@ -197,13 +197,13 @@ class EmbeddingStore:
                 f"{self.dir} if it is stale")
         if not readonly:
             if self.dir.exists() and not self.dir.is_dir():
-                raise DataError(f"store folder {self.dir} is a file; pass a --store folder (or remove the file)")
+                raise UsageError(f"store folder {self.dir} is a file; pass a --store folder (or remove the file)")
             try:
                 for modality in _MODALITIES:
                     (self.dir / modality).mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise DataError(f"cannot create the store folder {self.dir} ({exc.strerror or exc}); pass a "
-                                f"writable --store") from None
+                raise UsageError(f"cannot create the store folder {self.dir} ({exc.strerror or exc}); pass a "
+                                 f"writable --store") from None
         self.refresh()
         if manifest is None and not readonly:
             with self.lock(wait=False) as held:  # a busy writer rewrites it after its next shard
