@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from hardrank.errors import NoSpace
+from hardrank.errors import NoSpace, UsageError
 
 __all__ = ["atomic_path", "write_json_atomic", "write_text_atomic", "named_when_full", "no_space", "why_unwritable"]
 
@@ -120,7 +120,7 @@ def copy_into(src: str | os.PathLike, dst: str | os.PathLike, fix: str = "use an
     if dst.exists():
         if dst.samefile(src) or dst.read_bytes() == src.read_bytes():
             return
-        raise ValueError(f"{dst} exists and differs from {src}; {fix}")
+        raise UsageError(f"{dst} exists and differs from {src}; {fix}")
     dst.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(dst, src.stat().st_size) as tmp:
         try:

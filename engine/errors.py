@@ -4,8 +4,8 @@ from __future__ import annotations
 import errno
 
 __all__ = ["HardrankError", "UsageError", "DataError", "TooManyFailures", "NoSpace", "MissingExtra", "Terminated",
-           "exit_code", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_DATA", "EXIT_FAILURES", "EXIT_NO_SPACE",
-           "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_CODES_HELP"]
+           "exit_code", "INPUT_FILE_ERRORS", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_DATA", "EXIT_FAILURES",
+           "EXIT_NO_SPACE", "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_CODES_HELP"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DATA, EXIT_FAILURES, EXIT_NO_SPACE = 0, 1, 2, 3, 4, 5
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it
@@ -64,14 +64,19 @@ class MissingExtra(HardrankError, ImportError):
         self.extra, self.module = extra, module
 
 
+# Python's own errors about an input path (missing, a file where a folder is expected or the reverse, not
+# readable) are bad data. Outputs never get here: --out and --store are checked up front (UsageError).
+INPUT_FILE_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
 def exit_code(exc: BaseException) -> int:
-    """The exit code for an error that reached the command line. Python's own errors about input
-    (a missing file, a bad value, a missing key) count as bad data, a full disk as no space (5); anything
-    else is a bug (1)."""
+    """The exit code for an error that reached the command line: a HardrankError's own, 3 for Python's
+    errors about an input path (``INPUT_FILE_ERRORS``), else 1. A plain ValueError or KeyError is a bug
+    (1), not bad data; a full disk is 5: where the user can act, hardrank raises UsageError or DataError."""
     if isinstance(exc, HardrankError):
         return exc.exit_code
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a write not named by NoSpace
         return EXIT_NO_SPACE
-    if isinstance(exc, (FileNotFoundError, NotADirectoryError, ValueError, KeyError)):
+    if isinstance(exc, INPUT_FILE_ERRORS):
         return EXIT_DATA
     return EXIT_ERROR

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from PIL import Image, UnidentifiedImageError
 
 from hardrank import urls
+from hardrank.errors import DataError, UsageError
 
 __all__ = ["ImageRef", "ItemTable", "Tables", "read_image_bytes", "prefetched", "bytes_key", "text_key",
            "failure_reason"]
@@ -85,7 +86,7 @@ def read_image_bytes(uri: str) -> bytes:
     if isinstance(value, dict):
         value = value.get("bytes")
     if not value:
-        raise ValueError(f"{file}: row {row_s} column {column!r} holds no image bytes")
+        raise DataError(f"{file}: row {row_s} column {column!r} holds no image bytes")
     return value
 
 
@@ -111,7 +112,7 @@ def bytes_key(data: bytes, recipe: str = "") -> str:
 def _image_key(ref: ImageRef) -> str:
     data = read_image_bytes(ref.uri)
     if not data:
-        raise ValueError(f"{ref.uri}: empty file (0 bytes; an interrupted download?)")
+        raise DataError(f"{ref.uri}: empty file (0 bytes; an interrupted download?)")
     return bytes_key(data, ref.recipe)
 
 
@@ -121,7 +122,7 @@ class ItemTable:
 
     def __init__(self, modality: str):
         if modality not in ("image", "text"):
-            raise ValueError(f"modality must be 'image' or 'text', got {modality!r}")
+            raise UsageError(f"modality must be 'image' or 'text', got {modality!r}")
         self.modality = modality
         self.entries: list = []
         self.ids: list[str] = []  # id as the annotation file writes it (first seen); for --embeddings
@@ -257,11 +258,11 @@ def decode_image(ref: ImageRef, data: bytes | None = None, draft=None):
 
     data = read_image_bytes(ref.uri) if data is None else data
     if not data:
-        raise ValueError(f"{ref.uri}: empty file (0 bytes; an interrupted download?)")
+        raise DataError(f"{ref.uri}: empty file (0 bytes; an interrupted download?)")
     try:
         img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:  # Pillow's message names a BytesIO object, not the file
-        raise ValueError(f"{ref.uri}: not an image Pillow can read; {len(data)} bytes: {_file_kind(data)}") from None
+        raise DataError(f"{ref.uri}: not an image Pillow can read; {len(data)} bytes: {_file_kind(data)}") from None
     if draft is not None and ref.crop is None and img.format == "JPEG":
         need = draft(*img.size)
         if need is not None:

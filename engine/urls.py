@@ -328,7 +328,7 @@ def parse_member_uri(uri: str) -> tuple[str, int, int, str]:
         shard, _, member = rest.partition("#")
         return shard, int(off), int(size), member
     except ValueError:
-        raise ValueError(f"{uri!r} is not a tar member address (tar:<offset>:<size>:<shard>#<member>)") from None
+        raise DataError(f"{uri!r} is not a tar member address (tar:<offset>:<size>:<shard>#<member>)") from None
 
 
 def _read_member(uri: str) -> bytes:
@@ -338,7 +338,7 @@ def _read_member(uri: str) -> bytes:
     except FileNotFoundError:
         raise FileNotFoundError(f"{shard}: shard not found (reading member {member})") from None
     if len(data) != size:
-        raise ValueError(f"{shard}#{member}: shard is truncated ({len(data)} of {size} bytes at offset {off})")
+        raise DataError(f"{shard}#{member}: shard is truncated ({len(data)} of {size} bytes at offset {off})")
     return data
 
 

@@ -15,6 +15,7 @@ from hardrank.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TERMINATED,
+    INPUT_FILE_ERRORS,
     HardrankError,
     Terminated,
     TooManyFailures,
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     except TooManyFailures as exc:
         print(f"hardrank: stopped: {exc}", file=sys.stderr)
         return exit_code(exc)
-    except (HardrankError, FileNotFoundError, NotADirectoryError, ValueError, KeyError) as exc:
+    except (HardrankError, *INPUT_FILE_ERRORS) as exc:  # anything else is a bug: its traceback, exit 1
         print(f"hardrank: error: {exc}", file=sys.stderr)
         return exit_code(exc)
     except OSError as exc:  # a full disk at a write that did not name itself (e.g. creating a folder)

@@ -17,7 +17,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package
     import tomli as tomllib
 
 from hardrank.config import EvalConfig, build, flat_fields, opt
-from hardrank.errors import EXIT_OK, HardrankError, TooManyFailures, UsageError, exit_code
+from hardrank.errors import EXIT_OK, INPUT_FILE_ERRORS, HardrankError, TooManyFailures, UsageError, exit_code
 from hardrank.evaluate import evaluate, plan
 from hardrank.executors import executor
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
@@ -336,7 +336,7 @@ def _run_entries(job: JobFile, args, codes: list) -> None:
         except TooManyFailures as exc:
             print(f"hardrank run: {m.name}: stopped: {exc}", file=sys.stderr)
             codes.append(exit_code(exc))
-        except (HardrankError, FileNotFoundError, NotADirectoryError, ValueError, KeyError) as exc:
+        except (HardrankError, *INPUT_FILE_ERRORS) as exc:
             print(f"hardrank run: {m.name}: error: {exc}", file=sys.stderr)  # a failing entry: the others still run
             codes.append(exit_code(exc))
         except Exception as exc:  # anything else (a library's error on a garbage file, a bug): reported, go on

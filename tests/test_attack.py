@@ -298,3 +298,21 @@ def test_report_shows_the_transfer_heat_map(text_attack, tmp_path):
     assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "plots" / "transfer_texts.png").stat().st_size > 1000
     assert "Attack transfer (texts)" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_attack_bad_inputs_exit_3_naming_the_file(world, tmp_path, capsys):
+    items = json.loads((world / "karpathy_test.json").read_text())
+    one, gone = tmp_path / "one.json", tmp_path / "gone.json"
+    one.write_text(json.dumps(items[:1]))
+    gone.write_text(json.dumps(items[:2] + [{**items[2], "image": "no_such_image.jpg"}]))
+    args = _args(world, tmp_path / "out", tmp_path / "store")
+    at = args.index("--annotations") + 1
+    # one image: no partner to mix with; refused before a model is loaded (it was a kernel error, exit 3 by accident)
+    args[at] = str(one)
+    assert main(["attack", "images", *args]) == 3
+    assert f"{one}: 1 image(s); the image attack needs at least 2" in capsys.readouterr().err
+    # an image that cannot be read is bad data (it was a usage error, exit 2)
+    args[at] = str(gone)
+    assert main(["attack", "images", *args]) == 3
+    err = capsys.readouterr().err
+    assert "no_such_image.jpg could not be read" in err and f"fix or remove it from {gone}" in err

@@ -364,6 +364,19 @@ def test_run_reports_a_garbage_checkpoint_entry_and_runs_the_others(world, tmp_p
     assert not list((tmp_path / "res").glob("bad/**/*.json"))
 
 
+def test_a_checkpoint_with_nan_weights_is_bad_data_naming_it(world, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    nan = tmp_path / "diverged.safetensors"  # a training run that diverged: every weight NaN
+    save_file({k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+               for k, v in load_file(str(world["ckpts"][0])).items()}, str(nan))
+    store = tmp_path / "store"
+    assert main(_eval(world, tmp_path / "out", store, nan)) == 3  # was the ranking kernel's ValueError
+    err = capsys.readouterr().err
+    assert f"checkpoint {nan} encodes NaN or infinite embeddings" in err and "Traceback" not in err
+    assert not list(store.rglob("shard-*.arrow"))  # nothing of it reaches the store, for a rerun to read back
+
+
 # -- bring your own embeddings ----------------------------------------------------------------------
 def _byo_rows(world, dim=8) -> list[tuple[str, str, list]]:
     rng = np.random.default_rng(1)

@@ -16,6 +16,7 @@ from PIL import Image
 
 from hardrank.config import resolve_device
 from hardrank.embed.decode import PillowDecoder, image_size
+from hardrank.errors import DataError, UsageError
 from hardrank.items import ImageRef, read_image_bytes
 
 __all__ = ["DaliDecoder"]
@@ -36,13 +37,13 @@ def _geometry(cfg: dict) -> tuple[str, tuple[int, int]]:
     hw = image_size(cfg)
     mode = cfg.get("resize_mode", "shortest")
     if mode == "shortest" and hw[0] != hw[1]:
-        raise ValueError(f"DALI decoding supports resize_mode 'shortest' with a square size, got size={hw}; "
+        raise UsageError(f"DALI decoding supports resize_mode 'shortest' with a square size, got size={hw}; "
                          f"use --decoder pillow for this model")
     if mode not in ("shortest", "squash"):
-        raise ValueError(f"DALI decoding supports resize_mode 'shortest' or 'squash', got {mode!r}; "
+        raise UsageError(f"DALI decoding supports resize_mode 'shortest' or 'squash', got {mode!r}; "
                          f"use --decoder pillow for this model")
     if cfg.get("interpolation", "bicubic") not in ("bicubic", "bilinear", "random"):
-        raise ValueError(f"unknown interpolation {cfg.get('interpolation')!r} in the model's preprocess config")
+        raise DataError(f"unknown interpolation {cfg.get('interpolation')!r} in the model's preprocess config")
     return mode, hw
 
 
@@ -85,7 +86,7 @@ class DaliDecoder:
         if device == "auto":
             device = "gpu" if resolve_device("auto").startswith("cuda") else "cpu"
         if device not in ("cpu", "gpu"):
-            raise ValueError(f"DaliDecoder device must be 'cpu', 'gpu' or 'auto', got {device!r}")
+            raise UsageError(f"DaliDecoder device must be 'cpu', 'gpu' or 'auto', got {device!r}")
         self.device = device
         self.threads = max(1, int(threads))
         self.batch_size = max(1, int(batch_size))

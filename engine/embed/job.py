@@ -22,7 +22,7 @@ import torch
 from hardrank import urls
 from hardrank.embed.decoders import make_decoder
 from hardrank.embed.encode import ImageEncoder, TextEncoder
-from hardrank.errors import TooManyFailures
+from hardrank.errors import DataError, TooManyFailures
 from hardrank.items import ItemTable, bytes_key, prefetched, read_image_bytes
 from hardrank.models.openclip import LoadedModel, load_model
 from hardrank.store.embedding_store import EmbeddingStore
@@ -245,6 +245,7 @@ class EmbedSink:
         for i, emb in enumerate(embeddings):
             if emb is None:  # this checkpoint has these rows already: not encoded for it
                 continue
+            self._check_finite(i, rows, emb)
             if i < len(self.stats.per_checkpoint):
                 self.stats.per_checkpoint[i]["encoded"] += len(rows)
             need = ~self.have[i][rows]
@@ -256,6 +257,19 @@ class EmbedSink:
             self.flush()
         if self.bar:
             self.bar.update(len(rows))
+
+    def _check_finite(self, i: int, rows: np.ndarray, emb) -> None:
+        """A checkpoint whose weights hold NaN/inf (a diverged run) encodes NaN: refused here, naming the
+        checkpoint, before it reaches the store (where a rerun would read it back) or the ranking kernels."""
+        finite = np.isfinite(np.asarray(emb)).all(1)
+        if finite.all():
+            return
+        self.flush()  # what was encoded before is finite and kept
+        entry = self.table.entries[int(rows[int(np.argmin(finite))])]
+        ck = self.stores[i].meta.get("checkpoint") or self.stores[i].fingerprint
+        raise DataError(f"checkpoint {ck} encodes NaN or infinite embeddings ({int((~finite).sum())} of {len(rows)} "
+                        f"{self.table.modality}s in a batch, first {getattr(entry, 'uri', entry)!r}): its weights hold "
+                        f"NaN/inf (a diverged training run?); evaluate another checkpoint")
 
     def flush(self) -> None:
         t = time.perf_counter()

@@ -22,6 +22,7 @@ import torch
 import hardrank.kernels
 from hardrank.embed.decode import image_size
 from hardrank.embed.job import DecodeStage, EmbedJob, EmbedSink, EncodeStage
+from hardrank.errors import UsageError
 from hardrank.models.openclip import load_model
 
 __all__ = ["RayRunner", "ScanMapper", "connect"]
@@ -59,7 +60,7 @@ def connect(address: str | None = None) -> bool:
             try:
                 ray.init(address=address, runtime_env=env, logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise ValueError(f"could not join the Ray cluster at {address!r} ({exc}); check "
+                raise UsageError(f"could not join the Ray cluster at {address!r} ({exc}); check "
                                  f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
         else:  # a local cluster's workers run this interpreter, which imports hardrank already
             ray.init(include_dashboard=False, logging_level=logging.WARNING)
@@ -120,7 +121,7 @@ class RayRunner:
                  encode_actors: int | None = None, inflight: int = 2):
         for name, v in (("decode_actors", decode_actors), ("encode_actors", encode_actors), ("inflight", inflight)):
             if v is not None and (not isinstance(v, int) or v < 1):
-                raise ValueError(f"RayRunner {name} must be a positive int or None, got {v!r}")
+                raise UsageError(f"RayRunner {name} must be a positive int or None, got {v!r}")
         self.address = address or os.environ.get("RAY_ADDRESS") or None
         self.decode_actors, self.encode_actors, self.inflight = decode_actors, encode_actors, inflight
         self._owned = False

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hardrank.errors import DataError
+
 __all__ = ["rle_encode", "rle_decode", "polygons_to_mask"]
 
 
@@ -29,10 +31,10 @@ def _string_to_counts(s: str) -> list[int]:
         x, k = 0, 0
         while True:
             if p >= n:
-                raise ValueError(f"compressed RLE string ends inside a count (at char {p})")
+                raise DataError(f"compressed RLE string ends inside a count (at char {p})")
             c = ord(s[p]) - 48
             if not 0 <= c < 64:
-                raise ValueError(f"compressed RLE string has an invalid char {s[p]!r} at {p}")
+                raise DataError(f"compressed RLE string has an invalid char {s[p]!r} at {p}")
             x |= (c & 0x1F) << (5 * k)
             p, k = p + 1, k + 1
             if not c & 0x20:
@@ -71,9 +73,9 @@ def rle_decode(rle: dict) -> np.ndarray:
         counts = _string_to_counts(counts)
     counts = np.asarray(counts, dtype=np.int64)
     if counts.size and counts.min() < 0:
-        raise ValueError(f"RLE counts must be >= 0, got {int(counts.min())}")
+        raise DataError(f"RLE counts must be >= 0, got {int(counts.min())}")
     if int(counts.sum()) != h * w:
-        raise ValueError(f"RLE counts sum to {int(counts.sum())} but size {h}x{w} has {h * w} pixels")
+        raise DataError(f"RLE counts sum to {int(counts.sum())} but size {h}x{w} has {h * w} pixels")
     values = (np.arange(counts.size) % 2).astype(np.uint8)
     flat = np.repeat(values, counts)
     return flat.reshape((w, h)).T.copy()  # column-major -> (h, w)

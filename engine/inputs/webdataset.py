@@ -432,7 +432,11 @@ def _parquet_samples(spec: str, files: list[str]) -> SampleSet:
     samples, errors = [], []
     for f in files:
         local = urls.fetch_input(f, what="parquet file")
-        schema = pq.read_schema(local)
+        try:
+            schema = pq.read_schema(local)
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{f}: not a readable Parquet file ({exc}); expected img2dataset's parquet "
+                            f"output") from None
         col = next((c for c in _PARQUET_IMAGE_COLUMNS if c in schema.names), None)
         if col is None:
             raise DataError(f"{f}: no image bytes column (one of {list(_PARQUET_IMAGE_COLUMNS)}); it has "

@@ -120,10 +120,10 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
     for src, mod, role in ((csrc, cmod, "corpus"), (qsrc, qmod, "queries")):
         if mod not in src.items:
             hint = f" ({src.hint})" if src.hint else ""
-            raise ValueError(f"{role} {src.path} ({src.kind}) has no {mod}s, which direction {cfg.direction} "
+            raise UsageError(f"{role} {src.path} ({src.kind}) has no {mod}s, which direction {cfg.direction} "
                              f"needs{hint}; it has {sorted(src.items) or 'nothing'}")
     if qsrc.group_names is not None and cmod not in qsrc.items:
-        raise ValueError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
+        raise UsageError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
                          f"excluded) is known")
     pipe, store = _pipeline(cfg, [csrc, qsrc], echo, runner)
     sources = list({id(x): x for x in (qsrc, csrc)}.values())

@@ -91,7 +91,7 @@ def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
                             f"{out}: delete {out} to start over, or use another --out") from None
         if old != json.loads(json.dumps(record)):
             diff = sorted(k for k in set(old) | set(record) if old.get(k) != json.loads(json.dumps(record)).get(k))
-            raise ValueError(f"{out} holds a mining run with different inputs or options (differs in {diff}); "
+            raise UsageError(f"{out} holds a mining run with different inputs or options (differs in {diff}); "
                              f"use another --out, or delete {out} to start over")
     else:
         write_json_atomic(path, record)

@@ -138,8 +138,12 @@ def resolve_arch(arch: str) -> str:
             raise DataError(f"model config {arch} does not exist; pass an open_clip model name "
                             f"(python -c 'import open_clip; print(open_clip.list_models())' lists them) "
                             f"or the path of a config JSON")
-        cfg = json.loads(path.read_text())
-        if "vision_cfg" not in cfg or "text_cfg" not in cfg:
+        try:
+            cfg = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:  # not JSON, or not UTF-8
+            raise DataError(f"{arch}: not a JSON model config ({exc}); pass an open_clip model name or the path "
+                            f"of an open_clip config JSON (vision_cfg + text_cfg)") from None
+        if not isinstance(cfg, dict) or "vision_cfg" not in cfg or "text_cfg" not in cfg:
             raise DataError(f"{arch}: not an open_clip model config (needs 'vision_cfg' and 'text_cfg')")
         open_clip.add_model_config(path)
         return path.stem
@@ -293,8 +297,12 @@ def _source(spec: ModelSpec, name: str) -> _WeightsSource:
         if not cfg_file.is_file():
             raise DataError(f"{spec.arch}: {cfg_file} is missing; a hub snapshot or local-dir folder needs the "
                             f"open_clip_config.json (model_cfg + preprocess_cfg) that open_clip writes")
-        full = json.loads(cfg_file.read_text())
-        if "model_cfg" not in full:
+        try:
+            full = json.loads(cfg_file.read_text(encoding="utf-8"))
+        except ValueError as exc:  # not JSON, or not UTF-8
+            raise DataError(f"{cfg_file}: not valid JSON ({exc}); open_clip writes it as an object with "
+                            f"model_cfg + preprocess_cfg") from None
+        if not isinstance(full, dict) or "model_cfg" not in full:
             raise DataError(f"{cfg_file}: no 'model_cfg' key (open_clip's format: model_cfg + preprocess_cfg)")
         weights = str(ckpt) if ckpt else next((str(folder / n) for n in _WEIGHT_NAMES if (folder / n).is_file()), None)
         if weights and not ckpt:

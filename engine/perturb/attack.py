@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hardrank.errors import DataError, UsageError
 from hardrank.kernels import choice_scores, topk
 from hardrank.perturb.images import _alter_batch, _load, _rand_box, _save_jpeg, _to_uint8
 from hardrank.suites.aro import OrderTagger, order_tagger
@@ -146,7 +147,7 @@ def build_vocab(classes: list[list[str | None]], captions: list[str], per_class:
     """The ``per_class`` most frequent words of each class in the (normalised) captions; a word
     tagged with several classes belongs to its most frequent one. Ties: alphabetical."""
     if per_class < 1:
-        raise ValueError(f"the vocabulary needs at least 1 word per class, got {per_class}")
+        raise UsageError(f"the vocabulary needs at least 1 word per class, got {per_class}")
     counts: dict[str, Counter] = defaultdict(Counter)
     for cls, cap in zip(classes, captions):
         for w, c in zip(cap.split(), cls):
@@ -166,20 +167,23 @@ def vocab_from_file(path: str | os.PathLike, tagger: OrderTagger | None = None) 
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"--vocab {p} does not exist (give a word file, or a number of words per class)")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"--vocab {p}: not UTF-8 text ({exc}); re-save it as UTF-8") from None
     try:
         items = json.loads(text)
     except json.JSONDecodeError:
         items = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not isinstance(items, list) or not items or not all(isinstance(w, str) for w in items):
-        raise ValueError(f"--vocab {p}: expected a JSON list of words or one word per line")
+        raise DataError(f"--vocab {p}: expected a JSON list of words or one word per line")
     words = list(dict.fromkeys(pre_caption(w) for w in items))
     classes = tag_captions(words, tagger)
     out: dict[str, list[str]] = defaultdict(list)
     for w, c in zip(words, classes):
         if len(c) != 1 or c[0] is None:
-            raise ValueError(f"--vocab {p}: {w!r} is not one content word (noun, adjective, colour, number or "
-                             f"spatial word); remove it")
+            raise DataError(f"--vocab {p}: {w!r} is not one content word (noun, adjective, colour, number or "
+                            f"spatial word); remove it")
         out[c[0]].append(w)
     return Vocabulary({c: out[c] for c in WORD_CLASSES if out[c]}, str(p))
 
@@ -209,10 +213,10 @@ def make_candidates(captions: list[str], classes: list[list[str | None]], vocab:
     until ``budget`` candidates. A candidate equal to an entry of ``forbidden[i]`` (caption i's image's
     own captions) or to an earlier candidate is skipped."""
     if budget is not None and budget < 1:
-        raise ValueError(f"budget must be >= 1 candidate per caption, got {budget}")
+        raise UsageError(f"budget must be >= 1 candidate per caption, got {budget}")
     bad = set(positions) - set(WORD_CLASSES)
     if bad:
-        raise ValueError(f"unknown word classes {sorted(bad)}; choose from {list(WORD_CLASSES)}")
+        raise UsageError(f"unknown word classes {sorted(bad)}; choose from {list(WORD_CLASSES)}")
     texts, ptr, pos, orig, repl, wcls = [], [0], [], [], [], []
     for i, (cap, cls) in enumerate(zip(captions, classes)):
         words = cap.split()
@@ -306,7 +310,7 @@ def nearest_images(emb: np.ndarray, k: int, *, chunk: int = 1024) -> np.ndarray:
     n = len(emb)
     k = min(k, n - 1)
     if k < 1:
-        raise ValueError(f"the image attack needs at least 2 images and k >= 1 (got {n} images, k={k})")
+        raise UsageError(f"the image attack needs at least 2 images and k >= 1 (got {n} images, k={k})")
     e = torch.from_numpy(np.ascontiguousarray(emb, dtype=np.float32))
     self_ptr, self_idx = torch.arange(n + 1), torch.arange(n)
     return topk(e, e, k, exclude_ptr=self_ptr, exclude_idx=self_idx, q_block=chunk)[1].numpy()

@@ -25,7 +25,7 @@ from hardrank.config import (
     resolve_device,
 )
 from hardrank.embed import EmbedPipeline
-from hardrank.errors import UsageError
+from hardrank.errors import DataError, UsageError
 from hardrank.evaluate import evaluate
 from hardrank.items import ImageRef, Tables
 from hardrank.models.runs import user_specs
@@ -147,8 +147,8 @@ def _pipe(cfg: AttackConfig) -> EmbedPipeline:
 def _check_read(tables: Tables, ann: Path) -> None:
     if tables.images.failed:
         bad = sorted(tables.images.failed)[0]
-        raise UsageError(f"image {tables.images.entries[bad].uri} could not be read ({tables.images.failed[bad]}); "
-                         f"the attack needs every image: fix or remove it from {ann}")
+        raise DataError(f"image {tables.images.entries[bad].uri} could not be read ({tables.images.failed[bad]}); "
+                        f"the attack needs every image: fix or remove it from {ann}")
 
 
 def _evaluate(cfg: AttackConfig, pipe: EmbedPipeline, out: Path, opts: SuiteOptions, progress, echo) -> dict[str, dict]:
@@ -312,6 +312,9 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
         raise FileNotFoundError(f"--images {root} is not a folder")
     clean, _, _ = merge_repeated_images(ann, read_karpathy(ann))  # one image per path, as the rococo suite
     paths = [im for im, _ in clean]
+    if len(paths) < 2:  # checked here, before any encoding: each image's partner is another image
+        raise DataError(f"{ann}: {len(paths)} image(s); the image attack needs at least 2 (each image's partner "
+                        f"is another image): pass a Karpathy file with more images")
     pipe = _pipe(cfg)
     tables = Tables.empty()
     img_rows = tables.images.add_many(ImageRef(os.fspath(root / im)) for im in paths)
@@ -346,7 +349,7 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
     pipe.run(tables, progress=progress)
     if tables.images.failed:
         bad = sorted(tables.images.failed)[0]
-        raise UsageError(f"candidate {tables.images.entries[bad].uri} could not be read; delete it and rerun")
+        raise DataError(f"candidate {tables.images.entries[bad].uri} could not be read; delete it and rerun")
     t_embed = time.perf_counter() - t0 - t_write
     n, kk = len(paths), neighbours[0].shape[1]
     cmax = int(np.bincount(cap_img).max())

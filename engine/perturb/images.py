@@ -15,6 +15,7 @@ from PIL import Image
 
 from hardrank.atomic import atomic_path
 from hardrank.config import resolve_device
+from hardrank.errors import DataError, UsageError
 
 __all__ = ["METHODS", "alter_images", "variant_name"]
 
@@ -52,11 +53,11 @@ class _Batch:
 
 def _check_args(method: str, lam: float, seed: int) -> None:
     if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        raise UsageError(f"method must be one of {METHODS}, got {method!r}")
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= float(lam) <= 1.0:
-        raise ValueError(f"lam must be a number in [0, 1] (RoCOCO uses 0.9), got {lam!r}")
+        raise UsageError(f"lam must be a number in [0, 1] (RoCOCO uses 0.9), got {lam!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int (RoCOCO uses 1, 10, 100), got {seed!r}")
+        raise UsageError(f"seed must be an int (RoCOCO uses 1, 10, 100), got {seed!r}")
 
 
 def _rand_box(rs: np.random.RandomState, rows: int, cols: int, lam: float) -> tuple[int, int, int, int]:
@@ -125,7 +126,7 @@ def _altered_batches(plan: list[_Batch], load: Callable[[list[int]], list[np.nda
 def _load(path: Path, size: int) -> np.ndarray:
     """Read one image as RGB, bicubic-resized to (size, size): (size, size, 3) uint8."""
     if not path.is_file():
-        raise ValueError(f"image not found: {path} (check images_root and the annotation's image paths)")
+        raise DataError(f"image not found: {path} (check images_root and the annotation's image paths)")
     try:
         with Image.open(path) as im:
             im = im.convert("RGB")
@@ -133,8 +134,8 @@ def _load(path: Path, size: int) -> np.ndarray:
                 im = im.resize((size, size), Image.BICUBIC)
             return np.asarray(im, dtype=np.uint8).copy()
     except (OSError, SyntaxError, ValueError) as e:
-        raise ValueError(f"cannot decode image {path}: {e} (the file is corrupt or not an image; "
-                         f"replace it or drop it from the list)") from e
+        raise DataError(f"cannot decode image {path}: {e} (the file is corrupt or not an image; "
+                        f"replace it or drop it from the list)") from e
 
 
 def _save_jpeg(arr: np.ndarray, out: Path, quality: int) -> None:
@@ -157,21 +158,21 @@ def alter_images(images_root: str | Path, image_paths: list[str], out_root: str 
     """
     _check_args(method, lam, seed)
     if not isinstance(size, int) or size < 1:
-        raise ValueError(f"size must be a positive int (RoCOCO uses 384), got {size!r}")
+        raise UsageError(f"size must be a positive int (RoCOCO uses 384), got {size!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int (RoCOCO uses 64), got {batch_size!r}")
+        raise UsageError(f"batch_size must be a positive int (RoCOCO uses 64), got {batch_size!r}")
     if not isinstance(quality, int) or not 1 <= quality <= 100:
-        raise ValueError(f"quality must be an int in [1, 100], got {quality!r}")
+        raise UsageError(f"quality must be an int in [1, 100], got {quality!r}")
     images_root, out_root = Path(images_root), Path(out_root)
     image_paths = [str(p) for p in image_paths]
     rels = [Path(p).with_suffix(".jpg") for p in image_paths]
     for p, _rel in zip(image_paths, rels):
         if Path(p).is_absolute() or ".." in Path(p).parts:
-            raise ValueError(f"image path {p!r} must be relative to images_root, without '..'")
+            raise DataError(f"image path {p!r} must be relative to images_root, without '..'")
     if len(set(rels)) != len(rels):
         dup = next(r for i, r in enumerate(rels) if r in rels[:i])
-        raise ValueError(f"two inputs map to the same output {dup} (duplicate image paths, or the same "
-                         f"name with different suffixes); deduplicate image_paths")
+        raise DataError(f"two inputs map to the same output {dup} (duplicate image paths, or the same "
+                        f"name with different suffixes); deduplicate image_paths")
     dev = torch.device(resolve_device(device or "auto"))
     name = variant_name(method, lam, seed)
     out_dir = out_root / name

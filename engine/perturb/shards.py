@@ -23,6 +23,7 @@ from PIL import Image
 
 from hardrank import urls
 from hardrank.config import resolve_device
+from hardrank.errors import DataError, UsageError
 from hardrank.inputs.webdataset import (
     SampleSet,
     _common_dir,
@@ -64,7 +65,7 @@ def alter_shards(spec: str, out: str | None, *, method: str, lam: float = 0.9, s
     _check_args(method, lam, seed)
     ss = read_samples(spec, hash_images=False)
     if ss.layout != "webdataset":
-        raise ValueError(f"{spec}: perturb images writes tar shards back for tar shard inputs; for a folder of "
+        raise UsageError(f"{spec}: perturb images writes tar shards back for tar shard inputs; for a folder of "
                          f"images use --images FOLDER --annotations FILE")
     name = variant_name(method, lam, seed)
     samples = [s for s in ss.samples if s.image is not None]
@@ -81,7 +82,7 @@ def alter_shards(spec: str, out: str | None, *, method: str, lam: float = 0.9, s
         arrs = []
         for i, b in zip(idx, data):
             if isinstance(b, Exception):
-                raise ValueError(f"cannot read {samples[i].id}: {b}") from b
+                raise DataError(f"cannot read {samples[i].id}: {b}") from b
             try:
                 with Image.open(io.BytesIO(b)) as im:
                     im = im.convert("RGB")
@@ -89,8 +90,8 @@ def alter_shards(spec: str, out: str | None, *, method: str, lam: float = 0.9, s
                         im = im.resize((size, size), Image.BICUBIC)
                     arrs.append(np.asarray(im, dtype=np.uint8).copy())
             except (OSError, SyntaxError, ValueError) as e:
-                raise ValueError(f"cannot decode image {samples[i].id}: {e} (the sample is corrupt; re-write the "
-                                 f"shard without it)") from e
+                raise DataError(f"cannot decode image {samples[i].id}: {e} (the sample is corrupt; re-write the "
+                                f"shard without it)") from e
         return arrs
 
     plan = _plan(len(samples), method=method, lam=float(lam), seed=seed, size=size, batch_size=batch_size)
@@ -123,7 +124,7 @@ def perturb_shard_texts(spec: str, out: str | None, kind: str, model, tokenizer,
     how = parse_captions(captions)
     ss = read_samples(spec, hash_images=False)
     if ss.layout != "webdataset":
-        raise ValueError(f"{spec}: perturb texts writes tar shards back for tar shard inputs")
+        raise UsageError(f"{spec}: perturb texts writes tar shards back for tar shard inputs")
     samples = [s for s in ss.samples if s.image is not None]
     caps = [sample_captions(s, how) for s in samples]
     sources = [c for cs in caps for c in cs[:N_PERTURBED]]

@@ -15,6 +15,7 @@ import torch
 
 from hardrank.atomic import write_text_atomic
 from hardrank.config import DATA_DIR
+from hardrank.errors import DataError, UsageError
 from hardrank.suites.karpathy import N_PERTURBED, read_karpathy
 from hardrank.text import pre_caption
 
@@ -46,41 +47,41 @@ def _load_vocab(path: str) -> Vocab:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"vocabulary {path} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"vocabulary {path}: not valid JSON ({exc})") from exc
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise DataError(f"vocabulary {path}: not valid UTF-8 JSON ({exc})") from exc
     expected = {"classes", "danger", "random", "stopwords"}
     if not isinstance(doc, dict) or not expected <= set(doc) or set(doc) - expected - {"about"}:
         got = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
-        raise ValueError(f"vocabulary {path}: expected an object with keys {sorted(expected)} (and 'about'), got {got}")
+        raise DataError(f"vocabulary {path}: expected an object with keys {sorted(expected)} (and 'about'), got {got}")
 
     def entries(where, items):
         if not isinstance(items, list) or len(items) < 2:
-            raise ValueError(f"vocabulary {path}: {where} must be a list of at least 2 nouns")
+            raise DataError(f"vocabulary {path}: {where} must be a list of at least 2 nouns")
         out = []
         for e in items:
             if not (isinstance(e, list) and 1 <= len(e) <= 2 and all(isinstance(f, str) and _FORM.match(f) for f in e)):
-                raise ValueError(f"vocabulary {path}: {where} entry {e!r} must be [singular, plural] or [uncountable], "
-                                 f"lowercase words without spaces")
+                raise DataError(f"vocabulary {path}: {where} entry {e!r} must be [singular, plural] or [uncountable], "
+                                f"lowercase words without spaces")
             out.append(tuple(e))
         return out
 
     if not isinstance(doc["classes"], dict) or len(doc["classes"]) < 2:
-        raise ValueError(f"vocabulary {path}: 'classes' must map at least 2 class names to noun lists")
+        raise DataError(f"vocabulary {path}: 'classes' must map at least 2 class names to noun lists")
     classes = {c: entries(f"class {c!r}", v) for c, v in doc["classes"].items()}
     nouns: dict[str, tuple[str, int, bool]] = {}
     for c, es in classes.items():
         for k, e in enumerate(es):
             for j, form in enumerate(e):
                 if form in nouns and nouns[form][:2] != (c, k):
-                    raise ValueError(f"vocabulary {path}: {form!r} is in class {nouns[form][0]!r} and in {c!r}; "
-                                     f"a form may belong to one class only")
+                    raise DataError(f"vocabulary {path}: {form!r} is in class {nouns[form][0]!r} and in {c!r}; "
+                                    f"a form may belong to one class only")
                 nouns.setdefault(form, (c, k, j == 1 and e[0] != e[1]))
     rand = doc["random"]
     if not isinstance(rand, list) or len(set(rand)) < 2 or not all(isinstance(w, str) and _FORM.match(w) for w in rand):
-        raise ValueError(f"vocabulary {path}: 'random' must be a list of at least 2 lowercase words without spaces")
+        raise DataError(f"vocabulary {path}: 'random' must be a list of at least 2 lowercase words without spaces")
     stop = doc["stopwords"]
     if not isinstance(stop, list) or not all(isinstance(w, str) for w in stop):
-        raise ValueError(f"vocabulary {path}: 'stopwords' must be a list of strings")
+        raise DataError(f"vocabulary {path}: 'stopwords' must be a list of strings")
     return Vocab(classes=classes, danger=entries("'danger'", doc["danger"]), random=list(rand),
                  stopwords=frozenset(stop), nouns=nouns)
 
@@ -103,7 +104,7 @@ def embedding_influence(model, tokenizer, captions: list[str], *, batch_size: in
     ``pre_caption(caption).split()``; a caption with no words gets an empty array. The caption and
     all its leave-one-out versions of many captions share big batches of ``batch_size`` texts."""
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise UsageError(f"batch_size must be >= 1, got {batch_size}")
     words = [_words(c) for c in captions]
     out = [np.zeros(len(w), dtype=np.float32) for w in words]
     full = None  # (n_captions, d) embeddings of the whole captions
@@ -193,13 +194,13 @@ def _perturb_one(caption: str, infl: np.ndarray, kind: str, seed: int, vocab: Vo
 
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
-        raise ValueError(f"unknown perturbation kind {kind!r}; expected one of {list(KINDS)}")
+        raise UsageError(f"unknown perturbation kind {kind!r}; expected one of {list(KINDS)}")
 
 
 def _perturb(captions, model, tokenizer, kind, seed, vocab, influence, batch_size) -> tuple[list[str], int]:
     _check_kind(kind)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise UsageError(f"seed must be a non-negative integer, got {seed!r}")
     vocab = vocab if vocab is not None else load_vocab()
     influence = influence or {}
     missing = [c for c in dict.fromkeys(captions) if c not in influence]
@@ -208,7 +209,7 @@ def _perturb(captions, model, tokenizer, kind, seed, vocab, influence, batch_siz
     for c in captions:
         infl = computed[c] if c in computed else np.asarray(influence[c])
         if len(infl) != len(_words(c)):
-            raise ValueError(f"influence given for caption {c!r} has {len(infl)} values, the caption has "
+            raise UsageError(f"influence given for caption {c!r} has {len(infl)} values, the caption has "
                              f"{len(_words(c))} words; pass embedding_influence() of the same captions")
         text, fb = _perturb_one(c, infl, kind, int(seed), vocab)
         out.append(text)
@@ -243,7 +244,7 @@ def write_variant_file(karpathy_path: str | os.PathLike, out_path: str | os.Path
     _check_kind(kind)
     out_path = Path(out_path)
     if out_path.resolve() == Path(karpathy_path).resolve():
-        raise ValueError(f"out_path {out_path} is the input file; write the variant next to it under another name")
+        raise UsageError(f"out_path {out_path} is the input file; write the variant next to it under another name")
     clean = read_karpathy(karpathy_path)
     sources = [c for _, caps in clean for c in caps[:N_PERTURBED]]
     perturbed, n_fallback = _perturb(sources, model, tokenizer, kind, seed, vocab, influence, batch_size)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import faiss
 import numpy as np
 
+from hardrank.errors import UsageError
 from hardrank.kernels import TIE_RULES
 
 __all__ = ["FaissIndex", "FaissRanks", "faiss_topk", "faiss_grouped_ranks", "recall_at_k", "GPU_MAX_K"]
@@ -113,9 +114,9 @@ def _resolve_gpu(gpu) -> bool:
     if gpu == "auto":
         return _gpu_available()
     if gpu not in (True, False):
-        raise ValueError(f"gpu must be 'auto', True or False, got {gpu!r}")
+        raise UsageError(f"gpu must be 'auto', True or False, got {gpu!r}")
     if gpu and not _gpu_available():
-        raise ValueError("gpu=True but this faiss build sees no GPU; install faiss-gpu (README) or pass gpu='auto'")
+        raise UsageError("gpu=True but this faiss build sees no GPU; install faiss-gpu (README) or pass gpu='auto'")
     return gpu
 
 
@@ -179,7 +180,7 @@ class FaissIndex:
                  gpu="auto", budget_bytes: int = 256 << 20, seed: int = 0, refine: int = 1):
         self.xb = _as_matrix("xb", xb)
         if refine < 1:
-            raise ValueError(f"refine must be >= 1, got {refine}")
+            raise UsageError(f"refine must be >= 1, got {refine}")
         self.refine = int(refine)
         self.nb, self.d = self.xb.shape
         self.factory = factory
@@ -190,7 +191,7 @@ class FaissIndex:
         self.index = None
         self.nprobe = nprobe
         if nprobe is not None and nprobe < 1:
-            raise ValueError(f"nprobe must be >= 1, got {nprobe}")
+            raise UsageError(f"nprobe must be >= 1, got {nprobe}")
         if not self.exact:
             self._build(train_sample, seed)
 
@@ -208,12 +209,12 @@ class FaissIndex:
         try:
             index = faiss.index_factory(self.d, self.factory, _IP)
         except RuntimeError as exc:
-            raise ValueError(f"faiss cannot build index {self.factory!r}: {str(exc).splitlines()[0]}. "
+            raise UsageError(f"faiss cannot build index {self.factory!r}: {str(exc).splitlines()[0]}. "
                              f"Use a faiss index_factory string such as 'Flat', 'IVF1024,Flat', "
                              f"'IVF1024,PQ64', 'HNSW32'") from exc
         nlist = _factory_nlist(self.factory)
         if nlist is not None and nlist > self.nb:
-            raise ValueError(f"index {self.factory!r} has {nlist} lists for a corpus of {self.nb} rows; "
+            raise UsageError(f"index {self.factory!r} has {nlist} lists for a corpus of {self.nb} rows; "
                              f"use fewer lists (about 4*sqrt(nb)) or 'Flat'")
         if not index.is_trained:
             n = train_sample or max(50 * (nlist or 1), 10_000)  # PQ codebooks want >= 39 x 256 rows
@@ -257,7 +258,7 @@ class FaissIndex:
         for each query; handled by over-fetching k + (most exclusions of any query) and filtering."""
         xq = _f32(_as_matrix("xq", xq, self.d))
         if not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
+            raise UsageError(f"k must be a positive integer, got {k!r}")
         excl = _csr(exclude, len(xq))
         kk = min(self.nb, k + (int(np.diff(excl[0]).max()) if excl is not None and len(xq) else 0))
         if len(xq) == 0 or self.nb == 0:
@@ -359,7 +360,7 @@ def faiss_grouped_ranks(xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule: str
     an exact search on ``recall_sample`` queries. Groups too small to train an IVF index are
     searched exactly."""
     if tie_rule not in TIE_RULES:
-        raise ValueError(f"tie_rule must be one of {TIE_RULES}, got {tie_rule!r}")
+        raise UsageError(f"tie_rule must be one of {TIE_RULES}, got {tie_rule!r}")
     xq = _f32(_as_matrix("xq", xq))
     xb = _as_matrix("xb", xb, xq.shape[1])
     gb = np.asarray(group_bounds, np.int64)

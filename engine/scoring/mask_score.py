@@ -6,6 +6,7 @@ import pyarrow as pa
 import torch
 
 from hardrank.config import resolve_device
+from hardrank.errors import DataError
 from hardrank.kernels.masks import giou_ciou, mask_iou_stats
 from hardrank.scoring.results import outcome_schema
 from hardrank.suites.amodal import AmodalSet, Question, RegionItems, load_amodal, load_predictions
@@ -27,7 +28,7 @@ def score_masks(data: AmodalSet, answer, *, device: str = "auto", block: int = 3
     dev = resolve_device(device)
     n = len(data.questions)
     if n == 0:
-        raise ValueError(f"{data.path}: no questions to score")
+        raise DataError(f"{data.path}: no questions to score")
     stats = {r: np.zeros((4, n), dtype=np.int64) for r in ROLES}  # inter, union, gt_empty, pred_empty
     missing: list[str] = []
     for s in range(0, n, block):

@@ -45,7 +45,7 @@ def embedding_schema(dim: int, dtype: str) -> pa.Schema:
     """The one place the store's row schema is built: ``key`` + ``embedding`` as a
     ``fixed_size_list<dtype>[dim]`` (never a variable ``list``)."""
     if dtype not in _DTYPES:
-        raise ValueError(f"store dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        raise UsageError(f"store dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     return pa.schema(
         [pa.field("key", pa.string(), nullable=False),
          pa.field("embedding", pa.list_(pa.field("item", _DTYPES[dtype], nullable=False), dim), nullable=False)],
@@ -219,7 +219,7 @@ class EmbeddingStore:
                 f"{self.dir} if it is stale")
         if not readonly:
             if self.dir.exists() and not self.dir.is_dir():
-                raise DataError(f"store folder {self.dir} is a file; pass a --store folder (or remove the file)")
+                raise UsageError(f"store folder {self.dir} is a file; pass a --store folder (or remove the file)")
             self.unwritable = self._why_unwritable()
             self.readonly = readonly = self.unwritable is not None
         if not readonly:
@@ -258,7 +258,7 @@ class EmbeddingStore:
         try:
             m = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(m, dict):
-                raise ValueError(f"holds a {type(m).__name__}, not an object")
+                raise DataError(f"holds a {type(m).__name__}, not an object")
             return m
         except (OSError, ValueError) as exc:
             log.warning("%s is unreadable (%s); rebuilding it from the shards, which are the truth", path, exc)

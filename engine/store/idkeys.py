@@ -47,6 +47,7 @@ import pyarrow.ipc as ipc
 
 from hardrank import urls
 from hardrank.atomic import atomic_path, why_unwritable
+from hardrank.errors import UsageError
 from hardrank.items import _PARQUET_SCHEME, ImageRef, ItemTable, failure_reason
 from hardrank.store.key_index import KeyIndex, as_string_array
 
@@ -207,7 +208,7 @@ def table_keys(table: ItemTable, key_by: str, index: IdIndex | None, threads: in
     its identity is known, else by a provisional key that the decoding workers replace. Unreadable images
     get ``""`` and their reason in ``table.failed``, as ``ItemTable.keys`` does."""
     if key_by not in KEY_BY:
-        raise ValueError(f"key_by must be one of {KEY_BY}, got {key_by!r}")
+        raise UsageError(f"key_by must be one of {KEY_BY}, got {key_by!r}")
     if table.modality != "image":
         return table.keys()
     if key_by == "content":

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from hardrank.config import SuiteOptions
-from hardrank.errors import DataError
+from hardrank.errors import DataError, UsageError
 
 __all__ = ["SuiteOptions", "read_json", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS"]
 
@@ -73,7 +73,7 @@ def find_annotation(opts: SuiteOptions, default_name: str, suite: str = "this su
     """The annotation file: ``--annotations`` (a file, or a folder holding ``default_name``), else ``--data``."""
     cand = opts.annotations or opts.data
     if cand is None:
-        raise ValueError(f"{suite} needs --annotations (a Karpathy-format JSON such as {default_name})")
+        raise UsageError(f"{suite} needs --annotations (a Karpathy-format JSON such as {default_name})")
     p = Path(cand)
     if p.is_dir():
         p = p / default_name

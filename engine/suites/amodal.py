@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from hardrank.config import SuiteOptions
-from hardrank.errors import DataError
+from hardrank.errors import DataError, UsageError
 from hardrank.inputs.masks import polygons_to_mask, rle_decode
 from hardrank.items import ImageRef, Tables
 from hardrank.kernels.masks import PRED_KINDS
@@ -428,8 +428,8 @@ def clip_regions_items(data: AmodalSet, tables: Tables) -> RegionItems:
     """Add every question text and every candidate crop (``ImageRef(image, crop=amodal box)``)
     to ``tables``; the embed stage then encodes them like any suite's items."""
     if not any(data.instances.values()):
-        raise ValueError(f"{data.path}: the clip-regions baseline needs an 'instances' list (the candidate "
-                         f"regions of each image); the file has none")
+        raise DataError(f"{data.path}: the clip-regions baseline needs an 'instances' list (the candidate "
+                        f"regions of each image); the file has none")
     crops: dict = {}
     for image_id, insts in data.instances.items():
         uri = data.images[image_id]["path"]
@@ -449,10 +449,10 @@ def load_amodal_suite(tables: Tables, opts: SuiteOptions, name: str = "amodal") 
     """The amodal suite as mask tasks: ``opts.predictions`` scored as they are, and/or the
     ``clip-regions`` baseline (its question texts and candidate crops are added to ``tables``)."""
     if opts.predictions is None and opts.baseline is None:
-        raise DataError("suite amodal needs --predictions DIR and/or --baseline clip-regions")
+        raise UsageError("suite amodal needs --predictions DIR and/or --baseline clip-regions")
     path = opts.annotations or opts.data
     if path is None:
-        raise DataError("suite amodal needs --data DIR (holding annotations.json) or --annotations FILE")
+        raise UsageError("suite amodal needs --data DIR (holding annotations.json) or --annotations FILE")
     data = load_amodal(path, opts.images)
     tasks = []
     if opts.predictions is not None:

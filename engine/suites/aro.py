@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hardrank.errors import UsageError
 from hardrank.items import ImageRef, Tables
 from hardrank.scoring.choice_macro import ChoiceAggregate, attach_aggregates
 from hardrank.suites._common import SuiteFormatError, SuiteOptions, find_annotation, read_bbox, read_json, require_keys
@@ -90,7 +91,7 @@ def load_aro(tables: Tables, opts: SuiteOptions, name: str = "aro") -> Suite:
     over relations, symmetric ones excluded) and ``vg_attribution_macro`` (mean over attribute pairs
     with >= 25 items)."""
     if opts.data is None:
-        raise ValueError(f"suite {name} needs --data DIR holding {' and/or '.join(ARO_FILES.values())}")
+        raise UsageError(f"suite {name} needs --data DIR holding {' and/or '.join(ARO_FILES.values())}")
     root = Path(opts.data)
     images = Path(opts.images) if opts.images else root / "images"
     tasks, missing = [], []

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hardrank.errors import UsageError
 from hardrank.items import ImageRef, Tables
 from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_bbox, read_json, require_keys
 from hardrank.tasks import ChoiceTask, Suite
@@ -55,7 +56,7 @@ def load_hard_positives(tables: Tables, opts: SuiteOptions, name: str = "hard_po
     other sets are cropped only when they carry one. ``replace`` = mean of the two REPLACE sets.
     Captions are fed raw (the model's tokenizer cleans them)."""
     if opts.data is None:
-        raise ValueError("suite hard_positives needs --data DIR holding data/ and swapped_data/")
+        raise UsageError("suite hard_positives needs --data DIR holding data/ and swapped_data/")
     data_dir = Path(opts.data)
     images = Path(opts.images) if opts.images else data_dir
     stems = sorted(p.stem for p in (data_dir / "data").glob("*.json")) if (data_dir / "data").is_dir() else []

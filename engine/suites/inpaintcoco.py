@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hardrank.errors import UsageError
 from hardrank.items import ImageRef, Tables, parquet_uri
 from hardrank.suites._common import SuiteFormatError, SuiteOptions
 from hardrank.tasks import ChoiceTask, Suite
@@ -54,7 +55,11 @@ def _shards(root: Path, split: str = "test") -> list[Path]:
 
 
 def _check_schema(f: Path) -> None:
-    schema = pq.read_schema(f)
+    try:
+        schema = pq.read_schema(f)
+    except (pa.ArrowException, OSError) as exc:
+        raise SuiteFormatError(f"{f}: not a readable Parquet file ({exc}); expected an InpaintCOCO test "
+                               f"shard") from None
     missing = [c for c in (*_TEXT_COLUMNS, *_IMAGE_COLUMNS) if c not in schema.names]
     if missing:
         raise SuiteFormatError(f"{f}: missing column(s) {missing}; has {schema.names}. Expected the InpaintCOCO "
@@ -87,7 +92,7 @@ def load_inpaintcoco(tables: Tables, opts: SuiteOptions, name: str = "inpaintcoc
     dropped). Rows with an empty caption are skipped and counted. Metrics per concept and overall."""
 
     if opts.data is None:
-        raise ValueError("suite inpaintcoco needs --data DIR (or a .parquet file) with the test shards")
+        raise UsageError("suite inpaintcoco needs --data DIR (or a .parquet file) with the test shards")
     files = _shards(Path(opts.data))
     left, right, ids, concepts = [], [], [], []
     empty = {"inpaint_caption": 0, "coco_caption": 0}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hardrank.errors import UsageError
 from hardrank.items import ImageRef, Tables
 from hardrank.scoring.choice_macro import ChoiceAggregate, attach_aggregates
 from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_json, require_keys
@@ -44,7 +45,7 @@ def load_sugarcrepe(tables: Tables, opts: SuiteOptions, name: str = "sugarcrepe"
     accuracies, only when all its files are present; ``overall`` = micro accuracy over every item of
     the files found; ``overall_file_mean`` = mean of the file accuracies. Captions are fed raw."""
     if opts.data is None:
-        raise ValueError(f"suite {name} needs --data DIR holding the SugarCrepe files "
+        raise UsageError(f"suite {name} needs --data DIR holding the SugarCrepe files "
                          f"({', '.join(f'{s}.json' for s in SUGARCREPE_FILES)})")
     errors = [] if opts.images is not None else [
         ValueError(f"suite {name} needs --images DIR holding the COCO val2017 images (e.g. 000000085329.jpg)")]

@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hardrank.config import cache_dir
+from hardrank.errors import UsageError
 from hardrank.items import Tables
 from hardrank.suites._common import SuiteOptions
 from hardrank.suites.hard_positives import load_hard_positives
@@ -55,6 +56,6 @@ def load_toy(tables: Tables, opts: SuiteOptions, which: str) -> Suite:
     elif which == "toy-inpaint":
         suite = load_inpaintcoco(tables, replace(opts, data=str(world / "inpaint")), name=which)
     else:
-        raise ValueError(f"unknown toy suite {which!r}; choose from {TOY_SUITES}")
+        raise UsageError(f"unknown toy suite {which!r}; choose from {TOY_SUITES}")
     suite.meta["world"] = str(world)
     return suite

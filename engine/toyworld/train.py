@@ -18,6 +18,7 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from hardrank.atomic import atomic_path
+from hardrank.errors import DataError, UsageError
 from hardrank.toyworld import TOY_MODEL
 
 __all__ = ["train_toy", "recall_at_k", "evaluate_checkpoints", "MODEL_NAME", "MODEL_CONFIG", "DEFAULT_STEPS"]
@@ -41,7 +42,7 @@ def _create(train: bool = False):
 def _read_split(world_dir: Path, split: str) -> list[dict]:
     path = world_dir / f"karpathy_{split}.json"
     if not path.is_file():
-        raise ValueError(f"{path} not found: build the world first (engine.toyworld.build_world)")
+        raise DataError(f"{path} not found: build the world first (engine.toyworld.build_world)")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -120,9 +121,9 @@ def train_toy(world_dir: str | Path, out_dir: str | Path, *, steps: tuple[int, .
     """
     steps = tuple(int(s) for s in steps)
     if len(steps) < 2 or steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:])):
-        raise ValueError(f"steps must start at 0 and strictly increase (e.g. {DEFAULT_STEPS}), got {steps}")
+        raise UsageError(f"steps must start at 0 and strictly increase (e.g. {DEFAULT_STEPS}), got {steps}")
     if batch_size < 2:
-        raise ValueError(f"batch_size must be >= 2 (a contrastive loss needs negatives), got {batch_size}")
+        raise UsageError(f"batch_size must be >= 2 (a contrastive loss needs negatives), got {batch_size}")
     world_dir, out_dir = Path(world_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if threads:

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hardrank.errors import DataError, UsageError
 from hardrank.perturb.images import alter_images
 from hardrank.toyworld.scenes import (
     ANCHOR_TEMPLATE,
@@ -74,24 +75,24 @@ class WorldConfig:
         for name, low in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"WorldConfig.{name} must be an int >= {low}, got {v!r}")
+                raise UsageError(f"WorldConfig.{name} must be an int >= {low}, got {v!r}")
         if self.n_test > _N_KEYS:
-            raise ValueError(f"WorldConfig.n_test={self.n_test} exceeds the {_N_KEYS} distinct scenes the toy "
+            raise UsageError(f"WorldConfig.n_test={self.n_test} exceeds the {_N_KEYS} distinct scenes the toy "
                              f"vocabulary can describe; use n_test <= {_N_KEYS}")
         if self.captions_per_image >= len(TEMPLATES):
-            raise ValueError(f"WorldConfig.captions_per_image must be < {len(TEMPLATES)} (the number of "
+            raise UsageError(f"WorldConfig.captions_per_image must be < {len(TEMPLATES)} (the number of "
                              f"templates), got {self.captions_per_image}")
         for name in ("six_caption_frac", "jitter", "alter_lam"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-                raise ValueError(f"WorldConfig.{name} must be a number in [0, 1], got {v!r}")
+                raise UsageError(f"WorldConfig.{name} must be a number in [0, 1], got {v!r}")
         if self.jitter > 0.05:
-            raise ValueError(f"WorldConfig.jitter must be <= 0.05 so shapes stay inside the image, got {self.jitter}")
+            raise UsageError(f"WorldConfig.jitter must be <= 0.05 so shapes stay inside the image, got {self.jitter}")
         if not isinstance(self.alter_methods, tuple) or any(m not in ("mix", "patch") for m in self.alter_methods):
-            raise ValueError(f"WorldConfig.alter_methods must be a tuple of 'mix'/'patch', got {self.alter_methods!r}")
+            raise UsageError(f"WorldConfig.alter_methods must be a tuple of 'mix'/'patch', got {self.alter_methods!r}")
         if not isinstance(self.alter_seeds, tuple) or any(isinstance(s, bool) or not isinstance(s, int)
                                                           for s in self.alter_seeds):
-            raise ValueError(f"WorldConfig.alter_seeds must be a tuple of ints, got {self.alter_seeds!r}")
+            raise UsageError(f"WorldConfig.alter_seeds must be a tuple of ints, got {self.alter_seeds!r}")
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(asdict(self)))
@@ -101,7 +102,7 @@ class WorldConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown WorldConfig keys {sorted(unknown)}; known: {sorted(known)}")
+            raise DataError(f"unknown WorldConfig keys {sorted(unknown)}; known: {sorted(known)}")
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
@@ -270,12 +271,12 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> Path:
     half world; an existing world with another config or version is replaced.
     """
     if not isinstance(cfg, WorldConfig):
-        raise ValueError(f"cfg must be a WorldConfig, got {type(cfg).__name__}")
+        raise UsageError(f"cfg must be a WorldConfig, got {type(cfg).__name__}")
     out = Path(out_dir)
     if _is_current(out, cfg):
         return out
     if out.exists() and not (out / _MANIFEST).exists() and any(out.iterdir()):
-        raise ValueError(f"{out} exists and is not a toy world (no {_MANIFEST}); choose an empty or new folder")
+        raise UsageError(f"{out} exists and is not a toy world (no {_MANIFEST}); choose an empty or new folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex[:8]
     tmp = out.with_name(f"{out.name}.tmp-{tag}")

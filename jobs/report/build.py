@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from hardrank.atomic import atomic_path, write_text_atomic
-from hardrank.errors import MissingExtra
+from hardrank.errors import MissingExtra, UsageError
 from hardrank.jobs.report.failures import Thumbs, worst_failures
 from hardrank.jobs.report.load import checkpoint_axis, load_results
 from hardrank.jobs.report.render import render_html, render_md
@@ -49,7 +49,7 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *, top:
     for every ``<checkpoint>/<suite>.json`` under ``results_dir``. Returns their paths. Needs
     matplotlib (``pip install 'hardrank[report]'``); raises ``MissingExtra`` before any work without it."""
     if top < 0:
-        raise ValueError(f"top must be >= 0, got {top}")
+        raise UsageError(f"top must be >= 0, got {top}")
     plots = _plots("hardrank report")
     results_dir = Path(results_dir)
     out = Path(out) if out is not None else results_dir / "report"

@@ -5,8 +5,10 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hardrank.errors import DataError
 from hardrank.inputs.kind import InputKind, InputOptions, Items, Source, UnknownInput
 from hardrank.items import ImageRef
 from hardrank.text import pre_caption
@@ -25,7 +27,11 @@ class _ListingParquet(InputKind):
 
     def open(self, path: str, options: InputOptions) -> Source:
         p = Path(path)
-        cols = pq.read_schema(p).names
+        try:
+            cols = pq.read_schema(p).names
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{p}: not a readable Parquet file ({exc}); a .parquet listing needs columns id + path "
+                            f"(images) or id + text") from None
         if "id" not in cols or ("path" in cols) == ("text" in cols):
             raise UnknownInput(f"{p}: listing has columns {cols}; expected 'id' and one of 'path' or 'text'")
         t = pq.read_table(p, columns=["id", "path" if "path" in cols else "text"])
