@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import hardrank.jobs.cli as cli
+import hardrank.jobs.cmd_toy as cmd_toy
 from hardrank.errors import (
     DataError,
     HardrankError,
@@ -63,7 +64,7 @@ def test_main_returns_the_code_and_one_line(monkeypatch, capsys, exc, code, show
     def raising(args):
         raise exc
 
-    monkeypatch.setattr(cli, "_cmd_toy", raising)  # `hardrank toy ...` then raises it
+    monkeypatch.setattr(cmd_toy, "_cmd_world", raising)  # `hardrank toy world` then raises it
     assert cli.main(["toy", "world", "--out", "unused"]) == code
     err = capsys.readouterr().err
     assert shown in err and "Traceback" not in err
@@ -76,7 +77,7 @@ def test_main_lets_a_bug_raise(monkeypatch, exc):
     def raising(args):
         raise exc
 
-    monkeypatch.setattr(cli, "_cmd_toy", raising)
+    monkeypatch.setattr(cmd_toy, "_cmd_world", raising)
     with pytest.raises(type(exc)):
         cli.main(["toy", "world", "--out", "unused"])
 
@@ -190,6 +191,11 @@ ALLOWED_VALUE_ERRORS = {
     ("engine/perturb/images.py", "_alter_batch"): 2,
     ("engine/toyworld/scenes.py", "render"): 1,
     ("engine/toyworld/variants.py", "perturb_caption"): 2,
+    # a plugin author's misuse of a registry, or a programmer's of a helper: Python API errors, not user input
+    ("engine/inputs/registry.py", "register"): 3,
+    ("engine/scoring/backends/__init__.py", "register"): 1,
+    ("jobs/flags.py", "add_options"): 1,
+    ("jobs/bench/timing.py", "PeakRSS.__init__"): 1,
 }
 
 

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from hardrank.errors import UsageError
+
 __all__ = ["sync", "timed", "timings", "best_of", "interleaved", "throughput", "Clock", "Timeline",
            "score_gemm", "bare_gemm", "bare_gemm_gflops", "vit_flops", "image_flops", "text_flops",
            "flops_per_item", "PeakRSS"]
@@ -40,7 +42,7 @@ def timings(fn: Callable[[], Any], device="cpu", repeat: int = 3, warmup: int = 
     ``min_s`` seconds of ``clock`` have passed since the first (``time.process_time``: this process's CPU time,
     which ignores time spent descheduled on a shared machine)."""
     if repeat < 1:
-        raise ValueError(f"timings needs repeat >= 1 (the number of timed calls), got {repeat}")
+        raise UsageError(f"timings needs repeat >= 1 (the number of timed calls), got {repeat}")
     for _ in range(warmup):
         fn()
     sync(device)
@@ -62,7 +64,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], device="cpu", rounds: int = 3
     """Seconds of each function per round; every round calls each once, in turn, so load that drifts on a
     shared machine hits them all alike. ``warmup`` untimed rounds first."""
     if rounds < 1:
-        raise ValueError(f"interleaved needs rounds >= 1 (the number of timed rounds), got {rounds}")
+        raise UsageError(f"interleaved needs rounds >= 1 (the number of timed rounds), got {rounds}")
     for _ in range(warmup):
         for fn in fns.values():
             fn()
