@@ -14,7 +14,7 @@ from hardrank.toyworld.scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES
 from hardrank.toyworld.variants import DANGER_WORDS, OTHER_CONCEPT, RANDOM_VOCAB, TEXT_VARIANTS
 
 SMALL = WorldConfig(n_train=50, n_test=40, n_inpaint=12)
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "engine" / "data" / "toy_checkpoints"
+CHECKPOINTS = Path(__file__).resolve().parent.parent / "engine" / "assets" / "toy_checkpoints"
 
 
 @pytest.fixture(scope="module")
