@@ -363,7 +363,8 @@ def _model_source(model) -> dict:
     i = model.info
     return {"pretrained": i.get("pretrained"), "weights": i.get("weights"), "weights_format": i.get("weights_format"),
             "quick_gelu": i.get("quick_gelu"), "random_init": i.get("random_init"),
-            "preprocess": model.preprocess_cfg, "warnings": i.get("warnings", [])}
+            "preprocess": model.preprocess_cfg, "warnings": i.get("warnings", []),
+            **({"hf": i["hf"]} if i.get("hf") else {})}  # Hugging Face tokenizer / text tower: names, hashes, folders
 
 
 def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _EmbeddingSource:

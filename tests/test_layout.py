@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # the folders and the package names they install as (pyproject.toml [tool.setuptools] package-dir)
 FOLDERS = {"engine": "hardrank", "kernels": "hardrank.kernels", "jobs": "hardrank.jobs"}
 HEAVY = ("ray", "nvidia.dali", "faiss", "matplotlib", "spacy", "nltk",  # optional or heavy: imported where needed
-         "fsspec", "s3fs", "gcsfs", "adlfs", "webdataset", "moto", "boto3", "botocore")
+         "fsspec", "s3fs", "gcsfs", "adlfs", "webdataset", "moto", "boto3", "botocore", "transformers", "sentencepiece",
+         "tokenizers")
 
 
 def _modules() -> dict[str, Path]:
@@ -107,14 +108,19 @@ HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.embed.da
          # (s3fs, gcsfs, adlfs) are found by fsspec from the URL's protocol, never imported by name; the
          # webdataset package and moto (an S3 server) are test tools: shards are read and written with tarfile
          "fsspec": ("hardrank.urls",), "s3fs": (), "gcsfs": (), "adlfs": (), "webdataset": (), "moto": (),
-         "boto3": (), "botocore": ()}
+         "boto3": (), "botocore": (),
+         # transformers and sentencepiece (the hf extra) only inside hardrank.models.hf_text's functions: open_clip
+         # builds the Hugging Face tokenizers and towers with them; tokenizers builds the tests' stand-in tokenizers
+         "transformers": ("hardrank.models.hf_text",), "sentencepiece": ("hardrank.models.hf_text",), "tokenizers": ()}
 
 
 def test_remote_backends_are_imported_only_inside_functions_of_their_home():
-    """fsspec and its backends load only when a URL is given: not at `import hardrank`."""
+    """fsspec and its backends load only when a URL is given: not at `import hardrank`. transformers is
+    imported by hardrank only where a model's text side needs it (open_clip imports it too, when installed)."""
     for name in MODULES:
         top, inner = _imports(name)
-        assert not [m for m in top if _heavy(m) and m.split(".")[0] in ("fsspec", "s3fs", "gcsfs", "adlfs")], name
+        assert not [m for m in top if _heavy(m) and m.split(".")[0] in ("fsspec", "s3fs", "gcsfs", "adlfs",
+                                                                          "transformers", "sentencepiece")], name
         for m in inner:
             dep = m.split(".")[0]
             if dep in HOMES and dep not in ("ray", "faiss", "matplotlib"):
@@ -180,9 +186,9 @@ def test_one_executor_factory_reads_the_executor_option():
 
 
 def test_core_imports_without_the_extras():
-    """`import hardrank` and the CLI's parser work with ray, DALI and matplotlib absent."""
+    """`import hardrank` and the CLI's parser work with ray, DALI, matplotlib and transformers absent."""
     script = ("import sys\n"
-              "for m in ('ray', 'nvidia.dali', 'matplotlib', 's3fs', 'webdataset', 'moto'):\n"
+              "for m in ('ray', 'nvidia.dali', 'matplotlib', 's3fs', 'webdataset', 'moto', 'transformers'):\n"
               "    sys.modules[m] = None\n"
               "import hardrank, hardrank.jobs.cli\n"
               "hardrank.jobs.cli.build_parser()\n"

@@ -53,10 +53,12 @@ class TextEncoder:
 
 def _tokenizer_key(tok) -> tuple:
     """Equal keys tokenise identically: each checkpoint gets its own tokenizer object, but K
-    checkpoints of one architecture share the class, the context length and the vocabulary."""
+    checkpoints of one architecture share the class, the context length and the vocabulary. A
+    Hugging Face tokenizer's files are one folder, its caption cleaning and modes open_clip settings."""
     inner = getattr(tok, "tokenizer", None)
     return (type(tok).__module__, type(tok).__qualname__, getattr(tok, "context_length", None),
-            getattr(inner, "name_or_path", None), len(getattr(tok, "encoder", ()) or ()))
+            getattr(inner, "name_or_path", None), len(getattr(tok, "encoder", ()) or ()),
+            getattr(tok, "clean_fn", None), getattr(tok, "strip_sep_token", None), getattr(tok, "tokenizer_mode", None))
 
 
 def _pool_index(model, tokens: torch.Tensor) -> torch.Tensor | None:

@@ -39,6 +39,7 @@ from safetensors import SafetensorError
 
 from hardrank.config import DATA_DIR, PRECISIONS, resolve_device
 from hardrank.errors import DataError, UsageError
+from hardrank.models.hf_text import hf_text
 
 __all__ = ["ModelSpec", "LoadedModel", "load_model", "resolve_arch", "file_hash", "tag_preprocess", "PRECISIONS"]
 
@@ -422,11 +423,18 @@ def load_model(spec: ModelSpec) -> LoadedModel:
                          f"--random-init to evaluate random weights on purpose")
     force_pp = {**src.preprocess, **dict(spec.preprocess)}
     kwargs = {"init_logit_bias": -10.0} if spec.logit_bias else {}
+    arch_cfg = src.model_cfg.get("model_cfg", src.model_cfg)  # hub snapshots and folders nest it
+    own = Path(src.name[len("local-dir:"):]) if src.name.startswith("local-dir:") else None
+    hf = hf_text(arch_cfg, name, own, spec.context_length, spec.arch)  # before the (slow) build: fail fast
+    if hf.text_cfg is not None:
+        kwargs["text_cfg"] = hf.text_cfg
     with _quiet_open_clip():
+        # pretrained_hf=False (open_clip 3 reads it as pretrained_text=False): a transformers text tower is
+        # built from its config, not downloaded with its pretrained weights; the checkpoint brings them all
         model = open_clip.create_model(src.name, pretrained=None, device="cpu", load_weights=False,
                                        force_quick_gelu=src.quick_gelu, force_preprocess_cfg=force_pp or None,
                                        force_image_size=spec.image_size, force_context_length=spec.context_length,
-                                       **kwargs)
+                                       pretrained_hf=False, **kwargs)
     ckpt_hash = None
     if src.weights is not None:
         ckpt_hash = file_hash(src.weights)
@@ -440,7 +448,8 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         _text_sequence_first(model)
     preprocess_cfg = dict(getattr(model.visual, "preprocess_cfg", {}))
     preprocess_cfg = {k: (list(v) if isinstance(v, tuple) else v) for k, v in preprocess_cfg.items()}
-    tokenizer = open_clip.get_tokenizer(name, context_length=spec.context_length)
+    tokenizer = hf.tokenizer if hf.tokenizer is not None else \
+        open_clip.get_tokenizer(name, context_length=spec.context_length)
     embed_dim = int(src.model_cfg.get("embed_dim") or src.model_cfg.get("model_cfg", {}).get("embed_dim")
                     or model.text_projection.shape[-1])
     ident = {"arch": src.model_cfg, "checkpoint": ckpt_hash, "precision": precision,
@@ -448,10 +457,14 @@ def load_model(spec: ModelSpec) -> LoadedModel:
              "embed_version": EMBED_VERSION}
     if spec.logit_bias or spec.image_size:
         ident["overrides"] = {"logit_bias": spec.logit_bias, "image_size": spec.image_size}
+    if hf.ident:  # the tokenizer's and tower config's content: the store never mixes two tokenizers
+        ident["hf"] = hf.ident
     digest = hashlib.blake2b(json.dumps(ident, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
     info = {"pretrained": spec.pretrained, "weights": src.weights, "weights_format": src.weights_format,
             "quick_gelu": bool(src.model_cfg.get("quick_gelu") or src.model_cfg.get("model_cfg", {}).get("quick_gelu")),
             "random_init": src.weights is None, "warnings": list(src.notes), "spec": asdict(spec)}
+    if hf.ident:
+        info["hf"] = {k: {**v, "folder": hf.folders[k]} for k, v in hf.ident.items()}
     return LoadedModel(spec=spec, arch_name=name, model=model, tokenizer=tokenizer,
                        preprocess_cfg=preprocess_cfg, fingerprint=f"{_safe(Path(name).name)}-{precision}-{digest}",
                        embed_dim=embed_dim, device=device, precision=precision, checkpoint_hash=ckpt_hash, info=info)
