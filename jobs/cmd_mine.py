@@ -18,8 +18,8 @@ __all__ = ["add_mine_parser"]
 def _search_words(search: dict) -> str:
     if not search:
         return "none this run"
-    if search.get("method") == "exact":
-        how = f"exact ({search.get('backend')}, {search.get('precision')})"
+    if search.get("factory") is None:  # the kernels' exact top-k (a FAISS index records its factory)
+        how = f"{search.get('method')} ({search.get('backend')}, {search.get('precision')})"
     else:
         how = f"FAISS {search.get('factory')}" + (" on the GPU" if search.get("gpu") else "")
         if search.get("nprobe") is not None:

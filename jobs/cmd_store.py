@@ -121,7 +121,7 @@ def add_store_parser(subparsers) -> argparse.ArgumentParser:
                     "@crop:x,y,w,h for a cropped region; text: the caption as written), embedding "
                     "(fixed_size_list<float32>[D], L2-normalised) and key (the store's content key). "
                     "`hardrank eval --embeddings FILE` on the same suites gives the same metrics, and `hardrank "
-                    "mine` takes the file as --corpus / --queries. Name the embeddings by a fingerprint folder "
+                    "mine` takes the file as its corpus or its queries. Name the embeddings by a fingerprint folder "
                     "(hardrank store list) or by the model and checkpoint that made them. Items the store lacks "
                     "(an image that failed to decode is never stored) are left out and listed in "
                     "OUT.missing.jsonl.",

@@ -961,7 +961,7 @@ def test_a_file_that_is_no_image_is_named_by_its_kind_never_quoted(world, tmp_pa
     reasons = {f["source"]: f["reason"] for f in res["failures"]}
     for i, data in contents.items():
         path = str(images / world["clean"][i]["image"])
-        assert reasons[path].startswith(f"ValueError: {path}: not an image Pillow can read; {len(data)} bytes: "
+        assert reasons[path].startswith(f"DataError: {path}: not an image Pillow can read; {len(data)} bytes: "
                                         f"{kinds[i]}")
     for text in (caplog.text, (tmp_path / "out" / "epoch_1" / "karpathy.json").read_text()):
         assert "SECRET" not in text and "root:x" not in text
