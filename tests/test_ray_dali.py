@@ -424,13 +424,15 @@ def test_ray_runner_reuses_its_actors_across_calls_and_close_kills_them(tmp_path
     gone = [p for ps in seen[0].values() for p in ps]
     runner.close()
     assert ray.is_initialized() and not runner._pools  # the fixture's session stays up
-    for a in handles:
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(a.info.remote(), timeout=60)
+    # ray.kill is asynchronous: a call sent before the kill lands could still be served, so the processes are
+    # awaited first; once they are gone, a call on the old handles must fail
     deadline = time.monotonic() + 30
     while any(Path(f"/proc/{p}").exists() for p in gone) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(Path(f"/proc/{p}").exists() for p in gone), "close() left actor processes running"
+    for a in handles:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(a.info.remote(), timeout=60)
 
     # a later call on the closed runner starts new actors and still works
     tables = _world(tmp_path / "img")
