@@ -234,9 +234,15 @@ class EmbeddingStore:
                                  f"has no embeddings in that store and the store cannot be written; pass a "
                                  f"--store this user can write") from None
         self.refresh()
-        if manifest is None and not readonly:
+        # a missing manifest, or one a kill -9 cut short between a shard's rename into place and the manifest's
+        # rewrite (the shards on disk are the truth), is rewritten now, not only after this run's next shard
+        listed = manifest.get("shards") if manifest is not None else None
+        stale = not isinstance(listed, dict) or any(set(listed.get(m) or []) != {x.name for x in self._shards[m]}
+                                                     for m in _MODALITIES)
+        if stale and not readonly:
             with self.lock(wait=False) as held:  # a busy writer rewrites it after its next shard
                 if held:
+                    self.refresh()
                     self.write_manifest()
 
     def _why_unwritable(self) -> str | None:
