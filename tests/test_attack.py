@@ -316,3 +316,11 @@ def test_attack_bad_inputs_exit_3_naming_the_file(world, tmp_path, capsys):
     assert main(["attack", "images", *args]) == 3
     err = capsys.readouterr().err
     assert "no_such_image.jpg could not be read" in err and f"fix or remove it from {gone}" in err
+    # an annotation path leaving the images folder: refused before anything is written (the adversarial
+    # copies go to <images>/adv_*/<path>, which would be outside it)
+    escape = tmp_path / "escape.json"
+    escape.write_text(json.dumps(items[:2] + [{**items[2], "image": "../../outside.jpg"}]))
+    args[at] = str(escape)
+    assert main(["attack", "images", *args]) == 3
+    assert "'../../outside.jpg' must be relative to images_root, without '..'" in capsys.readouterr().err
+    assert not (tmp_path / "outside.jpg").exists() and not list(tmp_path.parent.glob("outside*"))

@@ -45,7 +45,7 @@ from hardrank.perturb.attack import (
     vocab_from_file,
     write_image_candidates,
 )
-from hardrank.perturb.images import METHODS, variant_name
+from hardrank.perturb.images import METHODS, check_relative, variant_name
 from hardrank.suites.karpathy import (
     N_PERTURBED,
     ROCOCO_TEXT_VARIANTS,
@@ -312,6 +312,8 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
         raise FileNotFoundError(f"--images {root} is not a folder")
     clean, _, _ = merge_repeated_images(ann, read_karpathy(ann))  # one image per path, as the rococo suite
     paths = [im for im, _ in clean]
+    for im in paths:  # the adversarial copies are written under <images>/adv_*/<path>
+        check_relative(im)
     if len(paths) < 2:  # checked here, before any encoding: each image's partner is another image
         raise DataError(f"{ann}: {len(paths)} image(s); the image attack needs at least 2 (each image's partner "
                         f"is another image): pass a Karpathy file with more images")

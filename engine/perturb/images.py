@@ -36,6 +36,13 @@ METHODS = ("mix", "patch")  # RoCOCO mix_images: blend (mix) or CutMix box (patc
 # JPEG quality is a parameter; its default, 75, is PIL's default, which the reference used.
 
 
+def check_relative(path: str) -> None:
+    """An annotation's image path names a file below the folder variants are written to: relative, no '..'
+    (an annotation file must never make hardrank write outside that folder)."""
+    if Path(path).is_absolute() or ".." in Path(path).parts:
+        raise DataError(f"image path {path!r} must be relative to images_root, without '..'")
+
+
 def variant_name(method: str, lam: float, seed: int) -> str:
     """Folder name of an altered-image variant, e.g. ``variant_name("mix", 0.9, 1) == "mix_0.9_s1"``."""
     _check_args(method, lam, seed)
@@ -166,9 +173,8 @@ def alter_images(images_root: str | Path, image_paths: list[str], out_root: str 
     images_root, out_root = Path(images_root), Path(out_root)
     image_paths = [str(p) for p in image_paths]
     rels = [Path(p).with_suffix(".jpg") for p in image_paths]
-    for p, _rel in zip(image_paths, rels):
-        if Path(p).is_absolute() or ".." in Path(p).parts:
-            raise DataError(f"image path {p!r} must be relative to images_root, without '..'")
+    for p in image_paths:
+        check_relative(p)
     if len(set(rels)) != len(rels):
         dup = next(r for i, r in enumerate(rels) if r in rels[:i])
         raise DataError(f"two inputs map to the same output {dup} (duplicate image paths, or the same "
