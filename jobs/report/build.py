@@ -12,6 +12,7 @@ from hardrank.jobs.report.failures import Thumbs, worst_failures
 from hardrank.jobs.report.load import checkpoint_axis, load_results
 from hardrank.jobs.report.render import render_html, render_md
 from hardrank.jobs.report.tables import leaderboard, write_csv
+from hardrank.perturb.attack_run import TRANSFER_KIND
 
 __all__ = ["build_report", "plot_bench"]
 
@@ -37,7 +38,7 @@ def _transfers(results_dir: Path, skip: Path) -> dict[str, dict]:
             doc = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             continue
-        if isinstance(doc, dict) and doc.get("kind") == "hardrank-attack-transfer":
+        if isinstance(doc, dict) and doc.get("kind") == TRANSFER_KIND:
             key = f"transfer_{doc['modality']}"
             n = sum(k == key or k.startswith(key + "_") for k in found)
             found[key if not n else f"{key}_{n}"] = doc
