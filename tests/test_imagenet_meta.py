@@ -119,3 +119,16 @@ def test_objectnet_errors_name_the_file_and_the_fix(tmp_path):
     (maps / OBJECTNET_MAPPING_FILES[1]).write_text("[1, 2]")
     with pytest.raises(DataError, match=r"objectnet_to_imagenet_1k.json: expected a JSON dict"):
         objectnet_classes(tmp_path / "c")
+
+
+def test_lists_equal_timms_copies():
+    """An independent copy of the same published lists (timm ships them with its ImageNet tools)."""
+    from pathlib import Path
+
+    timm = pytest.importorskip("timm")
+    info = Path(timm.__file__).parent / "data" / "_info"
+    if not (info / "imagenet_synsets.txt").is_file():
+        pytest.skip("this timm has no _info lists")
+    assert list(IMAGENET_WNIDS) == (info / "imagenet_synsets.txt").read_text().split()
+    for name, sub in (("imagenet_r", shift_subset("imagenet-r")), ("imagenet_a", shift_subset("imagenet-a"))):
+        assert sub == [int(x) for x in (info / f"{name}_indices.txt").read_text().split()]
