@@ -350,6 +350,12 @@ class SuiteOptions:
                                        "first 30 words: RoCOCO's reference protocol), raw = as written "
                                        "(CLIP_benchmark's); default: the suite's own (blip; xm3600: raw)",
                                        choices=CAPTION_PROTOCOLS)
+    languages: tuple[str, ...] | None = opt(None, "suite xm3600: caption languages to evaluate, one result each "
+                                            "from one encode pass (e.g. en de zh); default: every language in "
+                                            "the file", flag="--language")
+    captions_per_image: str = opt("all", "suite xm3600: all = every caption of an image in the language is a "
+                                  "positive (Karpathy protocol); first = its first caption only (CLIP_benchmark's "
+                                  "crossmodal3600)", choices=("all", "first"))
 
     def __post_init__(self):
         check_options(self)

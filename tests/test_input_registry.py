@@ -19,7 +19,7 @@ from hardrank.inputs.kind import Embeddings, InputKind, InputOptions
 from hardrank.jobs.cli import main
 from hardrank.mining.inputs import build_problem
 
-ORDER = ["wds", "store", "clip_retrieval", "folder", "karpathy", "embeddings", "parquet"]
+ORDER = ["wds", "store", "clip_retrieval", "folder", "karpathy", "xm3600", "embeddings", "parquet"]
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ way CLIP_benchmark names SugarCrepe's files ``sugar_crepe/add_att``):
   states ``caption_protocol``: ``raw`` (captions as written, as CLIP_benchmark feeds them) or ``blip``
   (BLIP's ``pre_caption``, hardrank's default for Karpathy files: not CLIP_benchmark's protocol, so its
   numbers differ slightly); results written before the option existed used ``blip``. ``language`` is the
-  result's (``xm3600``: one record per language, dataset ``crossmodal3600``), else ``en``.
+  result's (``xm3600-<lang>`` results: dataset ``crossmodal3600``, one record per language), else ``en``.
   ``karpathy`` is ``mscoco_captions`` / ``flickr30k`` / ``flickr8k`` by its annotation file
   (else ``karpathy``); RoCOCO's clean view is ``rococo``, each variant view ``rococo/<view>`` with the
   recall of the direction it enlarges plus ``{image,text}_retrieval_false_rate`` (not a CLIP_benchmark
@@ -53,7 +53,6 @@ _RETRIEVAL_DATASETS = (("coco", "mscoco_captions"), ("flickr30k", "flickr30k"), 
 _ARO = {"vg_relation": ("aro/visual_genome/relation", "vg_relation_macro"),
         "vg_attribution": ("aro/visual_genome/attribution", "vg_attribution_macro")}
 _ORDER = {"coco_order": "aro/coco/order", "flickr_order": "aro/flickr/order"}
-_RENAMED = {"xm3600": "crossmodal3600"}  # hardrank suite -> CLIP_benchmark dataset
 _SUGARCREPE = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
 
 
@@ -134,7 +133,8 @@ def clip_benchmark_records(result: dict, pretrained: str) -> tuple[list[dict], s
     base = {"model": model, "pretrained": pretrained, "language": result.get("language") or "en"}
     task_type = result.get("task_type")
     if task_type == "ranking":
-        name = _karpathy_name(result) if suite == "karpathy" else _RENAMED.get(suite, suite)
+        name = (_karpathy_name(result) if suite == "karpathy" else
+                "crossmodal3600" if suite.startswith("xm3600-") and result.get("language") else suite)
         pairs = [(name if view == "original" else f"{name}/{view}", _retrieval(dirs, view != "original"))
                  for view, dirs in metrics.items() if isinstance(dirs, dict)]
         task = "zeroshot_retrieval"
