@@ -27,6 +27,7 @@ from hardrank.kernels import PRECISIONS as RANK_PRECISIONS
 from hardrank.kernels import TIE_RULES
 from hardrank.scoring import backends
 from hardrank.scoring.backends import RANKS, TOPK, SearchSpec
+from hardrank.text import CAPTION_PROTOCOLS
 
 __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES",
            "DIRECTIONS", "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
@@ -344,6 +345,17 @@ class SuiteOptions:
                                "most similar to it, embedded by the model", choices=BASELINES)
     captions: str = opt("txt", "suite wds: where each sample's captions are: txt (the .txt member or Parquet "
                         "caption column, one caption per line) or json:KEY (a string or list in the .json member)")
+    caption_protocol: str | None = opt(None, "how retrieval suites (karpathy, rococo, wds, xm3600) feed captions to "
+                                       "the text encoder: blip = BLIP's pre_caption (lowercase, .!\"()*#:;~ removed, "
+                                       "first 30 words: RoCOCO's reference protocol), raw = as written "
+                                       "(CLIP_benchmark's); default: the suite's own (blip; xm3600: raw)",
+                                       choices=CAPTION_PROTOCOLS)
+    languages: tuple[str, ...] | None = opt(None, "suite xm3600: caption languages to evaluate, one result each "
+                                            "from one encode pass (e.g. en de zh); default: every language in "
+                                            "the file", flag="--language")
+    captions_per_image: str = opt("all", "suite xm3600: all = every caption of an image in the language is a "
+                                  "positive (Karpathy protocol); first = its first caption only (CLIP_benchmark's "
+                                  "crossmodal3600)", choices=("all", "first"))
 
     def __post_init__(self):
         check_options(self)
@@ -383,10 +395,17 @@ class EvalConfig:
     suite_options: SuiteOptions = SuiteOptions()
     embed: EmbedOptions = EmbedOptions()
     rank_precision: str = opt("auto", _RANK_PRECISION_HELP, choices=RANK_PRECISIONS)
+    recall_k: tuple[int, ...] = opt((1, 5, 10), "retrieval: which R@K are reported (CLIP_benchmark's --recall_k), "
+                                    "e.g. 1 5 10 50; R@1, every table's headline, always is; rsum (R@1+5+10 both "
+                                    "ways) needs 5 and 10")
 
     def __post_init__(self):
         check_options(self)
         object.__setattr__(self, "suites", tuple(self.suites))
+        ks = tuple(self.recall_k)
+        if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+            raise UsageError(f"option recall_k (--recall-k) takes whole numbers >= 1, got {list(ks)}")
+        object.__setattr__(self, "recall_k", tuple(sorted(set(ks) | {1})))
         object.__setattr__(self, "checkpoints", tuple(self.checkpoints) or (None,))
         spec = backends.parse(self.search, RANKS)
         if not self.suites:

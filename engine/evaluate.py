@@ -103,7 +103,7 @@ def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: E
         timings[f"rank_{task.name}"] = time.perf_counter() - t0
         if getattr(ranks, "info", None):
             search_info[task.name] = ranks.info
-        per_view, outs = ranking_metrics(task, ranks)
+        per_view, outs = ranking_metrics(task, ranks, cfg.recall_k)
         for view, m in per_view.items():
             metrics.setdefault(view, {})[task.name] = m
             counts.setdefault(view, {})[task.name] = {"queries": task.num_queries, "gallery": task.view_size(view)}
@@ -119,8 +119,9 @@ def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: E
         counts.setdefault("skipped", {})[task.name] = task.skipped
     if "original" in metrics and {"i2t", "t2i"} <= set(metrics["original"]):
         o = metrics["original"]
-        o["rsum"] = sum(o[d][f"R@{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))
-        o["mean"] = {f"R@{k}": (o["i2t"][f"R@{k}"] + o["t2i"][f"R@{k}"]) / 2 for k in (1, 5, 10)}
+        if {1, 5, 10} <= set(cfg.recall_k):  # rsum is the literature's sum of R@1, 5, 10 both ways
+            o["rsum"] = sum(o[d][f"R@{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))
+        o["mean"] = {f"R@{k}": (o["i2t"][f"R@{k}"] + o["t2i"][f"R@{k}"]) / 2 for k in cfg.recall_k}
     add_drops(metrics)
     average_views(metrics, suite.view_average)
     out = {"task_type": "ranking", "metrics": metrics, "counts": counts, "timings": timings, "outcomes": outcomes}
@@ -181,8 +182,10 @@ def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dic
             embed: dict | None = None) -> dict:
     model = cfg.model if ident is not None else None  # predictions scored as they are: no model made them
     ident = dict(ident or {})
+    # the caption protocol changes the texts encoded, so it stands next to the tie rule (suites that have one)
+    protocol = {k: suite.meta[k] for k in ("caption_protocol", "language") if k in suite.meta}
     result = {"suite": suite.name, "checkpoint": label, **ident, "model": model,
-              "tie_rule": scored.get("tie_rule", suite.tie_rule), "task_type": scored["task_type"],
+              "tie_rule": scored.get("tie_rule", suite.tie_rule), **protocol, "task_type": scored["task_type"],
               "counts": scored["counts"], "metrics": scored["metrics"], **scored.get("extra", {}),
               "suite_meta": suite.meta, "failures": common["failures"][:1000],
               "failed_items": len(common["failures"])}

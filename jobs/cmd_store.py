@@ -37,7 +37,8 @@ class StoreExportConfig:
 # the options of `store export`: an allow-list, so an option added to EvalConfig stays off it until it applies
 _EXPORT_OPTIONS = ("folder", "file", "suites", "model", "checkpoints", "pretrained", "random_init", "run", "data",
                    "images", "annotations", "image_variants", "seeds", "text_variants", "predictions", "captions",
-                   "store", "precision", "device", "decoder", "key_by")
+                   "caption_protocol", "languages", "captions_per_image", "store", "precision", "device", "decoder",
+                   "key_by")
 _EXPORT_HELP = {"model": "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder> that made the "
                          "embeddings (with --checkpoint or --pretrained)",
                 "checkpoints": "the checkpoint that made the embeddings (one)"}

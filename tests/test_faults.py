@@ -985,3 +985,19 @@ def test_a_file_that_is_no_image_is_named_by_its_kind_never_quoted(world, tmp_pa
                                         f"{kinds[i]}")
     for text in (caplog.text, (tmp_path / "out" / "epoch_1" / "karpathy.json").read_text()):
         assert "SECRET" not in text and "root:x" not in text
+
+
+def test_bad_xm3600_files_exit_with_one_line_naming_line_key_and_language(tmp_path, capsys):
+    """The Failure modes row of --suite xm3600: a language the file lacks (2), an entry without captions (3)."""
+    lines = [{"image/key": "k0", "en": {"caption": ["a cat"]}, "de": {"caption": ["eine Katze"]}},
+             {"image/key": "k1", "en": {"caption": ["a dog"]}, "de": {"caption": "ein Hund"}}]
+    ann = tmp_path / "captions.jsonl"
+    ann.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    base = ["eval", "--suite", "xm3600", "--annotations", str(ann), "--embeddings", str(tmp_path / "e.parquet"),
+            "--out", str(tmp_path / "out"), "--quiet"]
+    assert main([*base, "--language", "en", "fr"]) == 2
+    err = capsys.readouterr().err
+    assert "language(s) ['fr'] not in" in err and "it has ['de', 'en']" in err and "Traceback" not in err
+    assert main([*base, "--language", "de"]) == 3
+    err = capsys.readouterr().err
+    assert "line 2 (image k1), language 'de'" in err and "'caption' = 'ein Hund'" in err and "Traceback" not in err

@@ -19,7 +19,7 @@ from hardrank.inputs.kind import Embeddings, InputKind, InputOptions
 from hardrank.jobs.cli import main
 from hardrank.mining.inputs import build_problem
 
-ORDER = ["wds", "store", "clip_retrieval", "folder", "karpathy", "embeddings", "parquet"]
+ORDER = ["wds", "store", "clip_retrieval", "folder", "karpathy", "xm3600", "embeddings", "parquet"]
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -80,6 +80,12 @@ def _karpathy(root: Path) -> str:
     return str(root / "k.json")
 
 
+def _xm3600(root: Path) -> str:
+    (root / "captions.jsonl").write_text(json.dumps({"image/key": "a", "en": {"caption": ["a cat"]},
+                                                     "de": {"caption": ["eine Katze"]}}) + "\n")
+    return str(root / "captions.jsonl")
+
+
 def _embeddings(root: Path) -> str:
     pq.write_table(pa.table({"kind": ["text"], "id": ["a cat"], "embedding": [[1.0, 0.0]], "path": ["x"]}),
                    root / "e.parquet")  # a 'path' column too: the embedding columns decide
@@ -92,7 +98,7 @@ def _listing(root: Path) -> str:
 
 
 LAYOUTS = {"wds": _shards, "store": _store, "clip_retrieval": _clip_retrieval, "folder": _folder,
-           "karpathy": _karpathy, "embeddings": _embeddings, "parquet": _listing}
+           "karpathy": _karpathy, "xm3600": _xm3600, "embeddings": _embeddings, "parquet": _listing}
 
 
 @pytest.mark.parametrize("name", ORDER)

@@ -249,7 +249,8 @@ def test_export_clip_benchmark_maps_names_directions_and_fractions(world, tmp_pa
     files = {p.name: json.loads(p.read_text()) for p in out.glob("*.json")}
     label = rep.results[0]["checkpoint"]
     rococo = files[f"rococo_{label}_precomputed_en_zeroshot_retrieval.json"]
-    assert set(rococo) == {"dataset", "model", "pretrained", "task", "metrics", "language"}
+    assert set(rococo) == {"dataset", "model", "pretrained", "task", "metrics", "language", "caption_protocol"}
+    assert rococo["caption_protocol"] == "blip"  # the default: BLIP's pre_caption, stated for comparability
     m = rep.results[0]["metrics"]
     assert rococo["metrics"]["image_retrieval_recall@5"] == pytest.approx(m["original"]["t2i"]["R@5"] / 100)  # t->i
     assert rococo["metrics"]["text_retrieval_recall@1"] == pytest.approx(m["original"]["i2t"]["R@1"] / 100)   # i->t

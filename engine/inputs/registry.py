@@ -7,8 +7,9 @@ Detection tries the kinds in the order of ``_KINDS``; the first whose ``detect``
 3. ``clip_retrieval``  a folder with img_emb/ or text_emb/ .npy parts
 4. ``folder``          any other folder: its images (a folder URL is listed, not copied)
 5. ``karpathy``        a .json file
-6. ``embeddings``      a .parquet file with columns kind, id, embedding
-7. ``parquet``         any other .parquet file: a listing of id + path or id + text
+6. ``xm3600``          a .jsonl file of Crossmodal-3600 lines (``image/key`` + captions per language)
+7. ``embeddings``      a .parquet file with columns kind, id, embedding
+8. ``parquet``         any other .parquet file: a listing of id + path or id + text
 
 A URL goes to a kind that reads URLs (``remote``) as it is; another kind sees a local copy
 (``urls.fetch_input``, cached), made only when the URL carries that kind's suffix or marker entries.
@@ -30,6 +31,7 @@ from hardrank.inputs.kinds import (
     listing_parquet,
     store_folder,
     wds_samples,
+    xm3600_jsonl,
 )
 
 __all__ = ["kinds", "register", "find", "open_input", "open_embeddings", "describe", "help_text"]
@@ -40,6 +42,7 @@ _KINDS: list[InputKind] = [
     clip_retrieval_folder.KIND,
     image_folder.KIND,
     karpathy_json.KIND,
+    xm3600_jsonl.KIND,
     embeddings_parquet.KIND,
     listing_parquet.KIND,
 ]

@@ -9,9 +9,14 @@ hardrank result below a folder, so that CSV and the dashboards built on it read 
 Mapping (a hardrank suite becomes one CLIP_benchmark dataset, or several named ``<suite>/<part>`` the
 way CLIP_benchmark names SugarCrepe's files ``sugar_crepe/add_att``):
 
-- retrieval (``karpathy``, ``rococo``): task ``zeroshot_retrieval``. ``image_retrieval_recall@K`` is
-  text -> image (hardrank ``t2i`` R@K / 100), ``text_retrieval_recall@K`` image -> text (``i2t``), K in
-  1, 5, 10. ``karpathy`` is ``mscoco_captions`` / ``flickr30k`` / ``flickr8k`` by its annotation file
+- retrieval (``karpathy``, ``rococo``, ``wds``, ``xm3600``): task ``zeroshot_retrieval``.
+  ``image_retrieval_recall@K`` is text -> image (hardrank ``t2i`` R@K / 100), ``text_retrieval_recall@K``
+  image -> text (``i2t``), for every K the result reports (``--recall-k``; 1, 5, 10 by default). Each record
+  states ``caption_protocol``: ``raw`` (captions as written, as CLIP_benchmark feeds them) or ``blip``
+  (BLIP's ``pre_caption``, hardrank's default for Karpathy files: not CLIP_benchmark's protocol, so its
+  numbers differ slightly); results written before the option existed used ``blip``. ``language`` is the
+  result's (``xm3600-<lang>`` results: dataset ``crossmodal3600``, one record per language), else ``en``.
+  ``karpathy`` is ``mscoco_captions`` / ``flickr30k`` / ``flickr8k`` by its annotation file
   (else ``karpathy``); RoCOCO's clean view is ``rococo``, each variant view ``rococo/<view>`` with the
   recall of the direction it enlarges plus ``{image,text}_retrieval_false_rate`` (not a CLIP_benchmark
   metric: the share of queries whose top-1 is an added item).
@@ -44,7 +49,6 @@ from hardrank.scoring.results import read_results
 __all__ = ["export_clip_benchmark", "clip_benchmark_records", "FORMATS"]
 
 FORMATS = ("clip_benchmark",)
-_KS = (1, 5, 10)
 _RETRIEVAL_DATASETS = (("coco", "mscoco_captions"), ("flickr30k", "flickr30k"), ("flickr8k", "flickr8k"))
 _ARO = {"vg_relation": ("aro/visual_genome/relation", "vg_relation_macro"),
         "vg_attribution": ("aro/visual_genome/attribution", "vg_attribution_macro")}
@@ -62,9 +66,9 @@ def _retrieval(dirs: dict, false_rate: bool) -> dict:
         m = dirs.get(direction)
         if not isinstance(m, dict):
             continue
-        for k in _KS:
-            if f"R@{k}" in m:
-                out[f"{prefix}_recall@{k}"] = _frac(m[f"R@{k}"])
+        ks = sorted(int(k[2:]) for k in m if k.startswith("R@") and k[2:].isdigit())
+        for k in ks:
+            out[f"{prefix}_recall@{k}"] = _frac(m[f"R@{k}"])
         if false_rate and "false_rate" in m:
             out[f"{prefix}_false_rate"] = _frac(m["false_rate"])
     return out
@@ -126,13 +130,17 @@ def clip_benchmark_records(result: dict, pretrained: str) -> tuple[list[dict], s
     ``pretrained``: the name CLIP_benchmark shows next to the model (the checkpoint's results folder)."""
     suite, metrics = result["suite"], result["metrics"]
     model = ((result.get("provenance") or {}).get("architecture")) or str(result.get("model") or "unknown")
-    base = {"model": model, "pretrained": pretrained, "language": "en"}
+    base = {"model": model, "pretrained": pretrained, "language": result.get("language") or "en"}
     task_type = result.get("task_type")
     if task_type == "ranking":
-        name = _karpathy_name(result) if suite == "karpathy" else suite
+        name = (_karpathy_name(result) if suite == "karpathy" else
+                "crossmodal3600" if suite.startswith("xm3600-") and result.get("language") else suite)
         pairs = [(name if view == "original" else f"{name}/{view}", _retrieval(dirs, view != "original"))
                  for view, dirs in metrics.items() if isinstance(dirs, dict)]
         task = "zeroshot_retrieval"
+        # every caption went through pre_caption before the option existed (results without the field)
+        base["caption_protocol"] = (result.get("caption_protocol")
+                                    or (result.get("suite_meta") or {}).get("caption_protocol") or "blip")
     elif task_type == "choice":
         pairs, task = _choice(suite, metrics), "image_caption_selection"
     else:

@@ -37,23 +37,23 @@ def view_outcomes(task: RankingTask, ranks, view: str) -> dict[str, np.ndarray]:
     return {"rank": rank, "top1": top1, "top1_group": gid}
 
 
-def recall_metrics(rank: np.ndarray) -> dict[str, float]:
-    """R@K (% of queries with rank < K), mean and median rank (1-based)."""
+def recall_metrics(rank: np.ndarray, ks: tuple[int, ...] = RECALL_KS) -> dict[str, float]:
+    """R@K for each K of ``ks`` (% of queries with rank < K), mean and median rank (1-based)."""
     if len(rank) == 0:
-        return {**{f"R@{k}": float("nan") for k in RECALL_KS}, "mean_rank": float("nan"), "median_rank": float("nan")}
-    out = {f"R@{k}": 100.0 * float(np.mean(rank < k)) for k in RECALL_KS}
+        return {**{f"R@{k}": float("nan") for k in ks}, "mean_rank": float("nan"), "median_rank": float("nan")}
+    out = {f"R@{k}": 100.0 * float(np.mean(rank < k)) for k in ks}
     out["mean_rank"] = float(np.mean(rank + 1))
     out["median_rank"] = float(np.median(rank + 1))
     return out
 
 
-def ranking_metrics(task: RankingTask, ranks) -> tuple[dict, dict]:
-    """{view: {R@1, R@5, R@10, mean_rank, median_rank, false_rate}} and per-view outcomes.
+def ranking_metrics(task: RankingTask, ranks, ks: tuple[int, ...] = RECALL_KS) -> tuple[dict, dict]:
+    """{view: {R@K for K in ks, mean_rank, median_rank, false_rate}} and per-view outcomes.
     false_rate = % of queries whose top-1 lies in an added (non-original) group."""
     metrics, outcomes = {}, {}
     for view in task.views:
         o = view_outcomes(task, ranks, view)
-        m = recall_metrics(o["rank"])
+        m = recall_metrics(o["rank"], ks)
         if view != task.groups[0]:
             m["false_rate"] = 100.0 * float(np.mean(o["top1_group"] != 0)) if len(o["rank"]) else float("nan")
         metrics[view] = m
@@ -62,13 +62,16 @@ def ranking_metrics(task: RankingTask, ranks) -> tuple[dict, dict]:
 
 
 def add_drops(metrics: dict, base: str = "original") -> None:
-    """In place: for each view and direction, ``drop`` = clean - variant in points (R@K)."""
+    """In place: for each view and direction, ``drop`` = clean - variant in points (each R@K reported)."""
     for view, dirs in metrics.items():
         if view == base or not isinstance(dirs, dict):
             continue
         for d, m in dirs.items():
-            if d in metrics.get(base, {}) and isinstance(m, dict) and "R@1" in m:
-                m["drop"] = {f"R@{k}": metrics[base][d][f"R@{k}"] - m[f"R@{k}"] for k in RECALL_KS}
+            clean = metrics.get(base, {}).get(d)
+            if isinstance(clean, dict) and isinstance(m, dict):
+                drop = {k: clean[k] - v for k, v in m.items() if k.startswith("R@") and k in clean}
+                if drop:
+                    m["drop"] = drop
 
 
 def average_views(metrics: dict, averages: dict[str, list[str]]) -> None:

@@ -12,6 +12,7 @@ from hardrank.suites.karpathy import load_karpathy, load_rococo
 from hardrank.suites.sugarcrepe import load_sugarcrepe
 from hardrank.suites.toy import TOY_SUITES, load_toy
 from hardrank.suites.webdataset import load_wds
+from hardrank.suites.xm3600 import load_xm3600
 from hardrank.tasks import Suite
 
 __all__ = ["SUITES", "ALIASES", "SuiteOptions", "SuiteFormatError", "load_suites", "expand_suites"]
@@ -27,6 +28,7 @@ SUITES = {
     "flickr_order": load_flickr_order,
     "amodal": load_amodal_suite,      # AmodalReasonSeg-style masks: --predictions and/or --baseline clip-regions
     "wds": load_wds,                  # Karpathy-style retrieval from WebDataset shards / img2dataset outputs
+    "xm3600": load_xm3600,            # Crossmodal-3600 captions.jsonl: one retrieval suite per --language
     **{name: (lambda tables, opts, _n=name: load_toy(tables, opts, _n)) for name in TOY_SUITES},
 }
 ALIASES = {"toy": list(TOY_SUITES)}
@@ -44,5 +46,10 @@ def expand_suites(names: list[str]) -> list[str]:
 
 
 def load_suites(names: list[str], tables: Tables, opts: SuiteOptions) -> list[Suite]:
-    """Load every named suite (aliases such as ``toy`` expanded) into the shared ``tables``."""
-    return [SUITES[n](tables, opts) for n in expand_suites(names)]
+    """Load every named suite (aliases such as ``toy`` expanded) into the shared ``tables``. A loader returns
+    one Suite, or a list (xm3600: one per language, each its own result)."""
+    out = []
+    for n in expand_suites(names):
+        loaded = SUITES[n](tables, opts)
+        out.extend(loaded if isinstance(loaded, list) else [loaded])
+    return out

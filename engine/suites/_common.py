@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from hardrank.config import SuiteOptions
 from hardrank.errors import DataError, UsageError
+from hardrank.text import caption_normaliser
 
-__all__ = ["SuiteOptions", "read_json", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS"]
+__all__ = ["SuiteOptions", "read_json", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS",
+           "caption_protocol"]
 
 
 class SuiteFormatError(DataError):
@@ -80,3 +83,10 @@ def find_annotation(opts: SuiteOptions, default_name: str, suite: str = "this su
     if not p.is_file():
         raise FileNotFoundError(f"{p} does not exist; pass --annotations FILE (e.g. {default_name})")
     return p
+
+
+def caption_protocol(opts: SuiteOptions, default: str = "blip") -> tuple[str, Callable[[str], str]]:
+    """(protocol name, the function it applies to each caption): ``--caption-protocol``, else the suite's
+    ``default``. The name goes into the suite's meta (``caption_protocol``), which results carry on top."""
+    name = opts.caption_protocol or default
+    return name, caption_normaliser(name)

@@ -8,7 +8,14 @@ import numpy as np
 
 from hardrank import urls
 from hardrank.items import ImageRef, Tables
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, find_annotation, read_json, require_keys
+from hardrank.suites._common import (
+    SuiteFormatError,
+    SuiteOptions,
+    caption_protocol,
+    find_annotation,
+    read_json,
+    require_keys,
+)
 from hardrank.tasks import RankingTask, Suite
 from hardrank.text import pre_caption
 
@@ -173,10 +180,12 @@ def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") ->
     errors = [] if opts.images is not None else [
         ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")]
     clean, _, repeated = merge_repeated_images(ann, read_karpathy(ann))
-    i2t, t2i = build_retrieval(tables, opts.images or "", clean)  # no --images: paths as written (ids only)
+    protocol, normalise = caption_protocol(opts)
+    # no --images: paths as written (ids only)
+    i2t, t2i = build_retrieval(tables, opts.images or "", clean, normalise=normalise)
     return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, image_errors=errors,
                  meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1]),
-                       **({"repeated_images": repeated} if repeated else {})})
+                       "caption_protocol": protocol, **({"repeated_images": repeated} if repeated else {})})
 
 
 def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Suite:
@@ -202,8 +211,9 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
         if d is not None and not urls.is_dir(d):
             errors.append(FileNotFoundError(f"altered images {d} do not exist; make them with "
                                             f"`hardrank perturb images --method {v.split('_')[0]} ...`"))
+    protocol, normalise = caption_protocol(opts)
     i2t, t2i = build_retrieval(tables, opts.images or "", clean, text_variants=text_variants,
-                               image_variants=img_variants)
+                               image_variants=img_variants, normalise=normalise)
     averages = {}
     for v in opts.image_variants:
         members = [f"{v}_s{s}" for s in opts.seeds]
@@ -211,5 +221,6 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
             averages[v] = members
     return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages, image_errors=errors,
                  meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1]),
-                       "text_variants": list(text_variants), "image_variants": img_variants,
+                       "caption_protocol": protocol, "text_variants": list(text_variants),
+                       "image_variants": img_variants,
                        **({"repeated_images": repeated} if repeated else {})})
