@@ -75,7 +75,8 @@ def _unigram_tokenizer(folder: Path) -> dict:
                                                                unk_token="<unk>"))
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
     PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                            model_max_length=LENGTH, model_input_names=["input_ids"]).save_pretrained(folder)
+                            model_max_length=LENGTH, model_input_names=["input_ids", "attention_mask"]
+                            ).save_pretrained(folder)  # with a mask, as transformers 5's SiglipTokenizer
     return {"vocab_size": tok.get_vocab_size(), "pad_token_id": 0, "eos_token_id": 1}
 
 
@@ -138,8 +139,10 @@ def reference(folder: Path, images: list[Path], texts: list[str]):
     proc, tok = AutoImageProcessor.from_pretrained(str(folder)), AutoTokenizer.from_pretrained(str(folder))
     with torch.no_grad():
         img = model.get_image_features(**proc(images=[Image.open(p) for p in images], return_tensors="pt"))
-        txt = model.get_text_features(**tok(texts, padding="max_length", max_length=LENGTH, truncation=True,
-                                            return_tensors="pt"))
+        tokens = tok(texts, padding="max_length", max_length=LENGTH, truncation=True, return_tensors="pt")
+        if model.config.model_type == "siglip":  # as trained: the padded ids, unmasked (see hf_models)
+            tokens = {"input_ids": tokens["input_ids"]}
+        txt = model.get_text_features(**tokens)
     n = torch.nn.functional.normalize
     return n(img.pooler_output, dim=-1).numpy(), n(txt.pooler_output, dim=-1).numpy()
 

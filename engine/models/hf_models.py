@@ -14,7 +14,7 @@ own entry.
 Exactness: images are preprocessed by the model's own image processor (rebuilt from its settings in each
 decode worker) on ``Image.open``'s image, so pixels equal ``processor(images=...)``; captions are tokenised
 as the model was trained: padded to ``text_config.max_position_embeddings`` (CLIP 77, SigLIP 64) and cut there,
-with the tokenizer's own attention mask when it returns one.
+with the tokenizer's own attention mask when it returns one (SigLIP: ids alone, as big_vision trained it).
 
 ``transformers`` is the ``hardrank[hf]`` extra, imported inside this module's functions only.
 """
@@ -61,6 +61,13 @@ def _text_features(model, tokens: dict) -> torch.Tensor:
     return _features(model.get_text_features(**{k: tokens[k] for k in _TEXT_INPUTS if k in tokens}))
 
 
+def _unmasked_text_features(model, tokens: dict) -> torch.Tensor:
+    """SigLIP's text tower as trained (big_vision): the padded ids alone, no attention mask; it pools the
+    last position, which then sees the padding it saw in training. transformers 5's SigLIP tokenizers
+    also return a mask, which the tower would apply (other embeddings than the model was trained for)."""
+    return _features(model.get_text_features(input_ids=tokens["input_ids"]))
+
+
 def _trained_length(config) -> int:
     """The caption length the text tower was trained at: its position table's size."""
     text = getattr(config, "text_config", None) or config
@@ -77,7 +84,8 @@ class Family:
     text_length: Callable = _trained_length     # config -> the length captions are padded and cut to
 
 
-FAMILIES: dict[str, Family] = {"clip": Family("CLIPModel"), "siglip": Family("SiglipModel")}
+FAMILIES: dict[str, Family] = {"clip": Family("CLIPModel"),
+                               "siglip": Family("SiglipModel", text_features=_unmasked_text_features)}
 _GENERIC = Family()  # any model type whose class has get_image_features and get_text_features
 
 
