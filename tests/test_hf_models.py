@@ -138,13 +138,14 @@ def reference(folder: Path, images: list[Path], texts: list[str]):
     model = AutoModel.from_pretrained(str(folder)).eval()
     proc, tok = AutoImageProcessor.from_pretrained(str(folder)), AutoTokenizer.from_pretrained(str(folder))
     with torch.no_grad():
-        img = model.get_image_features(**proc(images=[Image.open(p) for p in images], return_tensors="pt"))
+        img = model.get_image_features(**proc(images=[Image.open(p) for p in images], return_tensors="pt")
+                                       ).pooler_output if images else torch.zeros(0, 1)
         tokens = tok(texts, padding="max_length", max_length=LENGTH, truncation=True, return_tensors="pt")
         if model.config.model_type == "siglip":  # as trained: the padded ids, unmasked (see hf_models)
             tokens = {"input_ids": tokens["input_ids"]}
         txt = model.get_text_features(**tokens)
     n = torch.nn.functional.normalize
-    return n(img.pooler_output, dim=-1).numpy(), n(txt.pooler_output, dim=-1).numpy()
+    return n(img, dim=-1).numpy(), n(txt.pooler_output, dim=-1).numpy()
 
 
 def hardrank_embed(spec: hardrank.ModelSpec, store: Path, images: list[Path], texts: list[str], **options):
@@ -366,3 +367,20 @@ def test_without_transformers_the_extra_is_named(tmp_path, monkeypatch, capsys):
         hardrank.load_model(hardrank.ModelSpec(f"hf:{folder}", device="cpu"))
     rc, err = _eval_rc(f"hf:{folder}", tmp_path, capsys)
     assert rc == 1 and "pip install 'hardrank[hf]'" in err and "Traceback" not in err
+
+
+def test_perturb_texts_ranks_words_with_a_transformers_model(tmp_path):
+    """`perturb texts --model hf:...` loads through the same loader: a word's influence is 1 - cos(caption,
+    caption without it), with the embeddings of transformers' own path."""
+    from hardrank.perturb.run import _load
+    from hardrank.perturb.texts import embedding_influence
+
+    folder = make_clip(tmp_path / "model")
+    m = _load(hardrank.PerturbTextsConfig(annotations="unused.json", out=str(tmp_path / "o"), model=str(folder),
+                                          device="cpu"))
+    caption = "a dog on a bus"
+    words = caption.split()
+    variants = [caption] + [" ".join(words[:i] + words[i + 1:]) for i in range(len(words))]
+    _, ref = reference(folder, [], variants)
+    (got,) = embedding_influence(m.model, m.tokenizer, [caption])
+    np.testing.assert_allclose(got, 1 - ref[1:] @ ref[0], atol=1e-5)
