@@ -340,6 +340,7 @@ def test_a_repo_missing_from_the_cache_names_the_fetch(tmp_path, offline, capsys
     make_clip(base / "snapshots" / commit)
     m = hardrank.load_model(hardrank.ModelSpec("hf:testorg/tiny-clip", device="cpu"))
     assert m.info["transformers"]["folder"] == str(base / "snapshots" / commit) and m.label == "tiny-clip"
+    assert m.arch_name == "hf:testorg/tiny-clip" and m.fingerprint.startswith("hf-tiny-clip-fp32-")
     assert offline["tries"] == []
 
 

@@ -343,9 +343,11 @@ def load_hf_model(spec: ModelSpec) -> LoadedModel:
     info = {"pretrained": None, "weights": str(files[0]) if files else None, "weights_format": "transformers",
             "quick_gelu": False, "random_init": not files, "warnings": [], "spec": asdict(spec),
             "transformers": {"class": cls.__name__, "model_type": config.model_type, "folder": str(folder)}}
-    return LoadedModel(spec=spec, arch_name=f"{HF_PREFIX}{folder.name}", model=HFDualEncoder(model, family),
+    name = spec.arch[len(HF_PREFIX):]
+    shown = name if not Path(name).is_dir() else folder.resolve().name  # a repo id, else the folder's name
+    return LoadedModel(spec=spec, arch_name=f"{HF_PREFIX}{shown}", model=HFDualEncoder(model, family),
                        tokenizer=tokenizer, preprocess_cfg=preprocess_cfg,
-                       fingerprint=f"hf-{_safe(folder.name)}-{precision}-{digest}", embed_dim=embed_dim,
+                       fingerprint=f"hf-{_safe(shown.split('/')[-1])}-{precision}-{digest}", embed_dim=embed_dim,
                        device=device, precision=precision, checkpoint_hash=weights_hash, info=info)
 
 
