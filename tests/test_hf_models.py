@@ -385,3 +385,20 @@ def test_perturb_texts_ranks_words_with_a_transformers_model(tmp_path):
     _, ref = reference(folder, [], variants)
     (got,) = embedding_influence(m.model, m.tokenizer, [caption])
     np.testing.assert_allclose(got, 1 - ref[1:] @ ref[0], atol=1e-5)
+
+
+def test_a_variable_resolution_processor_is_refused(tmp_path):
+    """Siglip2Model (NaFlex) gives each image its own patch grid: no fixed-size pixel batch, refused by name."""
+    from transformers import Siglip2Config, Siglip2ImageProcessor, Siglip2Model
+
+    folder = tmp_path / "siglip2"
+    folder.mkdir()
+    ids = _unigram_tokenizer(folder)
+    text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "max_position_embeddings": LENGTH, **ids}
+    vision = {k: v for k, v in VISION.items() if k != "image_size"}
+    Siglip2Model(Siglip2Config(text_config=text, vision_config={**vision, "num_patches": 16})).save_pretrained(folder)
+    Siglip2ImageProcessor(patch_size=8, max_num_patches=16).save_pretrained(folder)
+    with pytest.raises(UsageError, match=r"its image processor \(Siglip2ImageProcessor\) gives images of varying size"
+                                         r".* \(SigLIP 2 NaFlex\) are not supported"):
+        hardrank.load_model(hardrank.ModelSpec(f"hf:{folder}", device="cpu"))
