@@ -143,7 +143,7 @@ def main() -> None:
                      "own_per_s": round(n / o, 1), "hardrank_per_s": round(n / h, 1), "speedup": round(o / h, 2)})
     print(f"{len(paths)} JPEGs 640x480 + {len(texts)} captions; CLIPModel width {args.width}, {args.layers} layers, "
           f"224 px / 77 tokens, fp32 on {dev}; {threads} decode threads, torch {torch.get_num_threads()} threads; "
-          f"best of {args.rounds} interleaved rounds")
+          f"best of {args.rounds} interleaved rounds; load average {os.getloadavg()[0]:.1f}")
     print(f"{'modality':9s} {'own loop s':>10s} {'hardrank s':>10s} {'own /s':>8s} {'hardrank /s':>11s} {'x':>6s}")
     for r in rows:
         print(f"{r['modality']:9s} {r['own_s']:10.3f} {r['hardrank_s']:10.3f} {r['own_per_s']:8.1f} "
@@ -158,7 +158,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"rows": rows, "max_abs_diff": diffs, "stages": stages, "args": vars(args),
                                "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                           "torch": torch.__version__}}, indent=1))
+                                           "load": os.getloadavg()[0], "torch": torch.__version__}}, indent=1))
     shutil.rmtree(work, ignore_errors=True)
 
 
