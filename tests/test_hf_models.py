@@ -345,9 +345,13 @@ def test_a_repo_missing_from_the_cache_names_the_fetch(tmp_path, offline, capsys
 
 
 def test_bad_spellings_and_options(tmp_path):
+    from hardrank.embed import make_transform
+
     folder = make_clip(tmp_path / "model")
     with pytest.raises(UsageError, match="--pretrained applies to open_clip model names"):
         hardrank.load_model(hardrank.ModelSpec(f"hf:{folder}", pretrained="openai", device="cpu"))
+    with pytest.raises(UsageError, match=r"a transformers model \(CLIPImageProcessor\) has no open_clip transform"):
+        make_transform(hardrank.load_model(hardrank.ModelSpec(f"hf:{folder}", device="cpu")).preprocess_cfg)
     with pytest.raises(UsageError, match="--decoder dali: transformers"):
         hardrank_embed(hardrank.ModelSpec(f"hf:{folder}", device="cpu"), tmp_path / "s", [], ["a"], decoder="dali")
     with pytest.raises(DataError, match="checkpoint .*nope does not exist"):

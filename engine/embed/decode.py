@@ -16,6 +16,7 @@ from open_clip.transform import (
 )
 from torchvision.transforms import CenterCrop, Normalize, Resize, ToTensor
 
+from hardrank.errors import UsageError
 from hardrank.items import ImageRef, decode_image, failure_reason
 from hardrank.models.hf_models import PROCESSOR_KEY, hf_image_processor
 
@@ -27,6 +28,11 @@ _PIL_STEPS = (Resize, CenterCrop, MaybeConvertMode, ResizeKeepRatio, CenterCropO
 
 def make_transform(preprocess_cfg: dict):
     """The model's own eval transform (resize mode, interpolation, crop, mean/std)."""
+    if is_processor_cfg(preprocess_cfg):
+        raise UsageError(f"a transformers model ({preprocess_cfg[PROCESSOR_KEY].get('image_processor_type')}) has no "
+                         f"open_clip transform: its own image processor preprocesses it (ProcessorDecoder); the "
+                         f"`hardrank bench` stages take open_clip models, benchmarks/bench_hf_models.py measures "
+                         f"transformers ones")
     cfg = dict(preprocess_cfg)
     if isinstance(cfg.get("size"), list):
         cfg["size"] = tuple(cfg["size"])
