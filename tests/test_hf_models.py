@@ -406,3 +406,22 @@ def test_a_variable_resolution_processor_is_refused(tmp_path):
     with pytest.raises(UsageError, match=r"its image processor \(Siglip2ImageProcessor\) gives images of varying size"
                                          r".* \(SigLIP 2 NaFlex\) are not supported"):
         hardrank.load_model(hardrank.ModelSpec(f"hf:{folder}", device="cpu"))
+
+
+def test_a_registered_family_decides_how_a_model_type_encodes(tmp_path, monkeypatch):
+    """A family (BLIP's retrieval model, say) plugs in by model_type: its class and encoders are the ones used."""
+    from hardrank.models import hf_models
+
+    folder = make_clip(tmp_path / "model")
+    images = photos(tmp_path / "img")[:2]
+    base, _ = reference(folder, images, ["a"])
+    calls = []
+
+    def image_features(model, pixels):
+        calls.append(type(model).__name__)
+        return -model.get_image_features(pixel_values=pixels).pooler_output
+
+    monkeypatch.setitem(hf_models.FAMILIES, "clip", hf_models.Family("CLIPModel", image_features=image_features))
+    img, _, m = hardrank_embed(hardrank.ModelSpec(f"hf:{folder}", device="cpu"), tmp_path / "s", images, ["a"])
+    _close(img, -base)
+    assert calls and set(calls) == {"CLIPModel"} and m.model.family.image_features is image_features
