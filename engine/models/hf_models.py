@@ -218,7 +218,8 @@ def _build(cls, folder: Path, config, spec: ModelSpec):
         config = own
     try:
         with _no_progress_bars():  # transformers draws a bar per load; hardrank's own progress says more
-            model = cls.from_pretrained(str(source), config=config, local_files_only=True, dtype=torch.float32) \
+            # in the file's dtype (transformers 5's default) and cast below: a widening cast is exact
+            model = cls.from_pretrained(str(source), config=config, local_files_only=True) \
                 if ckpt is None or ckpt.is_dir() else cls._from_config(config)
         if ckpt is not None and ckpt.is_file():
             model.load_state_dict(_state_dict(ckpt), strict=True)
