@@ -367,7 +367,8 @@ def _model_source(model) -> dict:
     return {"pretrained": i.get("pretrained"), "weights": i.get("weights"), "weights_format": i.get("weights_format"),
             "quick_gelu": i.get("quick_gelu"), "random_init": i.get("random_init"),
             "preprocess": model.preprocess_cfg, "warnings": i.get("warnings", []),
-            **({"hf": i["hf"]} if i.get("hf") else {})}  # Hugging Face tokenizer / text tower: names, hashes, folders
+            **({"hf": i["hf"]} if i.get("hf") else {}),  # Hugging Face tokenizer / text tower: names, hashes, folders
+            **({"transformers": i["transformers"]} if i.get("transformers") else {})}  # hf: models: class, folder
 
 
 def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _EmbeddingSource:

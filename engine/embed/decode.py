@@ -16,9 +16,11 @@ from open_clip.transform import (
 )
 from torchvision.transforms import CenterCrop, Normalize, Resize, ToTensor
 
+from hardrank.errors import UsageError
 from hardrank.items import ImageRef, decode_image, failure_reason
+from hardrank.models.hf_models import PROCESSOR_KEY, hf_image_processor
 
-__all__ = ["make_transform", "PillowDecoder", "image_size"]
+__all__ = ["make_transform", "PillowDecoder", "ProcessorDecoder", "is_processor_cfg", "image_size"]
 
 # transform steps that take and return a PIL image, run in the decode threads
 _PIL_STEPS = (Resize, CenterCrop, MaybeConvertMode, ResizeKeepRatio, CenterCropOrPad)
@@ -26,6 +28,11 @@ _PIL_STEPS = (Resize, CenterCrop, MaybeConvertMode, ResizeKeepRatio, CenterCropO
 
 def make_transform(preprocess_cfg: dict):
     """The model's own eval transform (resize mode, interpolation, crop, mean/std)."""
+    if is_processor_cfg(preprocess_cfg):
+        raise UsageError(f"a transformers model ({preprocess_cfg[PROCESSOR_KEY].get('image_processor_type')}) has no "
+                         f"open_clip transform: its own image processor preprocesses it (ProcessorDecoder); the "
+                         f"`hardrank bench` stages take open_clip models, benchmarks/bench_hf_models.py measures "
+                         f"transformers ones")
     cfg = dict(preprocess_cfg)
     if isinstance(cfg.get("size"), list):
         cfg["size"] = tuple(cfg["size"])
@@ -154,3 +161,66 @@ def image_size(preprocess_cfg: dict) -> tuple[int, int]:
     """(H, W) of the model's input images."""
     size = preprocess_cfg.get("size", 224)
     return (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
+
+
+class ProcessorDecoder:
+    """Stage: ``{"ref": [ImageRef]}`` -> ``{"pixels", "ok", "error"}`` as ``PillowDecoder`` gives them, for a
+    transformers model: its own image processor (``preprocess_cfg["hf_image_processor"]``, rebuilt here) on
+    ``Image.open``'s image, so the pixels are ``processor(images=[Image.open(p) ...])["pixel_values"]``
+    exactly: resize with its resample filter and size rule, its crop, rescale and normalise as it does them.
+
+    Each thread decodes its share of the batch and runs the processor on it (a processor groups images by
+    shape and runs each step per image: batching changes no value). An image the processor refuses is
+    found by running the share image by image, and recorded like an unreadable one."""
+
+    def __init__(self, preprocess_cfg: dict, threads: int = 2):
+        self.processor = hf_image_processor(preprocess_cfg)
+        self.size = image_size(preprocess_cfg)
+        self.threads = max(1, threads)
+        self.pool = ThreadPoolExecutor(self.threads)
+
+    def _pixels(self, images: list) -> torch.Tensor:
+        px = self.processor(images=images, return_tensors="pt")["pixel_values"]  # (n, 3, H, W) float32
+        if tuple(px.shape[-2:]) != self.size:
+            raise ValueError(f"the image processor gave {tuple(px.shape[-2:])} pixels, not {self.size}")
+        return px.float()
+
+    def _share(self, refs: list) -> list:
+        """(pixels (3, H, W) | None, error | None) per ref."""
+        out: list = [None] * len(refs)
+        images = {}
+        for i, ref in enumerate(refs):
+            try:
+                images[i] = decode_image(ref)
+            except Exception as exc:  # corrupt/truncated/missing: recorded, not fatal
+                out[i] = (None, failure_reason(exc))
+        if not images:
+            return out
+        try:
+            px = self._pixels(list(images.values()))
+            for j, i in enumerate(images):
+                out[i] = (px[j], None)
+        except Exception:  # one image the processor cannot take: find it, keep the others
+            for i, img in images.items():
+                try:
+                    out[i] = (self._pixels([img])[0], None)
+                except Exception as exc:
+                    out[i] = (None, failure_reason(exc))
+        return out
+
+    def __call__(self, batch: dict) -> dict:
+        refs = list(batch["ref"])
+        n = len(refs)
+        step = max(1, -(-n // self.threads))
+        out = [r for part in self.pool.map(self._share, [refs[s:s + step] for s in range(0, n, step)]) for r in part]
+        pixels = torch.zeros((n, 3, *self.size), dtype=torch.float32)  # (B, 3, H, W)
+        for i, (t, _) in enumerate(out):
+            if t is not None:
+                pixels[i] = t
+        return {**batch, "pixels": pixels, "ok": np.array([t is not None for t, _ in out], dtype=bool),
+                "error": [e for _, e in out]}
+
+
+def is_processor_cfg(preprocess_cfg: dict) -> bool:
+    """Whether ``preprocess_cfg`` is a transformers image processor's (``ProcessorDecoder``), not open_clip's."""
+    return PROCESSOR_KEY in preprocess_cfg

@@ -1,8 +1,9 @@
-"""The decode backends by name: Pillow (the reference), Pillow with JPEG draft decoding, DALI."""
+"""The decode backends by name: Pillow (the reference), Pillow with JPEG draft decoding, DALI; a transformers
+model's own image processor."""
 from __future__ import annotations
 
 from hardrank.config import DECODERS
-from hardrank.embed.decode import PillowDecoder
+from hardrank.embed.decode import PillowDecoder, ProcessorDecoder, is_processor_cfg
 from hardrank.errors import MissingExtra, UsageError
 
 __all__ = ["make_decoder"]
@@ -13,6 +14,11 @@ def make_decoder(preprocess_cfg: dict, decoder: str = "pillow", *, threads: int 
     DALI (GPU when present, else its CPU-only mode). Build it inside the worker that runs it."""
     if decoder not in DECODERS:
         raise UsageError(f"decoder must be one of {list(DECODERS)}, got {decoder!r}")
+    if is_processor_cfg(preprocess_cfg):
+        if decoder != "pillow":  # its own processor is the transform: no DALI or draft twin of it
+            raise UsageError(f"--decoder {decoder}: transformers (hf:) models are preprocessed by their own image "
+                             f"processor on Pillow-decoded images; use --decoder pillow (the default)")
+        return ProcessorDecoder(preprocess_cfg, threads=threads)
     if decoder == "pillow-draft":
         return PillowDecoder(preprocess_cfg, threads=threads, draft=True)
     if decoder == "dali":

@@ -20,11 +20,13 @@ import numpy as np
 
 from hardrank import urls
 from hardrank.config import DECODERS, EmbedOptions
+from hardrank.embed.decode import is_processor_cfg
 from hardrank.embed.job import EmbedJob, EmbedSink, EmbedStats, check_failures
 from hardrank.errors import UsageError
 from hardrank.executors import LocalRunner, executor
 from hardrank.items import ItemTable, Tables
-from hardrank.models.openclip import LoadedModel, ModelSpec, load_model
+from hardrank.models.load import load_model
+from hardrank.models.openclip import LoadedModel, ModelSpec
 from hardrank.models.runs import user_specs
 from hardrank.store.embedding_store import EmbeddingStore, is_store_folder
 from hardrank.store.idkeys import IdIndex, table_keys
@@ -69,6 +71,9 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
         raise UsageError(f"decoder must be one of {list(DECODERS)}, got {decoder!r}")
     if len({json.dumps(m.preprocess_cfg, sort_keys=True) for m in models}) > 1:
         raise UsageError("models in one embed pass must share preprocessing; group checkpoints by architecture")
+    if decoder != "pillow" and any(is_processor_cfg(m.preprocess_cfg) for m in models):
+        raise UsageError(f"--decoder {decoder}: transformers (hf:) models are preprocessed by their own image "
+                         f"processor on Pillow-decoded images; use --decoder pillow (the default)")
     stats: dict[str, EmbedStats] = {}
     keys_of: dict[str, list[str]] = {}
     for modality in ("image", "text"):

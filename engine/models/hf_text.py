@@ -25,7 +25,7 @@ from open_clip.tokenizer import DEFAULT_CONTEXT_LENGTH, HFTokenizer
 
 from hardrank.errors import DataError, MissingExtra
 
-__all__ = ["HFText", "hf_text"]
+__all__ = ["HFText", "hf_text", "snapshot"]
 
 # any one of these marks a folder that holds a tokenizer
 _TOKENIZER_MARKS = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
@@ -67,9 +67,11 @@ def _holds_tokenizer(folder: Path) -> bool:
     return any((folder / n).is_file() for n in _TOKENIZER_MARKS)
 
 
-def _snapshot(name: str, what: str, needs, kind: str) -> Path:
+def snapshot(name: str, what: str, needs, kind: str, fetch: str | None = None) -> Path:
     """The folder ``name`` names: a local folder, else its snapshot in the local Hugging Face cache,
-    which must hold what ``needs`` accepts (``kind`` says what that is in the error)."""
+    which must hold what ``needs`` accepts (``kind`` says what that is in the error; ``fetch`` the
+    command that fetches it, by default the repo's small files)."""
+    fetch = fetch or f"hf download {name} {_FETCH}"
     if Path(name).is_dir():
         folder = Path(name)
     else:
@@ -78,10 +80,10 @@ def _snapshot(name: str, what: str, needs, kind: str) -> Path:
         except Exception as exc:  # not cached (LocalEntryNotFoundError), or not a repo id at all
             raise DataError(f"{what}: {name} is not in the local Hugging Face cache ({hf_constants.HF_HUB_CACHE}; "
                             f"{type(exc).__name__}); hardrank never downloads. Fetch its {kind} once with "
-                            f"`hf download {name} {_FETCH}` (huggingface_hub's CLI)") from exc
+                            f"`{fetch}` (huggingface_hub's CLI)") from exc
     if not needs(folder):
         raise DataError(f"{what}: {folder} holds no {kind} of {name}; fetch them once with "
-                        f"`hf download {name} {_FETCH}` (huggingface_hub's CLI)")
+                        f"`{fetch}` (huggingface_hub's CLI)")
     return folder
 
 
@@ -96,7 +98,7 @@ def _files_hash(folder: Path, globs) -> str:
 def _tokenizer(text: dict, own: Path | None, context_length: int | None, what: str) -> tuple[HFTokenizer, Path]:
     name = text["hf_tokenizer_name"]
     source = own if own is not None and _holds_tokenizer(own) else \
-        _snapshot(name, what, _holds_tokenizer, "tokenizer files")
+        snapshot(name, what, _holds_tokenizer, "tokenizer files")
     if not (source / "tokenizer.json").is_file() and any(source.glob("*.model")):
         _require_sentencepiece(f"{what} (tokenizer {name}: {source} holds a SentencePiece model, no tokenizer.json)")
     # as open_clip.get_tokenizer builds it: context length = argument > text_cfg > default; its kwargs
@@ -133,7 +135,7 @@ def hf_text(model_cfg: dict, name: str, own: Path | None, context_length: int | 
                           f"{what} (its Hugging Face tokenizer {tok_name})")
     out = HFText()
     if tower:
-        folder = _snapshot(tower, what, lambda f: (f / "config.json").is_file(), "config.json")
+        folder = snapshot(tower, what, lambda f: (f / "config.json").is_file(), "config.json")
         # the tower from its config alone: the CLIP checkpoint brings its weights
         out.text_cfg = {**text, "hf_model_name": str(folder), "hf_model_pretrained": False}
         if context_length:

@@ -149,8 +149,9 @@ def resolve_arch(arch: str) -> str:
         open_clip.add_model_config(path)
         return path.stem
     if arch not in open_clip.list_models():
-        raise UsageError(f"unknown model {arch!r}: not an open_clip model name, a config .json, 'hf-hub:ORG/NAME' or "
-                         f"'local-dir:<folder>'. Known names include {open_clip.list_models()[:5]}...")
+        raise UsageError(f"unknown model {arch!r}: not an open_clip model name, a config .json, 'hf-hub:ORG/NAME', "
+                         f"'local-dir:<folder>' or a transformers model 'hf:<folder or ORG/NAME>'. Known names "
+                         f"include {open_clip.list_models()[:5]}...")
     return arch
 
 
@@ -296,8 +297,10 @@ def _source(spec: ModelSpec, name: str) -> _WeightsSource:
                 raise DataError(f"{spec.arch}: no such folder")
         cfg_file = folder / "open_clip_config.json"
         if not cfg_file.is_file():
+            hint = (f"; {folder} holds a config.json: a transformers model is --model hf:{folder}"
+                    if (folder / "config.json").is_file() else "")
             raise DataError(f"{spec.arch}: {cfg_file} is missing; a hub snapshot or local-dir folder needs the "
-                            f"open_clip_config.json (model_cfg + preprocess_cfg) that open_clip writes")
+                            f"open_clip_config.json (model_cfg + preprocess_cfg) that open_clip writes{hint}")
         try:
             full = json.loads(cfg_file.read_text(encoding="utf-8"))
         except ValueError as exc:  # not JSON, or not UTF-8

@@ -22,7 +22,8 @@ from hardrank.config import EvalConfig
 from hardrank.errors import DataError, UsageError
 from hardrank.models.openclip import ModelSpec, resolve_arch
 
-__all__ = ["read_params", "run_checkpoints", "run_spec", "model_specs", "user_specs", "checkpoint_complete"]
+__all__ = ["read_params", "run_checkpoints", "run_spec", "model_specs", "user_specs", "folder_arch",
+           "checkpoint_complete"]
 
 _EPOCH = re.compile(r"^epoch_(\d+)\.(pt|pth|safetensors)$")
 # params.txt name -> the preprocessing key it overrides
@@ -112,8 +113,26 @@ def user_specs(model: str, checkpoints: Sequence[str | None] = (None,), *, preci
     """The specs the user's options name, one per checkpoint of ``model`` (``None``: the tag's or the
     folder's weights, or random ones with ``random_init``): every command that loads a model from its
     --model/--checkpoint/--pretrained/--random-init/--precision/--device flags builds its specs here."""
-    return [ModelSpec(model, c, precision, device, pretrained=pretrained, random_init=random_init)
+    arch = folder_arch(model)
+    return [ModelSpec(arch, c, precision, device, pretrained=pretrained, random_init=random_init)
             for c in checkpoints or (None,)]
+
+
+def folder_arch(model: str) -> str:
+    """``--model FOLDER`` spelled by what the folder holds: ``local-dir:`` for an open_clip folder
+    (open_clip_config.json), ``hf:`` for a transformers one (config.json); other spellings unchanged."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return model
+    if (folder / "open_clip_config.json").is_file():
+        return f"local-dir:{model}"
+    if (folder / "config.json").is_file():
+        return f"hf:{model}"
+    raise DataError(f"--model {model}: the folder is neither an open_clip model (open_clip_config.json + weights, "
+                    f"as open_clip's push_to_hf_hub saves one: --model local-dir:FOLDER) nor a transformers model "
+                    f"(config.json + weights + preprocessor_config.json + tokenizer files, as save_pretrained writes "
+                    f"them: --model hf:FOLDER); pass such a folder, or an open_clip model name or config .json with "
+                    f"--checkpoint FILE")
 
 
 def model_specs(cfg: EvalConfig) -> list[ModelSpec]:

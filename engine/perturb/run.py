@@ -9,7 +9,7 @@ from hardrank.atomic import copy_into
 from hardrank.config import PRECISIONS, build, check_options, opt
 from hardrank.errors import UsageError
 from hardrank.inputs import is_sample_source, parse_captions, read_samples, sample_captions
-from hardrank.models.openclip import load_model
+from hardrank.models.load import load_model
 from hardrank.models.runs import user_specs
 from hardrank.perturb.images import METHODS, alter_images, variant_name
 from hardrank.perturb.shards import alter_shards, perturb_shard_texts
@@ -24,8 +24,8 @@ class PerturbTextsConfig:
     """RoCOCO-style caption variants: each caption's lowest-embedding-influence noun replaced, one
     ``<kind>.json`` per kind (RoCOCO format), or text-only variant shards for tar shard inputs."""
 
-    model: str = opt("", "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder>; its text "
-                     "encoder ranks the words")
+    model: str = opt("", "open_clip model name, config .json, hf-hub:ORG/NAME, local-dir:<folder> or "
+                     "hf:<folder or ORG/NAME> (transformers); its text encoder ranks the words")
     checkpoint: str | None = opt(None, "weights file", path=True)
     pretrained: str | None = opt(None, "open_clip pretrained tag (its weights from the local cache when no "
                                  "--checkpoint is given)")

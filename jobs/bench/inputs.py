@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw
 from safetensors.torch import save_file
 
 from hardrank.atomic import atomic_path, write_text_atomic
-from hardrank.models.openclip import load_model
+from hardrank.models.load import load_model
 from hardrank.models.runs import user_specs
 
 __all__ = ["coco_like_jpegs", "CONFIGS", "small_checkpoints", "images_and_models"]

@@ -10,7 +10,7 @@ from hardrank.items import Tables, decode_image
 from hardrank.jobs.bench.options import PipelineBenchConfig
 from hardrank.jobs.bench.timing import Clock
 from hardrank.kernels.reference import naive_rank
-from hardrank.models.openclip import load_model
+from hardrank.models.load import load_model
 from hardrank.models.runs import user_specs
 from hardrank.scoring.metrics import choice_metrics
 from hardrank.suites import load_suites
