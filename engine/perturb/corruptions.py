@@ -384,8 +384,8 @@ def frost_textures(frost_dir: str | Path | None = None) -> list[Path]:
     if frost_dir is None:
         spec = importlib.util.find_spec("imagecorruptions")
         if spec is None or not spec.submodule_search_locations:
-            raise MissingExtra("the frost corruption (ImageNet-C's frost photographs, unless --frost-dir names a folder "
-                               "of them)", "corrupt", "imagecorruptions")
+            raise MissingExtra("the frost corruption (ImageNet-C's frost photographs, unless --frost-dir names a "
+                               "folder of them)", "corrupt", "imagecorruptions")
         frost_dir = Path(list(spec.submodule_search_locations)[0]) / "frost"
     paths = [Path(frost_dir) / f for f in FROST_FILES]
     missing = [p for p in paths if not p.is_file()]
