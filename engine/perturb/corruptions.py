@@ -20,8 +20,8 @@ from hardrank.atomic import atomic_path
 from hardrank.errors import DataError, MissingExtra, UsageError
 from hardrank.perturb.images import check_relative
 
-__all__ = ["CORRUPTIONS", "SEVERITIES", "corrupt", "corrupt_images", "encode_like", "frost_textures",
-           "parse_corruptions", "variant_name", "walk_images"]
+__all__ = ["CORRUPTIONS", "SEVERITIES", "IMAGE_SUFFIXES", "JPEG_QUALITY", "corrupt", "corrupt_images", "encode_like",
+           "frost_textures", "image_rng", "parse_corruptions", "variant_name", "walk_images"]
 
 # Parameters and arithmetic follow `imagecorruptions` 1.1.2 (bethgelab; the ImageNet-C code made to take any image
 # size, motion blur without ImageMagick), which no longer runs on numpy 2 / scikit-image >= 0.19 (fog, glass_blur)
@@ -322,8 +322,7 @@ def _frost(x, s, rs, frost_dir):
 def _fog(x, s, rs, _):
     c = [(1.5, 2), (2., 2), (2.5, 1.7), (2.5, 1.5), (3., 1.4)][s - 1]
     h, w = x.shape[:2]
-    side = max(h, w, 3)
-    mapsize = 1 if side == 0 else 2 ** (side - 1).bit_length()
+    mapsize = 2 ** (max(h, w) - 1).bit_length()  # the next power of two: the plasma map covers the image
     x = x / 255.
     top = x.max()
     x = x + c[0] * _plasma(mapsize, c[1], rs)[:h, :w][..., None]
