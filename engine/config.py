@@ -335,7 +335,9 @@ class SuiteOptions:
                              "tar shards ('dir/{00000..00099}.tar'), an img2dataset folder or .parquet files",
                              path=True)
     annotations: str | None = opt(None, "Karpathy/RoCOCO annotation file or folder", path=True)
-    image_variants: tuple[str, ...] = opt((), "RoCOCO altered galleries, e.g. mix_0.9 patch_0.9")
+    image_variants: tuple[str, ...] = opt((), "image variant folders <images>/<variant>_s<seed>: RoCOCO's altered "
+                                          "galleries (mix_0.9 patch_0.9) and ImageNet-C corruptions "
+                                          "(gaussian_noise_3 ...: also queries, task i2t@<variant>_s<seed>)")
     seeds: tuple[int, ...] = opt((1,), "seeds of the image variants (results averaged over them)")
     text_variants: tuple[str, ...] | None = opt(None, "RoCOCO caption files to use (default: all present)")
     tie_rule: str = opt("index", "ranking tie rule: index (an equal score beats the positive iff it comes "

@@ -14,19 +14,23 @@ __all__ = ["add_perturb_parser", "run_perturb"]
 
 def add_perturb_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``perturb texts`` and ``perturb images`` to the ``hardrank`` sub-commands."""
-    p = subparsers.add_parser("perturb", help="make RoCOCO-style perturbed captions or altered images",
+    p = subparsers.add_parser("perturb", help="make RoCOCO-style perturbed captions or altered images, or "
+                              "ImageNet-C corrupted images",
                               formatter_class=Formatter,
                               epilog="examples:\n"
                                      "  hardrank perturb texts --model ViT-B-32 --pretrained openai "
                                      "--annotations flickr_test.json --out data/roflickr\n"
                                      "  hardrank perturb images --method mix --lam 0.9 --seed 1 --images /data/coco "
-                                     "--annotations coco_karpathy_test.json --out /data/coco")
+                                     "--annotations coco_karpathy_test.json --out /data/coco\n"
+                                     "  hardrank perturb images --method corrupt:all --severity 1 2 3 4 5 --seed 0 "
+                                     "--images /data/imagenet/val --out /data/imagenet/val")
     p.set_defaults(func=run_perturb)
     sub = p.add_subparsers(dest="perturb_command", required=True)
     t = sub.add_parser("texts", help="replace the lowest-embedding-influence noun of every caption "
                        "(one <kind>.json per kind, RoCOCO format)", formatter_class=Formatter)
     add_options(t, PerturbTextsConfig, required=("model", "annotations", "out"))
-    i = sub.add_parser("images", help="mix or CutMix every image with another (RoCOCO mix_images)",
+    i = sub.add_parser("images", help="mix or CutMix every image with another (RoCOCO mix_images), or corrupt it "
+                       "(ImageNet-C's 15 common corruptions, severities 1..5)",
                        formatter_class=Formatter)
     add_options(i, PerturbImagesConfig, required=("method", "images", "out"))
     return p

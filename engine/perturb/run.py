@@ -7,12 +7,21 @@ from pathlib import Path
 
 from hardrank.atomic import copy_into
 from hardrank.config import PRECISIONS, build, check_options, opt
-from hardrank.errors import UsageError
+from hardrank.errors import DataError, UsageError
 from hardrank.inputs import is_sample_source, parse_captions, read_samples, sample_captions
 from hardrank.models.load import load_model
 from hardrank.models.runs import user_specs
+from hardrank.perturb.corruptions import (
+    CORRUPTIONS,
+    IMAGE_SUFFIXES,
+    JPEG_QUALITY,
+    SEVERITIES,
+    corrupt_images,
+    parse_corruptions,
+    walk_images,
+)
 from hardrank.perturb.images import METHODS, alter_images, variant_name
-from hardrank.perturb.shards import alter_shards, perturb_shard_texts
+from hardrank.perturb.shards import alter_shards, corrupt_shards, perturb_shard_texts
 from hardrank.perturb.texts import KINDS, embedding_influence, load_vocab, write_variant_file
 from hardrank.suites.karpathy import N_PERTURBED, merge_repeated_images, read_karpathy
 
@@ -55,30 +64,53 @@ class PerturbTextsConfig:
 
 @dataclass(frozen=True)
 class PerturbImagesConfig:
-    """RoCOCO's altered galleries: every image mixed (or CutMix-patched) with another, written where
-    ``eval --image-variants <method>_<lam> --seeds <seed>`` finds it."""
+    """RoCOCO's altered galleries (every image mixed or CutMix-patched with another) or ImageNet-C's common
+    corruptions, written where ``eval --image-variants <variant> --seeds <seed>`` finds them."""
 
     method: str | None = opt(None, "mix: the image blended with its partner; patch: a box of the partner pasted "
-                             "in (CutMix)", choices=METHODS)
-    lam: float = opt(0.9, "weight of the original image")
-    seed: int = opt(1, "seed of the partners and patch boxes; the folder's _s<seed> suffix")
-    quality: int = opt(75, "JPEG quality of the altered images (75 = PIL default, as the reference)")
+                             "in (CutMix); corrupt:<name>[,<name>...] or corrupt:all: ImageNet-C corruptions ("
+                             + ", ".join(CORRUPTIONS) + ")")
+    lam: float = opt(0.9, "mix/patch: weight of the original image")
+    severity: tuple[int, ...] = opt(SEVERITIES, "corrupt: the severities to write (1..5, ImageNet-C's levels); "
+                                    "one folder per corruption and severity", choices=SEVERITIES)
+    seed: int = opt(1, "seed of the partners and patch boxes, or of the corruptions' noise; the folder's "
+                    "_s<seed> suffix")
+    quality: int | None = opt(None, "JPEG quality of the written images (default: 75 for mix/patch, PIL's default "
+                              "as RoCOCO; 85 for corrupt, as ImageNet-C); corrupt keeps a PNG input PNG")
+    frost_dir: str | None = opt(None, "corrupt:frost: folder of ImageNet-C's frost1.png..frost6.jpg (default: the "
+                                "ones the imagecorruptions package ships: pip install 'hardrank[corrupt]')",
+                                path=True)
     images: str = opt("", "image root the annotation paths are relative to, or tar shards ('dir/{00000..00009}.tar', "
-                      "local or a URL: altered shards go to <out>/<method>_<lam>_s<seed>/)", path=True)
-    annotations: str | None = opt(None, "Karpathy-format JSON naming the images (not for shards)", path=True)
-    out: str = opt("", "altered images go to <out>/<method>_<lam>_s<seed>/<image path> (shards: "
-                   "<out>/<method>_<lam>_s<seed>/<shard>); use the image root of `hardrank eval --images` (the "
-                   "shards' folder) so `--image-variants` finds them", path=True)
+                      "local or a URL: altered shards go to <out>/<variant>_s<seed>/)", path=True)
+    annotations: str | None = opt(None, "Karpathy-format JSON naming the images (not for shards); corrupt without "
+                                  "it: every image file under --images (an ImageFolder tree)", path=True)
+    out: str = opt("", "altered images go to <out>/<variant>_s<seed>/<image path> (shards: "
+                   "<out>/<variant>_s<seed>/<shard>), <variant> = <method>_<lam> or <corruption>_<severity>; use "
+                   "the image root of `hardrank eval --images` (the shards' folder) so `--image-variants` finds them",
+                   path=True)
 
     def __post_init__(self):
+        object.__setattr__(self, "severity", tuple(dict.fromkeys(self.severity)))
         check_options(self)
         for name in ("method", "images", "out"):
             if not getattr(self, name):
                 raise UsageError(f"option {name} (--{name}) is required")
+        if self.method not in METHODS:
+            if not self.method.startswith("corrupt:"):
+                raise UsageError(f"option method (--method) must be one of {list(METHODS)} or corrupt:<name> / "
+                                 f"corrupt:all, got {self.method!r}")
+            parse_corruptions(self.method)
+            if not self.severity:
+                raise UsageError("option severity (--severity) is empty; name at least one of 1..5")
         if not 0.0 <= self.lam <= 1.0:
             raise UsageError(f"option lam (--lam) must be in [0, 1] (the weight of the original image), got {self.lam}")
-        if not 1 <= self.quality <= 100:
+        if self.quality is not None and not 1 <= self.quality <= 100:
             raise UsageError(f"option quality (--quality) must be in [1, 100], got {self.quality}")
+
+    @property
+    def corruptions(self) -> tuple[str, ...]:
+        """The corruption names of a corrupt:... method; () for mix/patch."""
+        return () if self.method in METHODS else parse_corruptions(self.method)
 
 
 def _echo(echo):
@@ -158,9 +190,12 @@ def perturb_images(cfg: PerturbImagesConfig | None = None, *, echo=None, **optio
     written, skipped, self_pairs, where); ``echo`` gets the `eval` flags that read them."""
     cfg = _config(PerturbImagesConfig, cfg, options)
     say = _echo(echo)
+    if cfg.corruptions:
+        return _corrupt(cfg, say)
+    quality = 75 if cfg.quality is None else cfg.quality
     if is_sample_source(cfg.images):
         report = alter_shards(cfg.images, cfg.out, method=cfg.method, lam=cfg.lam, seed=cfg.seed,
-                              quality=cfg.quality)
+                              quality=quality)
         say(f"{report['images']} images in {len(report['shards'])} shard(s), {report['self_pairs']} mixed with "
             f"themselves; evaluate with --suite wds --images '{cfg.images}' --image-variants "
             f"{cfg.method}_{cfg.lam:g} --seeds {cfg.seed}")
@@ -174,9 +209,40 @@ def perturb_images(cfg: PerturbImagesConfig | None = None, *, echo=None, **optio
     # one altered copy per image, in the order the suites list them (an image listed twice is one image)
     paths = [im for im, _ in merge_repeated_images(cfg.annotations, read_karpathy(cfg.annotations))[0]]
     report = alter_images(images_root, paths, Path(cfg.out), method=cfg.method, lam=cfg.lam, seed=cfg.seed,
-                          quality=cfg.quality)
+                          quality=quality)
     say(f"{variant_name(cfg.method, cfg.lam, cfg.seed)}: {report.get('self_pairs')} images were mixed with "
         f"themselves (RoCOCO keeps these); evaluate with --image-variants {cfg.method}_{cfg.lam:g} --seeds {cfg.seed}")
+    return report
+
+
+def _corrupt(cfg: PerturbImagesConfig, say) -> dict:
+    """perturb images --method corrupt:...: one folder (or shard set) per corruption and severity."""
+    quality = JPEG_QUALITY if cfg.quality is None else cfg.quality
+    names = [f"{c}_{s}" for c in cfg.corruptions for s in cfg.severity]
+    t0 = time.perf_counter()
+    if is_sample_source(cfg.images):
+        report = corrupt_shards(cfg.images, cfg.out, corruptions=cfg.corruptions, severities=cfg.severity,
+                                seed=cfg.seed, quality=quality, frost_dir=cfg.frost_dir)
+        where = f"--suite wds --images '{cfg.images}'"
+    else:
+        images_root = Path(cfg.images)
+        if not images_root.is_dir():
+            raise FileNotFoundError(f"--images {images_root} is not a folder")
+        if cfg.annotations:
+            paths = [im for im, _ in merge_repeated_images(cfg.annotations, read_karpathy(cfg.annotations))[0]]
+        else:
+            paths = walk_images(images_root)
+            if not paths:
+                raise DataError(f"--images {images_root} holds no image files ({', '.join(IMAGE_SUFFIXES)}); "
+                                f"point it at the image root, or name the images with --annotations")
+        report = corrupt_images(images_root, paths, Path(cfg.out), corruptions=cfg.corruptions,
+                                severities=cfg.severity, seed=cfg.seed, quality=quality, frost_dir=cfg.frost_dir)
+        where = f"--images {cfg.images}"
+    dt = time.perf_counter() - t0
+    report["seconds"] = round(dt, 3)
+    say(f"{report['written']} corrupted images written, {report['skipped']} kept, {len(names)} variant(s) of "
+        f"{report['images']} images in {dt:.1f} s ({report['written'] / max(dt, 1e-9):.1f} images/s); evaluate with "
+        f"{where} --image-variants {' '.join(names)} --seeds {cfg.seed}")
     return report
 
 

@@ -4,6 +4,8 @@ Layout, as for folders (``<images>/<variant>/<path>``): the shards ``DIR/00000.t
 
 - ``DIR/<method>_<lam>_s<seed>/00000.tar ...``: every sample's image mixed or patched (the reference plan:
   the samples in shard order are the annotation order), its text members copied, same keys;
+- ``DIR/<corruption>_<severity>_s<seed>/00000.tar ...``: every sample's image corrupted (ImageNet-C), encoded
+  as its member was (``.jpg`` JPEG, ``.png`` PNG), its text members copied, same keys;
 - ``DIR/<kind>/00000.tar ...``: text-only samples, same keys, whose captions are the originals followed by
   one perturbed caption for each of the first five (RoCOCO's variant-file layout), as ``.txt`` lines and
   under the ``.json`` key the captions were read from.
@@ -33,12 +35,14 @@ from hardrank.inputs.webdataset import (
     sample_captions,
     write_shard,
 )
+from hardrank.perturb.corruptions import JPEG_QUALITY, corrupt, encode_like, frost_textures, image_rng
+from hardrank.perturb.corruptions import variant_name as corruption_variant
 from hardrank.perturb.images import _altered_batches, _check_args, _plan, variant_name
 from hardrank.perturb.texts import _check_kind, _perturb
 from hardrank.suites.karpathy import N_PERTURBED
 from hardrank.text import pre_caption
 
-__all__ = ["alter_shards", "perturb_shard_texts", "variant_shards"]
+__all__ = ["alter_shards", "corrupt_shards", "perturb_shard_texts", "variant_shards"]
 
 
 def variant_shards(ss: SampleSet, folder: str, variant: str) -> list[str]:
@@ -111,6 +115,54 @@ def alter_shards(spec: str, out: str | None, *, method: str, lam: float = 0.9, s
     self_pairs = sum(int(p == j) for b in plan for j, p in enumerate(b.perm))
     return {"method": method, "lam": float(lam), "seed": seed, "images": len(samples), "self_pairs": self_pairs,
             "written": written, "skipped": len(samples) - written, "shards": targets}
+
+
+def corrupt_shards(spec: str, out: str | None, *, corruptions, severities, seed: int = 0,
+                   quality: int = JPEG_QUALITY, frost_dir=None) -> dict:
+    """Write ImageNet-C corrupted copies of the images of tar shards as shards, one shard set per corruption and
+    severity (see the module docstring). Each shard's images are read once for all its missing variants."""
+    corruptions, severities = tuple(corruptions), tuple(severities)
+    names = [(c, s, corruption_variant(c, s, seed)) for c in corruptions for s in severities]
+    if not names:
+        raise UsageError("name at least one corruption and one severity")
+    if "frost" in corruptions:
+        frost_textures(frost_dir)  # a missing extra fails before any work
+    ss = read_samples(spec, hash_images=False)
+    if ss.layout != "webdataset":
+        raise UsageError(f"{spec}: perturb images writes tar shards back for tar shard inputs; for a folder of "
+                         f"images use --images FOLDER")
+    samples = [s for s in ss.samples if s.image is not None]
+    targets = {v: variant_shards(ss, out or "", v) for _, _, v in names}
+    written = 0
+    for si, group in enumerate(_by_shard(ss)):
+        todo = [(c, sev, v) for c, sev, v in names if not urls.exists(targets[v][si])]
+        if not todo:
+            continue
+        data = urls.read_many([samples[i].image for i in group])
+        images = []
+        for i, b in zip(group, data):
+            if isinstance(b, Exception):
+                raise DataError(f"cannot read {samples[i].id}: {b}") from b
+            try:
+                with Image.open(io.BytesIO(b)) as im:
+                    images.append(np.asarray(im.convert("RGB"), dtype=np.uint8).copy())
+            except (OSError, SyntaxError, ValueError) as e:
+                raise DataError(f"cannot decode image {samples[i].id}: {e} (the sample is corrupt; re-write the "
+                                f"shard without it)") from e
+        for c, sev, v in todo:
+            rows = []
+            for i, x in zip(group, images):
+                member = urls.parse_member_uri(samples[i].image)[3]
+                ext = member[len(samples[i].key) + 1:] if member.startswith(samples[i].key + ".") else "jpg"
+                y = corrupt(x, c, sev, image_rng(seed, c, sev, samples[i].key), frost_dir)
+                rows.append((samples[i].key, {ext: encode_like(y, ext.rsplit(".", 1)[-1], quality),
+                                              **_texts(samples[i])}))
+            write_shard(targets[v][si], rows)
+            written += len(rows)
+    total = len(samples) * len(names)
+    return {"method": "corrupt", "corruptions": list(corruptions), "severities": list(severities), "seed": seed,
+            "images": len(samples), "variants": [v for _, _, v in names], "written": written,
+            "skipped": total - written, "shards": [t for _, _, v in names for t in targets[v]]}
 
 
 def _texts(sample) -> dict[str, bytes]:

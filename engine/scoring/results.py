@@ -107,6 +107,9 @@ def summary_row(result: dict) -> dict[str, float]:
         for d in ("i2t", "t2i"):
             if d in m.get("original", {}):
                 row[f"{d} R@1"] = m["original"][d]["R@1"]
+        for d, vm in m.get("original", {}).items():  # i2t@<variant>: the variant's images as the queries
+            if d.startswith("i2t@") and isinstance(vm, dict) and "R@1" in vm:
+                row[f"{d} R@1"] = vm["R@1"]
         for view, dirs in m.items():
             if view == "original":
                 continue

@@ -10,7 +10,36 @@ from hardrank.errors import DataError, UsageError
 from hardrank.text import caption_normaliser
 
 __all__ = ["SuiteOptions", "read_json", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS",
-           "caption_protocol"]
+           "caption_protocol", "IMAGE_CORRUPTIONS", "is_corruption_variant", "variant_hint"]
+
+# The ImageNet-C corruptions `hardrank perturb images --method corrupt:...` writes as <name>_<severity>_s<seed>
+# (hardrank.perturb.corruptions.CORRUPTIONS, which a test pins equal: suites cannot import perturb, which imports
+# them). Such a variant is both a gallery distractor and a query: its own i2t task against the clean captions.
+IMAGE_CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
+                     "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
+                     "jpeg_compression")
+
+
+def _corruption_of(variant: str) -> str | None:
+    """The corruption of ``<corruption>_<severity>[_s<seed>]``, else None."""
+    base = variant.rsplit("_s", 1)[0] if variant.rsplit("_s", 1)[-1].isdigit() else variant
+    name, _, sev = base.rpartition("_")
+    return name if name in IMAGE_CORRUPTIONS and sev in ("1", "2", "3", "4", "5") else None
+
+
+def is_corruption_variant(variant: str) -> bool:
+    """``gaussian_noise_3_s0`` (or ``gaussian_noise_3``) is an ImageNet-C variant; ``mix_0.9_s1`` is not."""
+    return _corruption_of(variant) is not None
+
+
+def variant_hint(variant: str) -> str:
+    """The command that writes an image variant folder ``variant`` (``<name>_s<seed>``)."""
+    base, _, seed = variant.rpartition("_s")
+    c = _corruption_of(variant)
+    if c is not None:
+        return f"hardrank perturb images --method corrupt:{c} --severity {base.rpartition('_')[2]} --seed {seed} ..."
+    method, _, lam = base.partition("_")
+    return f"hardrank perturb images --method {method} --lam {lam} --seed {seed} ..."
 
 
 class SuiteFormatError(DataError):

@@ -13,8 +13,10 @@ from hardrank.suites._common import (
     SuiteOptions,
     caption_protocol,
     find_annotation,
+    is_corruption_variant,
     read_json,
     require_keys,
+    variant_hint,
 )
 from hardrank.tasks import RankingTask, Suite
 from hardrank.text import pre_caption
@@ -115,11 +117,15 @@ def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[
                     image_variants: list[str] = (), normalise=pre_caption,
                     refs: list[ImageRef] | None = None, image_keys: list[str | None] | None = None,
                     variant_refs: dict[str, list[tuple[ImageRef, str | None]]] | None = None,
-                    ) -> tuple[RankingTask, RankingTask]:
+                    query_variants: list[str] = (),
+                    ) -> list[RankingTask]:
     """i2t and t2i ranking tasks. Gallery groups: ``original`` then one per variant; views:
     ``original`` and ``original + variant``. Ground truth = originals only: every perturbed caption
     or altered image is a distractor. Images are ``images_root/<path>`` (a folder or a URL), or
-    ``refs`` (one per entry of ``clean``; ``image_keys``: their content keys when already known)."""
+    ``refs`` (one per entry of ``clean``; ``image_keys``: their content keys when already known).
+    Each of ``query_variants`` (among ``image_variants``) also replaces the query images: a task
+    ``i2t@<variant>`` whose queries are that variant's images, against the original captions (the
+    same image rows as its gallery group: embedded once, in the same pass)."""
     text_variants = text_variants or {}
     # -- i2t: images -> captions
     image_ids = [im for im, _ in clean]
@@ -161,6 +167,15 @@ def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[
             gal_rows.append(tables.images.add_many((ImageRef(urls.join(images_root, v, im)) for im in image_ids),
                                                    v_ids))
         gal_ids.extend(v_ids)
+    unknown = [v for v in query_variants if v not in image_variants]
+    if unknown:
+        raise ValueError(f"query variants {unknown} are not among the image variants {list(image_variants)}")
+    query_tasks = [RankingTask(
+        name=f"i2t@{v}", query_modality="image", query_items=gal_rows[1 + list(image_variants).index(v)],
+        query_ids=[f"{v}/{im}" for im in image_ids],
+        groups=["original"], group_bounds=np.array(bounds[:2], dtype=np.int64),
+        gallery_items=i2t.gallery_items[:bounds[1]], gallery_ids=text_ids[:bounds[1]],
+        pos_ptr=i2t.pos_ptr, pos_idx=i2t.pos_idx, views={"original": ["original"]}) for v in query_variants]
     n_img = len(clean)
     t2i = RankingTask(
         name="t2i", query_modality="text", query_items=caption_rows, query_ids=text_ids[:n_orig],
@@ -169,23 +184,45 @@ def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[
         gallery_items=np.concatenate(gal_rows), gallery_ids=gal_ids,
         pos_ptr=np.arange(n_orig + 1, dtype=np.int64), pos_idx=owner.astype(np.int64),
         views={"original": ["original"], **{v: ["original", v] for v in image_variants}})
-    i2t.validate()
-    t2i.validate()
-    return i2t, t2i
+    for t in (i2t, t2i, *query_tasks):
+        t.validate()
+    return [i2t, t2i, *query_tasks]
 
 
 def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") -> Suite:
-    """Plain Karpathy retrieval (COCO 5k, Flickr30k 1k, ...): the clean protocol alone."""
+    """Plain Karpathy retrieval (COCO 5k, Flickr30k 1k, ...): the clean protocol, plus any image variants
+    (``--image-variants --seeds``: gallery distractors; ImageNet-C ones also as queries, see build_retrieval)."""
     ann = find_annotation(opts, "coco_karpathy_test.json", f"suite {name}")
     errors = [] if opts.images is not None else [
         ValueError(f"suite {name} needs --images DIR (the folder the paths in {ann.name} are relative to)")]
     clean, _, repeated = merge_repeated_images(ann, read_karpathy(ann))
+    img_variants = image_variant_names(opts.image_variants, opts.seeds)
+    errors += _missing_variants(opts, img_variants)
     protocol, normalise = caption_protocol(opts)
     # no --images: paths as written (ids only)
-    i2t, t2i = build_retrieval(tables, opts.images or "", clean, normalise=normalise)
-    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, image_errors=errors,
-                 meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1]),
-                       "caption_protocol": protocol, **({"repeated_images": repeated} if repeated else {})})
+    tasks = build_retrieval(tables, opts.images or "", clean, image_variants=img_variants,
+                            query_variants=[v for v in img_variants if is_corruption_variant(v)], normalise=normalise)
+    return Suite(name=name, ranking=tasks, tie_rule=opts.tie_rule, view_average=_seed_averages(opts),
+                 image_errors=errors,
+                 meta={"annotations": str(ann), "images": len(clean), "captions": int(tasks[0].pos_ptr[-1]),
+                       "caption_protocol": protocol,
+                       **({"image_variants": img_variants} if img_variants else {}),
+                       **({"repeated_images": repeated} if repeated else {})})
+
+
+def _missing_variants(opts: SuiteOptions, img_variants: list[str]) -> list[Exception]:
+    errors = []
+    for v in img_variants:
+        d = urls.join(opts.images, v) if opts.images is not None else None
+        if d is not None and not urls.is_dir(d):
+            errors.append(FileNotFoundError(f"altered images {d} do not exist; make them with "
+                                            f"`{variant_hint(v)}`"))
+    return errors
+
+
+def _seed_averages(opts: SuiteOptions) -> dict[str, list[str]]:
+    """The views averaged over seeds (``mix_0.9`` = mean of ``mix_0.9_s1``, ``mix_0.9_s10``, ...)."""
+    return {v: [f"{v}_s{s}" for s in opts.seeds] for v in opts.image_variants if len(opts.seeds) > 1}
 
 
 def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Suite:
@@ -206,21 +243,14 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
             raise FileNotFoundError(f"{f} does not exist (asked for text variant {v!r})")
     clean, text_variants, repeated = merge_repeated_images(ann, clean, text_variants)
     img_variants = image_variant_names(opts.image_variants, opts.seeds)
-    for v in img_variants:
-        d = urls.join(opts.images, v) if opts.images is not None else None
-        if d is not None and not urls.is_dir(d):
-            errors.append(FileNotFoundError(f"altered images {d} do not exist; make them with "
-                                            f"`hardrank perturb images --method {v.split('_')[0]} ...`"))
+    errors += _missing_variants(opts, img_variants)
     protocol, normalise = caption_protocol(opts)
-    i2t, t2i = build_retrieval(tables, opts.images or "", clean, text_variants=text_variants,
-                               image_variants=img_variants, normalise=normalise)
-    averages = {}
-    for v in opts.image_variants:
-        members = [f"{v}_s{s}" for s in opts.seeds]
-        if len(members) > 1:
-            averages[v] = members
-    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages, image_errors=errors,
-                 meta={"annotations": str(ann), "images": len(clean), "captions": int(i2t.pos_ptr[-1]),
-                       "caption_protocol": protocol, "text_variants": list(text_variants),
-                       "image_variants": img_variants,
+    tasks = build_retrieval(tables, opts.images or "", clean, text_variants=text_variants,
+                            image_variants=img_variants,
+                            query_variants=[v for v in img_variants if is_corruption_variant(v)], normalise=normalise)
+    return Suite(name=name, ranking=tasks, tie_rule=opts.tie_rule, view_average=_seed_averages(opts),
+                 image_errors=errors,
+                 meta={"annotations": str(ann), "images": len(clean), "captions": int(tasks[0].pos_ptr[-1]),
+                       "caption_protocol": protocol,
+                       "text_variants": list(text_variants), "image_variants": img_variants,
                        **({"repeated_images": repeated} if repeated else {})})

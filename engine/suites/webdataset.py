@@ -8,7 +8,7 @@ from hardrank.errors import DataError, UsageError
 from hardrank.inputs import SampleSet, parse_captions, read_samples, read_shards, sample_captions
 from hardrank.items import ImageRef, Tables
 from hardrank.perturb.shards import variant_shards
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, caption_protocol
+from hardrank.suites._common import SuiteFormatError, SuiteOptions, caption_protocol, is_corruption_variant
 from hardrank.suites.karpathy import N_PERTURBED, ROCOCO_TEXT_VARIANTS, build_retrieval, image_variant_names
 from hardrank.tasks import Suite
 
@@ -56,12 +56,13 @@ def load_wds(tables: Tables, opts: SuiteOptions, name: str = "wds") -> Suite:
         raise UsageError(f"suite {name}: --image-variants / --text-variants need tar shard inputs (written back by "
                          f"hardrank perturb images|texts); {opts.images} is {ss.layout}")
     protocol, normalise = caption_protocol(opts)
-    i2t, t2i = build_retrieval(tables, None, clean, refs=refs, image_keys=keys, text_variants=text_variants,
-                               image_variants=img_variants, variant_refs=variant_refs or None, normalise=normalise)
+    tasks = build_retrieval(tables, None, clean, refs=refs, image_keys=keys, text_variants=text_variants,
+                            image_variants=img_variants, variant_refs=variant_refs or None,
+                            query_variants=[v for v in img_variants if is_corruption_variant(v)], normalise=normalise)
     averages = {v: [f"{v}_s{s}" for s in opts.seeds] for v in opts.image_variants if len(opts.seeds) > 1}
-    return Suite(name=name, ranking=[i2t, t2i], tie_rule=opts.tie_rule, view_average=averages,
+    return Suite(name=name, ranking=tasks, tie_rule=opts.tie_rule, view_average=averages,
                  meta={**ss.meta(), "captions_from": opts.captions, "caption_protocol": protocol, "images": len(clean),
-                       "captions": int(i2t.pos_ptr[-1]), "samples_skipped": dict(skipped),
+                       "captions": int(tasks[0].pos_ptr[-1]), "samples_skipped": dict(skipped),
                        "text_variants": list(text_variants), "image_variants": img_variants})
 
 

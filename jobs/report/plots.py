@@ -42,7 +42,10 @@ def _series(r: Result) -> list[tuple[str, float | None, dict]]:
     out = []
     if r.ranking:
         for d in directions(m.get("original", {})):
-            out.append((f"{d} clean", num(m["original"][d].get("R@1")), {"lw": 2.6}))
+            if "@" in d:  # i2t@<variant>: that variant's images as the queries, against the clean captions
+                out.append((d, num(m["original"][d].get("R@1")), {"lw": 1.2, "ls": ":"}))
+            else:
+                out.append((f"{d} clean", num(m["original"][d].get("R@1")), {"lw": 2.6}))
         for v in top_level(m):
             for d in directions(m[v]):
                 out.append((f"{d} {v}", num(m[v][d].get("R@1")), {"lw": 1.2, "ls": "--"}))
