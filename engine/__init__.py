@@ -17,7 +17,7 @@ The public API (``help(hardrank)``). Options are the names of the command line's
 - ``perturb_texts(...)`` / ``perturb_images(...)``: RoCOCO-style caption and image variants;
   ``attack_texts(...)`` / ``attack_images(...)``: the variants that break each checkpoint, evaluated
   (each takes its config, e.g. ``AttackTextsConfig``, or the same options as keywords).
-- ``load_model(ModelSpec(...))``: an open_clip model loaded offline and fingerprinted;
+- ``load_model(ModelSpec(...))``: an open_clip (or ``blip:``) model loaded offline and fingerprinted;
   ``EmbedPipeline``: K checkpoints -> embeddings of item ``Tables`` through the store.
 - ``EmbeddingStore`` / ``open_store(folder)``: the Arrow embedding store; ``export_embeddings(...)``
   writes a store's embeddings under the suites' ids (the ``--embeddings`` format).
@@ -41,7 +41,8 @@ from hardrank.errors import DataError, HardrankError, MissingExtra, TooManyFailu
 from hardrank.evaluate import EvalReport, evaluate, plan
 from hardrank.items import ImageRef, Tables
 from hardrank.mining import mine
-from hardrank.models.openclip import LoadedModel, ModelSpec, load_model
+from hardrank.models.load import load_model
+from hardrank.models.openclip import LoadedModel, ModelSpec
 from hardrank.perturb import PerturbImagesConfig, PerturbTextsConfig, perturb_images, perturb_texts
 from hardrank.perturb.attack_run import AttackImagesConfig, AttackTextsConfig, attack_images, attack_texts
 from hardrank.scoring.backends import SearchSpec

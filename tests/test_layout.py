@@ -109,9 +109,11 @@ HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.embed.da
          # webdataset package and moto (an S3 server) are test tools: shards are read and written with tarfile
          "fsspec": ("hardrank.urls",), "s3fs": (), "gcsfs": (), "adlfs": (), "webdataset": (), "moto": (),
          "boto3": (), "botocore": (),
-         # transformers and sentencepiece (the hf extra) only inside hardrank.models.hf_text's functions: open_clip
-         # builds the Hugging Face tokenizers and towers with them; tokenizers builds the tests' stand-in tokenizers
-         "transformers": ("hardrank.models.hf_text",), "sentencepiece": ("hardrank.models.hf_text",), "tokenizers": ()}
+         # transformers and sentencepiece (the hf extra) only inside functions of hardrank.models.hf_text (open_clip
+         # builds the Hugging Face tokenizers and towers with them) and hardrank.models.blip (BLIP); tokenizers
+         # builds the tests' stand-in tokenizers
+         "transformers": ("hardrank.models.hf_text", "hardrank.models.blip"),
+         "sentencepiece": ("hardrank.models.hf_text",), "tokenizers": ()}
 
 
 def test_remote_backends_are_imported_only_inside_functions_of_their_home():

@@ -24,7 +24,8 @@ from hardrank.embed.job import EmbedJob, EmbedSink, EmbedStats, check_failures
 from hardrank.errors import UsageError
 from hardrank.executors import LocalRunner, executor
 from hardrank.items import ItemTable, Tables
-from hardrank.models.openclip import LoadedModel, ModelSpec, load_model
+from hardrank.models.load import load_model
+from hardrank.models.openclip import LoadedModel, ModelSpec
 from hardrank.models.runs import user_specs
 from hardrank.store.embedding_store import EmbeddingStore, is_store_folder
 from hardrank.store.idkeys import IdIndex, table_keys

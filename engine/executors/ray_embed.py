@@ -23,7 +23,7 @@ import hardrank.kernels
 from hardrank.embed.decode import image_size
 from hardrank.embed.job import DecodeStage, EmbedJob, EmbedSink, EncodeStage
 from hardrank.errors import UsageError
-from hardrank.models.openclip import load_model
+from hardrank.models.load import load_model
 
 __all__ = ["RayRunner", "ScanMapper", "connect"]
 
