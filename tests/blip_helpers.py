@@ -1,4 +1,4 @@
-"""A tiny random BLIP retrieval model saved as ``save_pretrained`` writes one, with a locally trained WordPiece tokenizer."""
+"""A tiny random BLIP retrieval model, saved as ``save_pretrained`` writes one, with a locally trained tokenizer."""
 from __future__ import annotations
 
 from pathlib import Path
