@@ -112,7 +112,8 @@ HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.embed.da
          # transformers and sentencepiece (the hf extra) only inside functions of hardrank.models.hf_text (open_clip
          # builds the Hugging Face tokenizers and towers with them) and hardrank.models.blip (BLIP); tokenizers
          # builds the tests' stand-in tokenizers
-         "transformers": ("hardrank.models.hf_text", "hardrank.models.blip"),
+         # (and hardrank.jobs.bench.inputs, which saves random BLIP folders for the benchmarks)
+         "transformers": ("hardrank.models.hf_text", "hardrank.models.blip", "hardrank.jobs.bench.inputs"),
          "sentencepiece": ("hardrank.models.hf_text",), "tokenizers": ()}
 
 

@@ -1,0 +1,152 @@
+"""--rerank itm:K: the batched cross-encoder stage vs the reference's per-query loop, and its share of a whole run.
+
+Usage: python benchmarks/bench_rerank.py [--images 32] [--k 16] [--size small] [--device cpu] [--pair-batch 256]
+
+A random BLIP (``hardrank.jobs.bench.inputs.small_blip``) on COCO-like JPEGs with five captions each (a Karpathy
+file). The run: embed (decode + both encoders, into the store), then per direction the re-ranking stage
+(``rerank_ranks`` with ``ItmScorer``: exact top K, image vision states computed once and cached, (text, image)
+pairs ``--pair-batch`` per forward). The baseline is RoCOCO's ``eval_blip_*.py`` loop: every image's vision
+states computed first, then per query ``topk`` and one forward over its K pairs. Both give the same scores
+(checked). Prints one table and writes benchmarks/results/rerank.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from hardrank.config import EmbedOptions
+from hardrank.embed import EmbedPipeline
+from hardrank.embed.itm import ItmScorer
+from hardrank.items import Tables
+from hardrank.jobs.bench.inputs import WORDS, coco_like_jpegs, small_blip
+from hardrank.jobs.bench.timing import sync
+from hardrank.models.runs import user_specs
+from hardrank.scoring.rerank import RerankSpec, rerank_ranks, rescored_ranks
+from hardrank.suites import SuiteOptions, load_suites
+
+
+def _karpathy(root: Path, paths: list[str]) -> Path:
+    rng = random.Random(0)
+    items = [{"image": os.path.relpath(p, root / "images"),
+              "caption": [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))) for _ in range(5)]}
+             for p in paths]
+    out = root / "karpathy_test.json"
+    out.write_text(json.dumps(items))
+    return out
+
+
+@torch.inference_mode()
+def _naive(model, tables: Tables, task, emb, k: int, decoder) -> tuple[float, float, torch.Tensor, torch.Tensor]:
+    """The reference loop: all vision states first (seconds returned apart), then per query one forward over
+    its K candidates. Returns (vision seconds, loop seconds, (nq, K) candidates, (nq, K) re-scored values)."""
+    dev = model.device
+    t0 = time.perf_counter()
+    pix = decoder({"ref": tables.images.entries})["pixels"]
+    states = torch.cat([model.model.vision_states(pix[s:s + 64].to(dev, model.dtype)) for s in range(0, len(pix), 64)])
+    ids = model.tokenizer(list(tables.texts.entries)).to(dev)
+    sync(dev)
+    t_vision = time.perf_counter() - t0
+    xq = torch.from_numpy(emb[task.query_modality][task.query_items]).float().to(dev)
+    xb = torch.from_numpy(emb[task.gallery_modality][task.gallery_items]).float().to(dev)
+    gal = torch.from_numpy(task.gallery_items).to(dev)
+    out, cand = [], []
+    t0 = time.perf_counter()
+    for i in range(task.num_queries):
+        sims = xb @ xq[i]
+        top_s, top_i = sims.topk(k)
+        q = int(task.query_items[i])
+        if task.query_modality == "image":
+            logit = model.model.itm(ids[gal[top_i]], states[q:q + 1].expand(k, -1, -1))
+        else:
+            logit = model.model.itm(ids[q:q + 1].expand(k, -1), states[gal[top_i]])
+        out.append((logit + top_s).cpu())
+        cand.append(top_i.cpu())
+    sync(dev)
+    return t_vision, time.perf_counter() - t0, torch.stack(cand), torch.stack(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=32)
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--size", default="small", choices=("tiny", "small", "base"))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--pair-batch", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "hardrank-bench-rerank"))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "rerank.json"))
+    args = ap.parse_args(argv)
+    if args.threads:  # on a shared machine, one thread per process avoids OpenMP spin-waits against other load
+        torch.set_num_threads(args.threads)
+    data = Path(args.data)
+    paths = coco_like_jpegs(data / "images", args.images)
+    ann = _karpathy(data, paths)
+    folder = small_blip(data / "models", args.size)
+    store = tempfile.mkdtemp(prefix="hardrank-bench-rerank-store-")
+    opts = EmbedOptions(store=store, device=args.device, batch_size=args.pair_batch)
+
+    t_run = time.perf_counter()
+    pipe = EmbedPipeline(user_specs(f"blip:{folder}", device=args.device), opts)
+    model = pipe.models[0]
+    tables = Tables.empty()
+    suite = load_suites(["karpathy"], tables, SuiteOptions(annotations=str(ann), images=str(data / "images")))[0]
+    t0 = time.perf_counter()
+    pipe.run(tables)
+    emb = pipe.embeddings(0, tables)
+    t_embed = time.perf_counter() - t0
+    scorer = ItmScorer(model, tables, batch_size=args.pair_batch, decoder=opts.decoder)
+    batched, info = {}, {}
+    for task in suite.ranking:
+        t0 = time.perf_counter()
+        ranks = rerank_ranks(task, emb[task.query_modality], emb[task.gallery_modality], scorer,
+                             RerankSpec("itm", args.k), device=args.device, pair_batch=args.pair_batch)
+        sync(args.device)
+        batched[task.name], info[task.name] = time.perf_counter() - t0, ranks
+    t_total = time.perf_counter() - t_run
+
+    from hardrank.embed.decode import PillowDecoder
+    dec = PillowDecoder(model.preprocess_cfg, threads=opts.decode_threads)
+    rows, naive = [], {}
+    for task in suite.ranking:
+        t_vis, t_loop, ref_i, ref_s = _naive(model, tables, task, emb, min(args.k, len(task.gallery_items)), dec)
+        # the reference's ranks from its own re-scored matrix: the same as the stage's (up to float near-ties)
+        ref = rescored_ranks(ref_i, ref_s, len(task.gallery_items), task.group_bounds, task.pos_ptr, task.pos_idx)
+        agree = float((ref.counts.sum(1) == info[task.name].counts.sum(1)).float().mean())
+        naive[task.name] = {"vision_and_tokens": t_vis, "per_query_loop": t_loop, "total": t_vis + t_loop,
+                            "rank_agreement": agree}
+        ri = info[task.name].info
+        rows.append((task.name, task.num_queries, len(task.gallery_items), ri["pairs"], batched[task.name],
+                     ri["seconds"]["cross_encoder"], t_vis + t_loop, t_loop, agree))
+    seconds = {k: round(v, 4) for k, v in scorer.stats["seconds"].items()}
+    stage = sum(batched.values())
+    print(f"BLIP {args.size} ({model.preprocess_cfg['size'][0]} px), K={args.k}, pair batch {args.pair_batch}, "
+          f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("| direction | queries | gallery | pairs | batched stage s | of which cross-encoder s | "
+          "naive loop s (vision + per-query) | naive per-query forwards s | speed-up | same ranks |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, nq, nb, pairs, tb, tce, tn, tl, agree in rows:
+        print(f"| {name} | {nq} | {nb} | {pairs} | {tb:.3f} | {tce:.3f} | {tn:.3f} | {tl:.3f} | {tn / tb:.2f}x "
+              f"| {100 * agree:.0f}% |")
+    print(f"whole run {t_total:.2f} s: embed {t_embed:.2f} s, re-ranking (both directions) {stage:.2f} s "
+          f"= {100 * stage / t_total:.0f}% of the run; cross-encoder stage parts {seconds}, "
+          f"{scorer.stats['forwards']} forwards, {scorer.stats['images_encoded']} images encoded "
+          f"({scorer.stats['image_cache_hits']} cache hits)")
+    out = {"args": vars(args), "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "whole_run_s": t_total, "embed_s": t_embed, "rerank_s": batched,
+           "rerank_share": stage / t_total, "stage_parts_s": seconds, "stats": {k: v for k, v in scorer.stats.items()
+                                                                               if k != "seconds"},
+           "naive": naive, "per_task": {n: info[n].info for n in info}}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
