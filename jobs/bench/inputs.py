@@ -103,14 +103,13 @@ WORDS = ("a an the of on in near with and or two three man woman dog cat bus car
 def small_blip(folder: str | Path, size: str = "small") -> str:
     """A random ``BlipForImageTextRetrieval`` of ``BLIP_SIZES[size]`` saved (weights, BLIP's image processor and
     a BERT WordPiece tokenizer over ``WORDS`` with BLIP's [DEC]/[ENC] tokens) into ``folder``, once: its path."""
-    from transformers import BertTokenizerFast, BlipConfig, BlipForImageTextRetrieval, BlipImageProcessorPil
+    from transformers import BertTokenizer, BlipConfig, BlipForImageTextRetrieval, BlipImageProcessorPil
     folder = Path(folder) / f"bench-{size}-blip"
     if (folder / "model.safetensors").is_file():
         return str(folder)
     folder.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[DEC]", "[ENC]", *WORDS, *map(str, range(10))]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(folder)
+    BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True).save_pretrained(folder)
     img, vw, vl, vh, tw, tl, th, d = BLIP_SIZES[size]
     cfg = BlipConfig(vision_config={"hidden_size": vw, "intermediate_size": 4 * vw, "num_hidden_layers": vl,
                                     "num_attention_heads": vh, "image_size": img, "patch_size": 16},
