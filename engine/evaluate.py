@@ -140,8 +140,7 @@ def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: E
         out["extra"] = {"rerank": {"spec": str(cfg.rerank_spec), "protocol": RERANK_PROTOCOL,
                                    "candidates": CANDIDATE_RULE, "fill": FILL, "rank_tie_rule": suite.tie_rule,
                                    "itm_first_token": scorer.model.info.get("itm_first_token"),
-                                   "cross_encoder": {**scorer.stats, "seconds": {
-                                       k: round(v, 4) for k, v in scorer.stats["seconds"].items()}}}}
+                                   "cross_encoder": scorer.take_stats()}}  # this suite's share of its work
     return out
 
 

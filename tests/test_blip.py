@@ -274,6 +274,12 @@ def test_evaluate_rerank_equals_brute_force_with_transformers(world, blip, tmp_p
                                    encoder_hidden_states=feats[image_rows])
             return net.itm_head(out.last_hidden_state[:, 0])[:, 1].numpy()
 
+    # batched, and each image's vision states computed once (cached) although it is a candidate of many queries
+    ce = res["rerank"]["cross_encoder"]
+    assert ce["pairs"] == sum(t.num_queries * min(k, len(t.gallery_items)) for t in suite.ranking)
+    assert ce["forwards"] < ce["pairs"] and ce["images_encoded"] <= len(tables.images)
+    if k == 1000:
+        assert ce["images_encoded"] == len(tables.images) and ce["image_cache_hits"] > 0
     emb = {"image": img, "text": txt}
     for task in suite.ranking:
         ref = _brute_force(task, emb[task.query_modality], emb[task.gallery_modality], itm, k)

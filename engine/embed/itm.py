@@ -34,8 +34,18 @@ class ItmScorer:
         self._states: dict[int, torch.Tensor] = {}  # image row -> (1 + patches, Dv) on the model's device
         self._ids: dict[int, torch.Tensor] = {}     # text row -> (L,) int64
         self._bytes = 0
-        self.stats = {"pairs": 0, "forwards": 0, "images_encoded": 0, "image_cache_hits": 0,
-                      "seconds": {"decode": 0.0, "vision": 0.0, "tokenize": 0.0, "itm": 0.0}}
+        self.stats = self._zero()
+
+    @staticmethod
+    def _zero() -> dict:
+        return {"pairs": 0, "forwards": 0, "images_encoded": 0, "image_cache_hits": 0,
+                "seconds": {"decode": 0.0, "vision": 0.0, "tokenize": 0.0, "itm": 0.0}}
+
+    def take_stats(self) -> dict:
+        """The counts and seconds since the last call (the cache stays)."""
+        out, self.stats = self.stats, self._zero()
+        return {**out, "seconds": {k: round(v, 4) for k, v in out["seconds"].items()},
+                "cached_images": len(self._states), "cache_bytes": self._bytes}
 
     def _time(self, stage: str, t0: float) -> None:
         self.stats["seconds"][stage] += time.perf_counter() - t0
