@@ -53,8 +53,8 @@ def has_itm(model: LoadedModel) -> bool:
 
 
 class BlipTokenizer:
-    """Captions -> ``(B, 35) int64`` token ids, as the reference tokenizes them; the attention mask is
-    ``ids != pad_id`` (BERT's [PAD] never comes out of a caption)."""
+    """Captions -> ``(B, 35) int64`` token ids, as the reference tokenizes them (padded on the right); the
+    attention mask is ``ids != pad_id`` (BERT's [PAD] never comes out of a caption)."""
 
     def __init__(self, folder: Path):
         from transformers import AutoTokenizer
@@ -70,6 +70,9 @@ class BlipTokenizer:
         self.pad_id = int(self.tokenizer.pad_token_id)
         enc = self.tokenizer.convert_tokens_to_ids(_ENC)
         self.enc_id = None if enc is None or enc == self.tokenizer.unk_token_id else int(enc)
+        if self.tokenizer.padding_side != "right":
+            raise DataError(f"BLIP model {folder}: its tokenizer pads on the {self.tokenizer.padding_side}; BLIP's "
+                            f"(BERT's) pads on the right")
 
     def __call__(self, texts) -> torch.Tensor:
         texts = [texts] if isinstance(texts, str) else list(texts)
@@ -92,15 +95,24 @@ class BlipRetrieval(torch.nn.Module):
         """(B, 3, H, W) -> (B, D) ITC image features (not normalised)."""
         return self.net.vision_proj(self.vision_states(pixels)[:, 0, :])
 
+    def _trim(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, mask) cut to the batch's longest caption: the padding after it is masked out of every
+        attention (its softmax weight is exactly 0), so the CLS state is that of the full 35 positions up
+        to float summation order, at a fraction of the cost (captions are ~12 tokens of 35)."""
+        mask = (ids != self.pad_id).long()
+        n = max(1, int(mask.sum(1).max())) if len(ids) else ids.shape[1]
+        return ids[:, :n], mask[:, :n]
+
     def encode_text(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, L) token ids -> (B, D) ITC text features (not normalised)."""
-        out = self.net.text_encoder(input_ids=ids, attention_mask=(ids != self.pad_id).long())
+        ids, mask = self._trim(ids)
+        out = self.net.text_encoder(input_ids=ids, attention_mask=mask)
         return self.net.text_proj(out.last_hidden_state[:, 0, :])
 
     def itm(self, ids: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         """(B, L) token ids of texts and (B, 1 + patches, Dv) vision states of their paired images -> (B,)
         float32 ``itm_logit[:, 1]`` (the 'match' logit) of each pair."""
-        mask = (ids != self.pad_id).long()
+        ids, mask = self._trim(ids)
         if self.enc_id is not None:
             ids = ids.clone()
             ids[:, 0] = self.enc_id
