@@ -57,20 +57,29 @@ def _reference_inputs(model, tables: Tables, decoder) -> tuple[torch.Tensor, tor
 
 @torch.inference_mode()
 def _naive(model, task, emb, k: int, states, ids) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoCOCO's loop: per query, ``topk`` of its similarity row and one forward over its K candidates.
-    Returns (nq, K) candidates and their re-scored values."""
+    """RoCOCO's loop as its code runs it: per query, ``topk`` of its similarity row and one forward over its K
+    candidates (``.repeat`` of the query, captions at their padded 35 tokens, ``[ENC]`` first). Returns (nq, K)
+    candidates and their re-scored values."""
     dev = model.device
     xq = torch.from_numpy(emb[task.query_modality][task.query_items]).float().to(dev)
     xb = torch.from_numpy(emb[task.gallery_modality][task.gallery_items]).float().to(dev)
     gal = torch.from_numpy(task.gallery_items).to(dev)
+    net, pad, enc = model.model.net, model.model.pad_id, model.model.enc_id
+    mask = (ids != pad).long()  # (N, 35): the reference runs every caption at its padded length
+    ids = ids.clone()
+    if enc is not None:
+        ids[:, 0] = enc
     out, cand = [], []
     for i in range(task.num_queries):
         top_s, top_i = (xb @ xq[i]).topk(k)
         q = int(task.query_items[i])
         if task.query_modality == "image":
-            logit = model.model.itm(ids[gal[top_i]], states[q:q + 1].expand(k, -1, -1))
+            t, m, img = ids[gal[top_i]], mask[gal[top_i]], states[q:q + 1].repeat(k, 1, 1)
         else:
-            logit = model.model.itm(ids[q:q + 1].expand(k, -1), states[gal[top_i]])
+            t, m, img = ids[q:q + 1].repeat(k, 1), mask[q:q + 1].repeat(k, 1), states[gal[top_i]]
+        h = net.text_encoder(input_ids=t, attention_mask=m, encoder_hidden_states=img,
+                             encoder_attention_mask=torch.ones(img.shape[:-1], dtype=torch.long, device=dev))
+        logit = net.itm_head(h.last_hidden_state[:, 0, :])[:, 1].float()
         out.append((logit + top_s).cpu())
         cand.append(top_i.cpu())
     return torch.stack(cand), torch.stack(out)
