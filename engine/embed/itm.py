@@ -2,8 +2,9 @@
 
 A pair needs the image's vision states ``(1 + patches, Dv)`` and the text's token ids, not the stored pooled
 embeddings: images are decoded again by the run's decoder (the pixels its embeddings came from), their
-states computed once per checkpoint and kept while ``cache_bytes`` allows (an image is a candidate of many
-text queries); captions are tokenised once. Each call runs one forward over all its pairs, the encoders'
+states computed once per checkpoint and kept in host memory while ``cache_bytes`` allows (an image is a
+candidate of many text queries; the reference keeps every image's states on the host too); captions are
+tokenised once. Each call runs one forward over all its pairs, the encoders'
 batch shape: ``(B, L)`` ids against ``(B, 1 + patches, Dv)`` states.
 """
 from __future__ import annotations
@@ -26,12 +27,12 @@ class ItmScorer:
     (one with ``model.model.itm``, e.g. BLIP) over the run's ``tables``. ``stats`` counts the work."""
 
     def __init__(self, model: LoadedModel, tables: Tables, *, batch_size: int = 256, decoder: str = "pillow",
-                 decode_threads: int = 2, cache_bytes: int = 4 << 30):
+                 decode_threads: int = 2, cache_bytes: int = 16 << 30):
         self.model, self.tables, self.batch_size, self.cache_bytes = model, tables, batch_size, cache_bytes
         job = EmbedJob("image", np.zeros(0, dtype=np.int64), (), (), (), dict(model.preprocess_cfg), decoder=decoder,
                        batch_size=batch_size, decode_threads=decode_threads)
         self.decode = DecodeStage(job)
-        self._states: dict[int, torch.Tensor] = {}  # image row -> (1 + patches, Dv) on the model's device
+        self._states: dict[int, torch.Tensor] = {}  # image row -> (1 + patches, Dv), host memory
         self._ids: dict[int, torch.Tensor] = {}     # text row -> (L,) int64
         self._bytes = 0
         self.stats = self._zero()
@@ -72,7 +73,7 @@ class ItmScorer:
                 states = m.model.vision_states(d["pixels"].to(m.device).to(m.dtype))  # (b, 1 + patches, Dv)
             self._time("vision", t0)
             self.stats["images_encoded"] += len(part)
-            for r, st in zip(part, states):
+            for r, st in zip(part, states.cpu()):
                 have[r] = st
                 size = st.numel() * st.element_size()
                 if self._bytes + size <= self.cache_bytes:
@@ -97,7 +98,7 @@ class ItmScorer:
         t0 = time.perf_counter()
         with torch.inference_mode():
             ids = torch.stack([self._ids[r] for r in text_rows]).to(m.device)  # (B, L)
-            enc = torch.stack([states[r] for r in image_rows])                  # (B, 1 + patches, Dv)
+            enc = torch.stack([states[r] for r in image_rows]).to(m.device)     # (B, 1 + patches, Dv)
             out = m.model.itm(ids, enc).cpu().numpy()
         self._time("itm", t0)
         self.stats["pairs"] += len(image_rows)
