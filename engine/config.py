@@ -408,9 +408,11 @@ class EvalConfig:
             if self.embeddings is not None:
                 raise UsageError(f"--rerank {self.rerank} re-scores with the model's cross-encoder; precomputed "
                                  f"--embeddings bring none: give --model (e.g. blip:<folder>)")
-            if spec.method not in ("exhaustive", "exact", "auto") or self.shard_gallery:
+            drop = ([] if backends.get(spec).gallery_shards else [f"--search {self.search}"]) + \
+                (["--shard-gallery"] if self.shard_gallery else [])  # gallery_shards: the exact kernels' pass
+            if drop:
                 raise UsageError(f"--rerank {self.rerank} takes its candidates from the exact top K in one process; "
-                                 f"drop --search {self.search}{' and --shard-gallery' if self.shard_gallery else ''}")
+                                 f"drop {' and '.join(drop)}")
 
     @property
     def rerank_spec(self) -> rerank.RerankSpec | None:

@@ -308,3 +308,14 @@ def test_rerank_ranks_are_grouped_ranks():
     task, q, g = _toy_task(np.random.default_rng(0))
     r = rerank_ranks(task, q, g, _itm_of(g), RerankSpec("itm", 3))
     assert isinstance(r, GroupedRanks) and r.counts.shape == (task.num_queries, 3)
+
+
+def test_rerank_refuses_options_that_bring_no_cross_encoder_or_an_inexact_first_stage(tmp_path):
+    base = {"suites": ("toy",), "rerank": "itm:3"}
+    cases = (({"embeddings": str(tmp_path / "e.parquet")}, "precomputed --embeddings bring none"),
+             ({"search": "faiss:Flat"}, "drop --search faiss:Flat"),
+             ({"shard_gallery": 2}, "drop --shard-gallery"))
+    for extra, msg in cases:
+        with pytest.raises(UsageError, match=msg):
+            EvalConfig(**base, **extra)
+    assert EvalConfig(**base).rerank_spec == RerankSpec("itm", 3)
