@@ -17,8 +17,8 @@ The public API (``help(hardrank)``). Options are the names of the command line's
 - ``perturb_texts(...)`` / ``perturb_images(...)``: RoCOCO-style caption and image variants;
   ``attack_texts(...)`` / ``attack_images(...)``: the variants that break each checkpoint, evaluated
   (each takes its config, e.g. ``AttackTextsConfig``, or the same options as keywords).
-- ``load_model(ModelSpec(...))``: an open_clip or transformers (``hf:FOLDER``) model loaded offline and
-  fingerprinted;
+- ``load_model(ModelSpec(...))``: an open_clip, transformers (``hf:FOLDER``) or BLIP (``blip:FOLDER``) model
+  loaded offline and fingerprinted;
   ``EmbedPipeline``: K checkpoints -> embeddings of item ``Tables`` through the store.
 - ``EmbeddingStore`` / ``open_store(folder)``: the Arrow embedding store; ``export_embeddings(...)``
   writes a store's embeddings under the suites' ids (the ``--embeddings`` format).

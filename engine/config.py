@@ -25,7 +25,7 @@ from hardrank import urls
 from hardrank.errors import UsageError
 from hardrank.kernels import PRECISIONS as RANK_PRECISIONS
 from hardrank.kernels import TIE_RULES
-from hardrank.scoring import backends
+from hardrank.scoring import backends, rerank
 from hardrank.scoring.backends import RANKS, TOPK, SearchSpec
 from hardrank.text import CAPTION_PROTOCOLS
 
@@ -401,6 +401,11 @@ class EvalConfig:
     recall_k: tuple[int, ...] = opt((1, 5, 10), "retrieval: which R@K are reported (CLIP_benchmark's --recall_k), "
                                     "e.g. 1 5 10 50; R@1, every table's headline, always is; rsum (R@1+5+10 both "
                                     "ways) needs 5 and 10")
+    rerank: str | None = opt(None, "two-stage retrieval, itm:K: each query's top K of the gallery (the union of "
+                             "its views) by the dual encoder re-scored by the model's cross-encoder as "
+                             "itm_logit[:, 1] + similarity, every other item -100 (BLIP's protocol as RoCOCO "
+                             "evaluates it: itm:256 for COCO); needs a model with an image-text matching head "
+                             "(--model blip:<folder>)", metavar="itm:K")
 
     def __post_init__(self):
         check_options(self)
@@ -421,6 +426,19 @@ class EvalConfig:
             split = " or ".join(b.name for b in backends.registered(RANKS) if b.gallery_shards)
             raise UsageError(f"--shard-gallery splits the {split} ranking pass over actors; search {self.search!r} "
                              f"cannot be split: drop --shard-gallery or use --search {split}")
+        if rerank.parse(self.rerank) is not None:
+            if self.embeddings is not None:
+                raise UsageError(f"--rerank {self.rerank} re-scores with the model's cross-encoder; precomputed "
+                                 f"--embeddings bring none: give --model (e.g. blip:<folder>)")
+            drop = ([] if backends.get(spec).gallery_shards else [f"--search {self.search}"]) + \
+                (["--shard-gallery"] if self.shard_gallery else [])  # gallery_shards: the exact kernels' pass
+            if drop:
+                raise UsageError(f"--rerank {self.rerank} takes its candidates from the exact top K in one process; "
+                                 f"drop {' and '.join(drop)}")
+
+    @property
+    def rerank_spec(self) -> rerank.RerankSpec | None:
+        return rerank.parse(self.rerank)
 
     @property
     def search_spec(self) -> SearchSpec:

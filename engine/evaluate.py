@@ -17,10 +17,12 @@ import torch
 from hardrank import urls
 from hardrank.config import EvalConfig, build, check_writable_dir, resolve_device
 from hardrank.embed import EmbedPipeline, make_scan_mapper
+from hardrank.embed.itm import ItmScorer
 from hardrank.errors import DataError, UsageError
 from hardrank.executors import executor
 from hardrank.inputs import registry, scan_with
 from hardrank.items import Tables
+from hardrank.models.blip import has_itm
 from hardrank.models.runs import model_specs
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
@@ -30,6 +32,8 @@ from hardrank.scoring.counts import embed_line, item_counts
 from hardrank.scoring.mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
 from hardrank.scoring.metrics import add_drops, average_views, choice_metrics, ranking_metrics
 from hardrank.scoring.rank import score_choice, score_ranking
+from hardrank.scoring.rerank import CANDIDATE_RULE, FILL, rerank_ranks
+from hardrank.scoring.rerank import PROTOCOL as RERANK_PROTOCOL
 from hardrank.scoring.results import outcome_schema, summary_row, write_result
 from hardrank.suites import expand_suites, load_suites
 from hardrank.suites.toy import TOY_SUITES, pending_world
@@ -62,6 +66,7 @@ class _EmbeddingSource:
     device: str                                 # where scoring runs
     embeddings: Callable[[], dict[str, np.ndarray]]  # whole-table (rows, d) arrays per modality
     embed: dict = field(default_factory=dict)   # provenance.embed: this checkpoint's store hits and encodes
+    scorer: Callable[[], ItmScorer] | None = None  # its cross-encoder stage, with --rerank
 
 
 def _versions() -> dict:
@@ -92,14 +97,19 @@ def _drop_failed(suite: Suite, tables: Tables) -> Suite:
 
 # -- scoring, one function per task type -------------------------------------------------------------
 def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: EvalConfig,
-                   backend: Backend | None = None) -> dict:
+                   backend: Backend | None = None, scorer: ItmScorer | None = None) -> dict:
     outcomes: list[pa.Table] = []
     timings, search_info, metrics, counts = {}, {}, {}, {}
     for task in suite.ranking:
         t0 = time.perf_counter()
-        ranks = score_ranking(task, emb[task.query_modality], emb[task.gallery_modality], tie_rule=suite.tie_rule,
-                              device=device, budget_bytes=cfg.budget_mb << 20, search=cfg.search_spec,
-                              precision=cfg.rank_precision, backend=backend)
+        if scorer is not None:  # --rerank: the dual encoder's top K re-scored by the cross-encoder
+            ranks = rerank_ranks(task, emb[task.query_modality], emb[task.gallery_modality], scorer, cfg.rerank_spec,
+                                 tie_rule=suite.tie_rule, device=device, budget_bytes=cfg.budget_mb << 20,
+                                 pair_batch=cfg.embed.batch_size)
+        else:
+            ranks = score_ranking(task, emb[task.query_modality], emb[task.gallery_modality], tie_rule=suite.tie_rule,
+                                  device=device, budget_bytes=cfg.budget_mb << 20, search=cfg.search_spec,
+                                  precision=cfg.rank_precision, backend=backend)
         timings[f"rank_{task.name}"] = time.perf_counter() - t0
         if getattr(ranks, "info", None):
             search_info[task.name] = ranks.info
@@ -127,6 +137,11 @@ def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: E
     out = {"task_type": "ranking", "metrics": metrics, "counts": counts, "timings": timings, "outcomes": outcomes}
     if search_info:
         out["search"] = search_info
+    if scorer is not None:
+        out["extra"] = {"rerank": {"spec": str(cfg.rerank_spec), "protocol": RERANK_PROTOCOL,
+                                   "candidates": CANDIDATE_RULE, "fill": FILL, "rank_tie_rule": suite.tie_rule,
+                                   "itm_first_token": scorer.model.info.get("itm_first_token"),
+                                   "cross_encoder": scorer.take_stats()}}  # this suite's share of its work
     return out
 
 
@@ -245,6 +260,7 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
     pipe = None  # the models first: a bad checkpoint or tag fails before any data is read
     if cfg.embeddings is None and (cfg.model is not None or cfg.run is not None) and _needs_model(cfg):
         pipe = EmbedPipeline(model_specs(cfg), cfg.embed, runner=runner)
+        _check_rerank(cfg, pipe)
     tables = Tables.empty()
     t0 = time.perf_counter()
     world = _pending_world(cfg)
@@ -276,8 +292,10 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
         try:
             for src in sources:
                 emb = src.embeddings()
+                scorer = src.scorer() if src.scorer is not None else None  # one per checkpoint: its image cache
                 for suite in [s for s in suites if s.needs_embeddings]:
-                    for scored in _score_suite(suite, src.device, emb, cfg, len(tables.images.failed), backend):
+                    for scored in _score_suite(suite, src.device, emb, cfg, len(tables.images.failed), backend,
+                                               scorer):
                         _write(report, cfg, src.label, suite.name,
                                _result(suite, src.label, scored, cfg, common, src.ident, src.embed),
                                scored["outcomes"])
@@ -325,9 +343,9 @@ def _check_not_empty(suites: list[Suite], why: str) -> None:
 
 
 def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_images: int,
-                 backend: Backend | None = None) -> list[dict]:
+                 backend: Backend | None = None, scorer: ItmScorer | None = None) -> list[dict]:
     if suite.ranking:
-        return [_score_ranking(suite, device, emb, cfg, backend)]
+        return [_score_ranking(suite, device, emb, cfg, backend, scorer)]
     if suite.choice:
         return [_score_choice(suite, device, emb)]
     return [_score_mask(t, device, emb, failed_images) for t in suite.mask if t.needs_embeddings]
@@ -357,8 +375,25 @@ def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites
                  "provenance": {"architecture": model.arch_name, "precision": model.precision, "device": model.device,
                                 "checkpoint_hash": model.checkpoint_hash, "model_source": _model_source(model)}}
         embed = {mod: st.for_checkpoint(i) for mod, st in stats.items()}
-        sources.append(_EmbeddingSource(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables), embed))
+        scorer = None
+        if cfg.rerank_spec is not None:
+            e = cfg.embed
+            scorer = (lambda m=model: ItmScorer(m, tables, batch_size=e.batch_size, decoder=e.decoder,
+                                                decode_threads=e.decode_threads))
+        sources.append(_EmbeddingSource(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables), embed,
+                                        scorer))
     return sources
+
+
+def _check_rerank(cfg: EvalConfig, pipe: EmbedPipeline) -> None:
+    """--rerank needs a cross-encoder in every checkpoint: refused before any data is read."""
+    if cfg.rerank_spec is None:
+        return
+    lacking = [m.spec.arch for m in pipe.models if not has_itm(m)]
+    if lacking:
+        raise UsageError(f"--rerank {cfg.rerank}: model {lacking[0]} has no image-text matching head (a "
+                         f"cross-encoder); only models that bring one can re-rank, e.g. BLIP's retrieval model "
+                         f"(--model blip:<folder>). Drop --rerank to rank by the dual encoder alone")
 
 
 def _model_source(model) -> dict:

@@ -109,10 +109,12 @@ HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.embed.da
          # webdataset package and moto (an S3 server) are test tools: shards are read and written with tarfile
          "fsspec": ("hardrank.urls",), "s3fs": (), "gcsfs": (), "adlfs": (), "webdataset": (), "moto": (),
          "boto3": (), "botocore": (),
-         # transformers and sentencepiece (the hf extra) only inside hardrank.models.hf_text's functions (open_clip
-         # builds the Hugging Face tokenizers and towers with them) and hf_models' (transformers models themselves);
-         # tokenizers builds the tests' stand-in tokenizers
-         "transformers": ("hardrank.models.hf_text", "hardrank.models.hf_models"),
+         # transformers and sentencepiece (the hf extra) only inside functions of hardrank.models.hf_text (open_clip
+         # builds the Hugging Face tokenizers and towers with them), hf_models (transformers models themselves) and
+         # blip (BLIP); tokenizers builds the tests' stand-in tokenizers
+         # (and hardrank.jobs.bench.inputs, which saves random BLIP folders for the benchmarks)
+         "transformers": ("hardrank.models.hf_text", "hardrank.models.hf_models", "hardrank.models.blip",
+                          "hardrank.jobs.bench.inputs"),
          "sentencepiece": ("hardrank.models.hf_text",), "tokenizers": ()}
 
 

@@ -1,4 +1,4 @@
-"""Benchmark inputs: COCO-sized natural-ish JPEGs and small random open_clip checkpoints, generated once."""
+"""Benchmark inputs: COCO-sized natural-ish JPEGs, small random open_clip checkpoints and BLIP folders, made once."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from hardrank.atomic import atomic_path, write_text_atomic
 from hardrank.models.load import load_model
 from hardrank.models.runs import user_specs
 
-__all__ = ["coco_like_jpegs", "CONFIGS", "small_checkpoints", "images_and_models"]
+__all__ = ["coco_like_jpegs", "CONFIGS", "small_checkpoints", "images_and_models", "BLIP_SIZES", "WORDS", "small_blip"]
 
 
 def coco_like_jpegs(folder: str | Path, n: int = 200, size=(640, 480), seed: int = 0, quality: int = 90) -> list[str]:
@@ -89,3 +89,42 @@ def images_and_models(data: str | Path, n_images: int, k: int, size: str):
     models = [load_model(s) for s in user_specs(cfg, ckpts)]
     return paths, models, Path(tempfile.mkdtemp(prefix="hardrank-bench-"))
 
+
+
+# BLIP retrieval models: (image size, vision width/layers/heads, text width/layers/heads, ITC dim); "base" has
+# BLIP-base's shapes (ViT-B/16 at 384 px, BERT-base with cross-attention: Salesforce/blip-itm-base-coco)
+BLIP_SIZES = {"tiny": (64, 64, 2, 2, 64, 2, 2, 32), "small": (128, 192, 4, 3, 192, 4, 3, 64),
+              "base": (384, 768, 12, 12, 768, 12, 12, 256)}
+WORDS = ("a an the of on in near with and or two three man woman dog cat bus car tree pizza horse boat table street "
+         "red blue green white black small large sitting standing riding eating next to top front group people "
+         "plate road field water sky building room kitchen bed train grass snow").split()
+
+
+def small_blip(folder: str | Path, size: str = "small") -> str:
+    """A random ``BlipForImageTextRetrieval`` of ``BLIP_SIZES[size]`` saved (weights, BLIP's image processor and
+    a BERT WordPiece tokenizer over ``WORDS`` with BLIP's [DEC]/[ENC] tokens) into ``folder``, once: its path."""
+    from transformers import BertTokenizer, BlipConfig, BlipForImageTextRetrieval, BlipImageProcessorPil
+    folder = Path(folder) / f"bench-{size}-blip"
+    if (folder / "model.safetensors").is_file():
+        return str(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[DEC]", "[ENC]", *WORDS, *map(str, range(10))]
+    BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True).save_pretrained(folder)
+    img, vw, vl, vh, tw, tl, th, d = BLIP_SIZES[size]
+    cfg = BlipConfig(vision_config={"hidden_size": vw, "intermediate_size": 4 * vw, "num_hidden_layers": vl,
+                                    "num_attention_heads": vh, "image_size": img, "patch_size": 16},
+                     text_config={"vocab_size": len(vocab), "hidden_size": tw, "intermediate_size": 4 * tw,
+                                  "num_hidden_layers": tl, "num_attention_heads": th, "encoder_hidden_size": vw,
+                                  "pad_token_id": 0, "bos_token_id": 2, "sep_token_id": 3},
+                     image_text_hidden_size=d)
+    torch.manual_seed(0)
+    net = BlipForImageTextRetrieval(cfg)
+    with torch.no_grad():  # BLIP's init gives near-constant random features (ties everywhere): spread them
+        for name, p in net.named_parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, p.shape[-1] ** -0.5)
+            elif "norm" not in name.lower():
+                p.normal_(0.0, 0.1)
+    net.save_pretrained(folder)
+    BlipImageProcessorPil(size={"height": img, "width": img}).save_pretrained(folder)
+    return str(folder)
