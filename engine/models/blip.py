@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from hardrank.errors import DataError, UsageError
-from hardrank.models.hf_text import _TOKENIZER_GLOBS, _files_hash, _holds_tokenizer, _require_transformers, _snapshot
+from hardrank.models.hf_text import _TOKENIZER_GLOBS, _files_hash, _holds_tokenizer, _require_transformers, snapshot
 from hardrank.models.openclip import EMBED_VERSION, LoadedModel, ModelSpec, _safe, _weights_format, file_hash
 
 __all__ = ["PREFIX", "MAX_LENGTH", "is_blip", "load_blip", "has_itm"]
@@ -127,7 +127,7 @@ def _folder(spec: ModelSpec) -> Path:
     if not name:
         raise UsageError(f"--model {spec.arch}: name the BLIP folder (blip:<folder>) or its Hugging Face repo "
                          f"(blip:ORG/NAME, from the local cache)")
-    return _snapshot(name, f"BLIP model {spec.arch}", lambda f: (f / "config.json").is_file(), "config.json")
+    return snapshot(name, f"BLIP model {spec.arch}", lambda f: (f / "config.json").is_file(), "config.json")
 
 
 def _config(folder: Path, arch: str) -> dict:
