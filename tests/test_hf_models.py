@@ -168,8 +168,10 @@ def reference(folder: Path, images: list[Path], texts: list[str]):
     return n(img, dim=-1).numpy(), n(txt.pooler_output, dim=-1).numpy()
 
 
-def hardrank_embed(spec: hardrank.ModelSpec, store: Path, images: list[Path], texts: list[str], **options):
-    pipe = hardrank.EmbedPipeline([spec], hardrank.EmbedOptions(store=str(store), device="cpu", **options))
+def hardrank_embed(spec: hardrank.ModelSpec, store: Path, images: list[Path], texts: list[str], runner=None,
+                   **options):
+    pipe = hardrank.EmbedPipeline([spec], hardrank.EmbedOptions(store=str(store), device="cpu", **options),
+                                  runner=runner)
     tables = hardrank.Tables.empty()
     for p in images:
         tables.images.add(hardrank.ImageRef(str(p)))
@@ -275,15 +277,22 @@ def test_low_precision_as_open_clip_models(tmp_path):
 
 @pytest.mark.slow
 def test_the_ray_executor_stores_what_the_local_one_does(tmp_path):
+    """Through Ray's actors (one session for both): CLIP's pixel tensor, and SigLIP 2's dict of arrays."""
     pytest.importorskip("ray")
-    folder = make_clip(tmp_path / "model")
+    from hardrank.embed.pipeline import make_runner
+
     images = photos(tmp_path / "img")[:3]
-    ref_img, ref_txt, _ = hardrank_embed(hardrank.ModelSpec(f"hf:{folder}", device="cpu"), tmp_path / "s0", images,
-                                         CAPTIONS)
-    img, txt, _ = hardrank_embed(hardrank.ModelSpec(f"hf:{folder}", device="cpu"), tmp_path / "s2", images, CAPTIONS,
-                                 executor="ray")
-    _close(img, ref_img, 1e-6)
-    _close(txt, ref_txt, 1e-6)
+    runner = make_runner(hardrank.EmbedOptions(executor="ray", device="cpu"), [])
+    try:
+        for make in (make_clip, make_siglip2):
+            spec = hardrank.ModelSpec(f"hf:{make(tmp_path / make.__name__)}", device="cpu")
+            ref_img, ref_txt, _ = hardrank_embed(spec, tmp_path / f"{make.__name__}-local", images, CAPTIONS)
+            img, txt, _ = hardrank_embed(spec, tmp_path / f"{make.__name__}-ray", images, CAPTIONS, runner=runner,
+                                         executor="ray")
+            _close(img, ref_img, 1e-6)
+            _close(txt, ref_txt, 1e-6)
+    finally:
+        runner.close()
 
 
 def test_eval_karpathy_on_the_toy_world(tmp_path, capsys):
