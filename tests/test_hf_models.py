@@ -260,10 +260,11 @@ def test_k_checkpoints_folders_and_files_and_the_fingerprint(tmp_path):
     assert hardrank.load_model(specs[2]).fingerprint != fps[2]
 
 
-def test_low_precision_as_open_clip_models(tmp_path):
+@pytest.mark.parametrize("make", [make_clip, make_siglip2], ids=["clip", "siglip2"])
+def test_low_precision_as_open_clip_models(make, tmp_path):
     """Precision is handled as for open_clip models: the weights and pixels in bf16 (fp16 on a GPU), close
-    to fp32, stored in their own folder."""
-    folder = make_clip(tmp_path / "model")
+    to fp32, stored in their own folder (SigLIP 2: its patches in bf16, its patch mask and grid as integers)."""
+    folder = make(tmp_path / "model")
     images = photos(tmp_path / "img")[:3]
     ref_img, ref_txt, _ = hardrank_embed(hardrank.ModelSpec(f"hf:{folder}", device="cpu"), tmp_path / "s0", images,
                                          CAPTIONS)
@@ -273,6 +274,14 @@ def test_low_precision_as_open_clip_models(tmp_path):
     _close(img, ref_img, 5e-2)
     _close(txt, ref_txt, 5e-2)
     assert "-bf16-" in m.fingerprint
+    if make is make_siglip2:  # the patches go to the model in its dtype; the mask and the grid stay integers
+        from hardrank.embed.decoders import make_decoder
+        from hardrank.embed.encode import _to_device
+
+        px = _to_device(make_decoder(m.preprocess_cfg)({"ref": [hardrank.ImageRef(str(images[0]))]})["pixels"], m)
+        assert {k: v.dtype for k, v in px.items()} == {"pixel_values": torch.bfloat16,
+                                                       "pixel_attention_mask": torch.int32,
+                                                       "spatial_shapes": torch.int64}
 
 
 @pytest.mark.slow
