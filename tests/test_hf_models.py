@@ -1,4 +1,5 @@
-"""transformers dual encoders (``--model hf:FOLDER``): tiny random CLIPModel / SiglipModel folders built here.
+"""transformers dual encoders (``--model hf:FOLDER``): tiny random CLIPModel / SiglipModel / Siglip2Model folders
+built here.
 
 What hardrank embeds must equal transformers' own path: the folder's image processor on ``Image.open``'s
 image + ``get_image_features``, its tokenizer padded as the model was trained + ``get_text_features``,
@@ -24,6 +25,10 @@ from transformers import (
     CLIPImageProcessor,
     CLIPModel,
     PreTrainedTokenizerFast,
+    Siglip2Config,
+    Siglip2ImageProcessor,
+    Siglip2Model,
+    Siglip2Processor,
     SiglipConfig,
     SiglipImageProcessor,
     SiglipModel,
@@ -105,6 +110,21 @@ def make_siglip(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def make_siglip2(folder: Path, seed: int = 0, max_num_patches: int = 16) -> Path:
+    """A tiny random Siglip2Model (NaFlex) with its processor: each image resized, aspect kept, to at most
+    ``max_num_patches`` 8 x 8 patches, padded to that many; captions padded to the position table, with a mask."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = _unigram_tokenizer(folder)
+    text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "max_position_embeddings": LENGTH, **ids}
+    vision = {k: v for k, v in VISION.items() if k != "image_size"}
+    torch.manual_seed(seed)
+    Siglip2Model(Siglip2Config(text_config=text, vision_config={**vision, "num_patches": 16})).save_pretrained(folder)
+    # do_convert_rgb: the photos come in L, RGBA, P and CMYK too (without it the processor refuses them)
+    Siglip2ImageProcessor(patch_size=8, max_num_patches=max_num_patches, do_convert_rgb=True).save_pretrained(folder)
+    return folder
+
+
 def photos(folder: Path) -> list[Path]:
     """Photo-like images: smooth gradients with sensor-like noise and a blurred blob, at sizes and aspect
     ratios that make the resize and crop round differently, in the modes photos come in; plus a real JPEG."""
@@ -148,8 +168,10 @@ def reference(folder: Path, images: list[Path], texts: list[str]):
     return n(img, dim=-1).numpy(), n(txt.pooler_output, dim=-1).numpy()
 
 
-def hardrank_embed(spec: hardrank.ModelSpec, store: Path, images: list[Path], texts: list[str], **options):
-    pipe = hardrank.EmbedPipeline([spec], hardrank.EmbedOptions(store=str(store), device="cpu", **options))
+def hardrank_embed(spec: hardrank.ModelSpec, store: Path, images: list[Path], texts: list[str], runner=None,
+                   **options):
+    pipe = hardrank.EmbedPipeline([spec], hardrank.EmbedOptions(store=str(store), device="cpu", **options),
+                                  runner=runner)
     tables = hardrank.Tables.empty()
     for p in images:
         tables.images.add(hardrank.ImageRef(str(p)))
@@ -238,10 +260,11 @@ def test_k_checkpoints_folders_and_files_and_the_fingerprint(tmp_path):
     assert hardrank.load_model(specs[2]).fingerprint != fps[2]
 
 
-def test_low_precision_as_open_clip_models(tmp_path):
+@pytest.mark.parametrize("make", [make_clip, make_siglip2], ids=["clip", "siglip2"])
+def test_low_precision_as_open_clip_models(make, tmp_path):
     """Precision is handled as for open_clip models: the weights and pixels in bf16 (fp16 on a GPU), close
-    to fp32, stored in their own folder."""
-    folder = make_clip(tmp_path / "model")
+    to fp32, stored in their own folder (SigLIP 2: its patches in bf16, its patch mask and grid as integers)."""
+    folder = make(tmp_path / "model")
     images = photos(tmp_path / "img")[:3]
     ref_img, ref_txt, _ = hardrank_embed(hardrank.ModelSpec(f"hf:{folder}", device="cpu"), tmp_path / "s0", images,
                                          CAPTIONS)
@@ -251,19 +274,34 @@ def test_low_precision_as_open_clip_models(tmp_path):
     _close(img, ref_img, 5e-2)
     _close(txt, ref_txt, 5e-2)
     assert "-bf16-" in m.fingerprint
+    if make is make_siglip2:  # the patches go to the model in its dtype; the mask and the grid stay integers
+        from hardrank.embed.decoders import make_decoder
+        from hardrank.embed.encode import _to_device
+
+        px = _to_device(make_decoder(m.preprocess_cfg)({"ref": [hardrank.ImageRef(str(images[0]))]})["pixels"], m)
+        assert {k: v.dtype for k, v in px.items()} == {"pixel_values": torch.bfloat16,
+                                                       "pixel_attention_mask": torch.int32,
+                                                       "spatial_shapes": torch.int64}
 
 
 @pytest.mark.slow
 def test_the_ray_executor_stores_what_the_local_one_does(tmp_path):
+    """Through Ray's actors (one session for both): CLIP's pixel tensor, and SigLIP 2's dict of arrays."""
     pytest.importorskip("ray")
-    folder = make_clip(tmp_path / "model")
+    from hardrank.embed.pipeline import make_runner
+
     images = photos(tmp_path / "img")[:3]
-    ref_img, ref_txt, _ = hardrank_embed(hardrank.ModelSpec(f"hf:{folder}", device="cpu"), tmp_path / "s0", images,
-                                         CAPTIONS)
-    img, txt, _ = hardrank_embed(hardrank.ModelSpec(f"hf:{folder}", device="cpu"), tmp_path / "s2", images, CAPTIONS,
-                                 executor="ray")
-    _close(img, ref_img, 1e-6)
-    _close(txt, ref_txt, 1e-6)
+    runner = make_runner(hardrank.EmbedOptions(executor="ray", device="cpu"), [])
+    try:
+        for make in (make_clip, make_siglip2):
+            spec = hardrank.ModelSpec(f"hf:{make(tmp_path / make.__name__)}", device="cpu")
+            ref_img, ref_txt, _ = hardrank_embed(spec, tmp_path / f"{make.__name__}-local", images, CAPTIONS)
+            img, txt, _ = hardrank_embed(spec, tmp_path / f"{make.__name__}-ray", images, CAPTIONS, runner=runner,
+                                         executor="ray")
+            _close(img, ref_img, 1e-6)
+            _close(txt, ref_txt, 1e-6)
+    finally:
+        runner.close()
 
 
 def test_eval_karpathy_on_the_toy_world(tmp_path, capsys):
@@ -391,21 +429,83 @@ def test_perturb_texts_ranks_words_with_a_transformers_model(tmp_path):
     np.testing.assert_allclose(got, 1 - ref[1:] @ ref[0], atol=1e-5)
 
 
-def test_a_variable_resolution_processor_is_refused(tmp_path):
-    """Siglip2Model (NaFlex) gives each image its own patch grid: no fixed-size pixel batch, refused by name."""
-    from transformers import Siglip2Config, Siglip2ImageProcessor, Siglip2Model
+def test_siglip2_naflex_embeddings_equal_transformers_own_path(tmp_path, offline):
+    """Siglip2Model: each image its own patch grid (aspect ratios differ within the batch), its patches padded
+    to max_num_patches, so a batch is three fixed-shape arrays; embeddings equal its processor + model, an
+    unreadable image in the batch is recorded and the others still equal; captions as Siglip2Processor pads them."""
+    from transformers import AutoImageProcessor, AutoTokenizer
 
-    folder = tmp_path / "siglip2"
-    folder.mkdir()
-    ids = _unigram_tokenizer(folder)
-    text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "max_position_embeddings": LENGTH, **ids}
-    vision = {k: v for k, v in VISION.items() if k != "image_size"}
-    Siglip2Model(Siglip2Config(text_config=text, vision_config={**vision, "num_patches": 16})).save_pretrained(folder)
-    Siglip2ImageProcessor(patch_size=8, max_num_patches=16).save_pretrained(folder)
-    with pytest.raises(UsageError, match=r"its image processor \(Siglip2ImageProcessor\) gives images of varying size"
-                                         r".* \(SigLIP 2 NaFlex\) are not supported"):
+    from hardrank.embed.decoders import make_decoder
+
+    folder = make_siglip2(tmp_path / "model")
+    images = photos(tmp_path / "img")
+    broken = tmp_path / "img" / "broken.jpg"
+    broken.write_bytes(images[0].read_bytes()[:40])
+    img, txt, m = hardrank_embed(hardrank.ModelSpec(f"hf:{folder}", device="cpu"), tmp_path / "s",
+                                 [*images, broken], CAPTIONS)
+    ref_img, ref_txt = reference(folder, images, CAPTIONS)
+    _close(img[:-1], ref_img)
+    _close(txt, ref_txt)
+    assert not img[-1].any() and m.info["transformers"]["class"] == "Siglip2Model"
+    # the decode stage's arrays are the processor's, bit for bit, with the grids of the aspect ratios
+    proc = AutoImageProcessor.from_pretrained(str(folder))
+    want = proc(images=[Image.open(p) for p in images], return_tensors="pt")
+    got = make_decoder(m.preprocess_cfg, threads=3)({"ref": [hardrank.ImageRef(str(p)) for p in images]})
+    assert got["ok"].all() and set(got["pixels"]) == {"pixel_values", "pixel_attention_mask", "spatial_shapes"}
+    for k, v in got["pixels"].items():
+        assert torch.equal(v, want[k]), k
+    assert got["pixels"]["pixel_values"].shape == (len(images), 16, 3 * 8 * 8)
+    assert len({tuple(g) for g in got["pixels"]["spatial_shapes"].tolist()}) >= 3  # e.g. 3x5, 6x2, 4x4
+    # captions: Siglip2Processor's text path (padding="max_length", truncation, ids and mask), at the table's length
+    tokens = Siglip2Processor(image_processor=proc, tokenizer=AutoTokenizer.from_pretrained(str(folder)))(
+        text=CAPTIONS, max_length=LENGTH, return_tensors="pt")
+    mine = m.tokenizer(CAPTIONS)
+    assert set(mine) == {"input_ids", "attention_mask"} and not mine["attention_mask"].all()
+    assert all(torch.equal(mine[k], tokens[k]) for k in mine)
+    assert offline["tries"] == []
+
+
+def test_siglip2_fingerprint_holds_max_num_patches_and_the_processor(tmp_path):
+    folder = make_siglip2(tmp_path / "model")
+    m = hardrank.load_model(hardrank.ModelSpec(f"hf:{folder}", device="cpu"))
+    assert m.preprocess_cfg["inputs"]["pixel_values"]["shape"] == [16, 192]
+    cfg = json.loads((folder / "preprocessor_config.json").read_text())
+    fps = {m.fingerprint}
+    for change in ({"max_num_patches": 9}, {"resample": 3}, {"image_mean": [0.4, 0.5, 0.5]}):
+        (folder / "preprocessor_config.json").write_text(json.dumps({**cfg, **change}))
+        fps.add(hardrank.load_model(hardrank.ModelSpec(f"hf:{folder}", device="cpu")).fingerprint)
+    assert len(fps) == 4
+
+
+def test_an_unsupported_variable_resolution_processor_is_refused(tmp_path):
+    """A processor whose images vary in size, other than SigLIP 2's, is refused by name; so is a SigLIP 2
+    model saved with a fixed-size processor (no max_num_patches)."""
+    folder = make_clip(tmp_path / "clip")
+    cfg = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps({**cfg, "do_center_crop": False}))
+    with pytest.raises(UsageError, match=r"its image processor \(CLIPImageProcessor\) gives images of varying size"
+                                         r".* only SigLIP 2's \(Siglip2Model, .*\) is supported"):
         hardrank.load_model(hardrank.ModelSpec(f"hf:{folder}", device="cpu"))
+    s2 = make_siglip2(tmp_path / "siglip2")
+    (s2 / "preprocessor_config.json").unlink()
+    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(s2)
+    with pytest.raises(UsageError, match=r"a SigLIP 2 model needs its variable-resolution image processor "
+                                         r"\(Siglip2ImageProcessor, with max_num_patches and patch_size\), got "
+                                         r"SiglipImageProcessor"):
+        hardrank.load_model(hardrank.ModelSpec(f"hf:{s2}", device="cpu"))
+
+
+def test_eval_karpathy_with_siglip2_on_the_toy_world(tmp_path, capsys):
+    world = Path(build_world(tmp_path / "world", WorldConfig(n_train=0, n_test=12, n_inpaint=0)))
+    folder = make_siglip2(tmp_path / "tiny-siglip2")
+    rc = main(["eval", "--model", f"hf:{folder}", "--suite", "karpathy", "--annotations",
+               str(world / "karpathy_test.json"), "--images", str(world / "images"), "--out", str(tmp_path / "o"),
+               "--store", str(tmp_path / "s"), "--device", "cpu", "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "o" / "tiny-siglip2" / "karpathy.json").read_text())
+    assert result["provenance"]["model_source"]["transformers"]["class"] == "Siglip2Model"
+    assert result["model_fingerprint"].startswith("hf-tiny-siglip2-fp32-")
+    assert result["counts"] and "R@1" in result["metrics"]["original"]["i2t"], result["metrics"]
 
 
 def test_a_registered_family_decides_how_a_model_type_encodes(tmp_path, monkeypatch):

@@ -169,24 +169,37 @@ class ProcessorDecoder:
     ``Image.open``'s image, so the pixels are ``processor(images=[Image.open(p) ...])["pixel_values"]``
     exactly: resize with its resample filter and size rule, its crop, rescale and normalise as it does them.
 
+    A processor that gives each image several arrays (``preprocess_cfg["inputs"]``: name -> per-image shape
+    and dtype; SigLIP 2's patches, patch mask and patch grid) makes ``pixels`` a dict of ``(B, *shape)``
+    tensors, each the processor's own array; a failed row is zeros in each.
+
     Each thread decodes its share of the batch and runs the processor on it (a processor groups images by
-    shape and runs each step per image: batching changes no value). An image the processor refuses is
-    found by running the share image by image, and recorded like an unreadable one."""
+    shape and runs each step per image: batching changes no value). An image the processor refuses, or
+    whose arrays come out in another shape, is found by running the share image by image, and recorded
+    like an unreadable one."""
 
     def __init__(self, preprocess_cfg: dict, threads: int = 2):
         self.processor = hf_image_processor(preprocess_cfg)
-        self.size = image_size(preprocess_cfg)
+        self.several = "inputs" in preprocess_cfg
+        fixed = {"pixel_values": {"shape": [3, *image_size(preprocess_cfg)], "dtype": "float32"}}
+        self.inputs = {k: (tuple(v["shape"]), getattr(torch, v["dtype"]))  # name -> (per-image shape, dtype)
+                       for k, v in (preprocess_cfg["inputs"] if self.several else fixed).items()}
         self.threads = max(1, threads)
         self.pool = ThreadPoolExecutor(self.threads)
 
-    def _pixels(self, images: list) -> torch.Tensor:
-        px = self.processor(images=images, return_tensors="pt")["pixel_values"]  # (n, 3, H, W) float32
-        if tuple(px.shape[-2:]) != self.size:
-            raise ValueError(f"the image processor gave {tuple(px.shape[-2:])} pixels, not {self.size}")
-        return px.float()
+    def _arrays(self, images: list) -> dict:
+        """name -> (n, *shape) tensor of the processor's output for ``images``."""
+        got = self.processor(images=images, return_tensors="pt")
+        out = {}
+        for k, (shape, dtype) in self.inputs.items():
+            t = got[k]
+            if tuple(t.shape[1:]) != shape:
+                raise ValueError(f"the image processor gave {k} of shape {tuple(t.shape[1:])}, not {shape}")
+            out[k] = t.to(dtype)
+        return out
 
     def _share(self, refs: list) -> list:
-        """(pixels (3, H, W) | None, error | None) per ref."""
+        """({name: array of one image} | None, error | None) per ref."""
         out: list = [None] * len(refs)
         images = {}
         for i, ref in enumerate(refs):
@@ -197,13 +210,13 @@ class ProcessorDecoder:
         if not images:
             return out
         try:
-            px = self._pixels(list(images.values()))
+            arrays = self._arrays(list(images.values()))
             for j, i in enumerate(images):
-                out[i] = (px[j], None)
+                out[i] = ({k: v[j] for k, v in arrays.items()}, None)
         except Exception:  # one image the processor cannot take: find it, keep the others
             for i, img in images.items():
                 try:
-                    out[i] = (self._pixels([img])[0], None)
+                    out[i] = ({k: v[0] for k, v in self._arrays([img]).items()}, None)
                 except Exception as exc:
                     out[i] = (None, failure_reason(exc))
         return out
@@ -213,12 +226,13 @@ class ProcessorDecoder:
         n = len(refs)
         step = max(1, -(-n // self.threads))
         out = [r for part in self.pool.map(self._share, [refs[s:s + step] for s in range(0, n, step)]) for r in part]
-        pixels = torch.zeros((n, 3, *self.size), dtype=torch.float32)  # (B, 3, H, W)
-        for i, (t, _) in enumerate(out):
-            if t is not None:
-                pixels[i] = t
-        return {**batch, "pixels": pixels, "ok": np.array([t is not None for t, _ in out], dtype=bool),
-                "error": [e for _, e in out]}
+        arrays = {k: torch.zeros((n, *shape), dtype=dtype) for k, (shape, dtype) in self.inputs.items()}
+        for i, (a, _) in enumerate(out):
+            if a is not None:
+                for k, v in a.items():
+                    arrays[k][i] = v
+        return {**batch, "pixels": arrays if self.several else arrays["pixel_values"],  # (B, 3, H, W) float32
+                "ok": np.array([a is not None for a, _ in out], dtype=bool), "error": [e for _, e in out]}
 
 
 def is_processor_cfg(preprocess_cfg: dict) -> bool:

@@ -11,8 +11,9 @@ __all__ = ["ImageEncoder", "TextEncoder", "encode_text"]
 
 
 class ImageEncoder:
-    """Stage: pixels -> one L2-normalised embedding array per model (``emb0``, ``emb1``...); an
-    optional ``models`` entry of the batch (indices) limits it to those checkpoints."""
+    """Stage: pixels (a tensor, or a dict of a processor's arrays) -> one L2-normalised embedding array per
+    model (``emb0``, ``emb1``...); an optional ``models`` entry of the batch (indices) limits it to those
+    checkpoints."""
 
     def __init__(self, models: list[LoadedModel]):
         self.models = models
@@ -22,10 +23,19 @@ class ImageEncoder:
         out = dict(batch)
         for i in batch.get("models") or range(len(self.models)):  # "models": the checkpoints to run
             m = self.models[i]
-            x = batch["pixels"].to(m.device, non_blocking=True).to(m.dtype)
+            x = _to_device(batch["pixels"], m)
             emb = m.model.encode_image(x).float()
             out[f"emb{i}"] = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
         return out
+
+
+def _to_device(pixels, m: LoadedModel):
+    """(B, 3, H, W) pixels on the model's device in its dtype; a processor's several arrays (a dict: SigLIP 2's
+    patches, patch mask and grid) likewise, casting only the floating ones (masks and shapes keep theirs)."""
+    if isinstance(pixels, dict):
+        return {k: _to_device(v, m) if v.is_floating_point() else v.to(m.device, non_blocking=True)
+                for k, v in pixels.items()}
+    return pixels.to(m.device, non_blocking=True).to(m.dtype)
 
 
 class TextEncoder:

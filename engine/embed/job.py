@@ -4,7 +4,10 @@ A batch moves through the stages as a plain dict, the same under every executor:
 
     source  {"modality", "rows" (n,) int64, "items": [ImageRef] | [str]}
     decoded images gain "pixels" (n, 3, H, W) float32, "ok" (n,) bool, "error" [str | None], and with
-            ``key_by="id"`` "keys" [content key | None] (the hash of the bytes decoded); texts pass
+            ``key_by="id"`` "keys" [content key | None] (the hash of the bytes decoded); texts pass.
+            A transformers processor that gives several arrays per image (SigLIP 2: patches, patch mask,
+            patch grid) makes "pixels" a dict name -> (n, *shape) tensor, fixed shapes per model, which the
+            model's family adapter takes whole (``hardrank.models.hf_models.Family.image_inputs``)
     encoded {"modality", "rows", "ok", "error", "emb": [K arrays (n_ok, D) float32], "keys"?}   (K checkpoints)
 
 and ``EmbedSink.deliver`` records the failed rows and commits the embeddings of the others (under the
@@ -127,7 +130,10 @@ class EncodeStage:
         emb: list = []
         if len(sel) and batch["modality"] == "image":
             pixels = batch["pixels"]
-            enc = self.image({"pixels": pixels if len(sel) == n else pixels[torch.from_numpy(sel)], "models": models})
+            if len(sel) < n:
+                idx = torch.from_numpy(sel)
+                pixels = {k: v[idx] for k, v in pixels.items()} if isinstance(pixels, dict) else pixels[idx]
+            enc = self.image({"pixels": pixels, "models": models})
             emb = [enc.get(f"emb{i}") for i in range(self.k)]
         elif len(sel):
             enc = self.text({"text": batch["items"] if len(sel) == n else [batch["items"][i] for i in sel],

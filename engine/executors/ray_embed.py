@@ -328,7 +328,9 @@ class _DecodeActor:
         t = time.perf_counter()
         d = self.stage(batch)
         n = len(batch["rows"])
-        d["pixels"] = d["pixels"].numpy() if "pixels" in d else np.zeros((0, 3, *self.hw), np.float32)
+        px = d.get("pixels")  # a tensor, or a dict of a processor's arrays (SigLIP 2): each as numpy
+        d["pixels"] = {k: v.numpy() for k, v in px.items()} if isinstance(px, dict) else \
+            px.numpy() if px is not None else np.zeros((0, 3, *self.hw), np.float32)
         d["decode_s"] = time.perf_counter() - t
         d.setdefault("ok", np.ones(n, dtype=bool))
         d["error"] = d.get("error") or [None] * n
@@ -358,10 +360,12 @@ class _EncodeActor:
             self.models = models  # checkpoints of earlier calls that this one lacks are freed
             self.stage = EncodeStage(job, [models[repr(s)] for s in job.specs], threads=threads)
             self.key = key
-        if isinstance(batch.get("pixels"), np.ndarray):
+        px = batch.get("pixels")
+        if isinstance(px, np.ndarray) or isinstance(px, dict) and all(isinstance(v, np.ndarray) for v in px.values()):
             with warnings.catch_warnings():  # Ray's zero-copy arrays are read-only; the encoder only reads them
                 warnings.simplefilter("ignore", UserWarning)
-                batch["pixels"] = torch.from_numpy(batch["pixels"])
+                batch["pixels"] = {k: torch.from_numpy(v) for k, v in px.items()} if isinstance(px, dict) else \
+                    torch.from_numpy(px)
         t = time.perf_counter()
         e = self.stage(batch)
         k = self.stage.k

@@ -6,15 +6,17 @@ processor and the tokenizer; the weights are the folder's, or each ``--checkpoin
 ``config.json`` + weights, as a Trainer's ``checkpoint-N/``, or a weights file of the folder's config).
 
 A model family is a small adapter registered by the config's ``model_type`` (``register_family``): the
-transformers class to build, how it encodes pixels and tokens, how long its captions are padded. CLIP and
-SigLIP are registered; any other model type whose class has ``get_image_features`` and
-``get_text_features`` runs through the generic adapter. A cross-encoder family (BLIP's ITM head) adds its
-own entry.
+transformers class to build, how it encodes pixels and tokens, how long its captions are padded, and, for a
+processor that gives each image several arrays, their names and per-image shapes. CLIP, SigLIP and SigLIP 2
+(NaFlex: patches padded to ``max_num_patches``, their mask and the image's patch grid) are registered; any
+other model type whose class has ``get_image_features`` and ``get_text_features`` runs through the generic
+adapter. A cross-encoder family (BLIP's ITM head) adds its own entry.
 
 Exactness: images are preprocessed by the model's own image processor (rebuilt from its settings in each
 decode worker) on ``Image.open``'s image, so pixels equal ``processor(images=...)``; captions are tokenised
 as the model was trained: padded to ``text_config.max_position_embeddings`` (CLIP 77, SigLIP 64) and cut there,
-with the tokenizer's own attention mask when it returns one (SigLIP: ids alone, as big_vision trained it).
+with the tokenizer's own attention mask when it returns one (SigLIP: ids alone, as big_vision trained it;
+SigLIP 2: ids and mask, as its ``Siglip2Processor`` gives them to the model).
 
 ``transformers`` is the ``hardrank[hf]`` extra, imported inside this module's functions only.
 """
@@ -43,6 +45,7 @@ PROCESSOR_KEY = "hf_image_processor"  # the preprocess_cfg key that marks a tran
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 _FETCH = "hf download {repo}"  # a whole model repo: config, weights, processor and tokenizer files
 _TEXT_INPUTS = ("input_ids", "attention_mask")
+_NAFLEX_INPUTS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
 _CONFIG_NOISE = ("transformers_version", "_name_or_path")  # config keys that change nothing an embedding reads
 
 
@@ -68,6 +71,26 @@ def _unmasked_text_features(model, tokens: dict) -> torch.Tensor:
     return _features(model.get_text_features(input_ids=tokens["input_ids"]))
 
 
+def _naflex_image_features(model, pixels: dict) -> torch.Tensor:
+    """SigLIP 2 (NaFlex): each image's patches padded to ``max_num_patches``, which of them are real, and its
+    patch grid, the three arrays its processor gives the model."""
+    return _features(model.get_image_features(**{k: pixels[k] for k in _NAFLEX_INPUTS}))
+
+
+def _naflex_inputs(proc: dict, arch: str) -> dict:
+    """Per image, the arrays Siglip2ImageProcessor gives (``max_num_patches`` rows whatever the aspect
+    ratio, so a batch of them has one shape): name -> {"shape", "dtype"}."""
+    n, p = proc.get("max_num_patches"), proc.get("patch_size")
+    if not (isinstance(n, int) and isinstance(p, int) and n > 0 and p > 0):
+        raise UsageError(f"--model {arch}: a SigLIP 2 model needs its variable-resolution image processor "
+                         f"(Siglip2ImageProcessor, with max_num_patches and patch_size), got "
+                         f"{proc.get('image_processor_type')} (max_num_patches {n!r}, patch_size {p!r}); save "
+                         f"the model's own processor beside it (processor.save_pretrained)")
+    return {"pixel_values": {"shape": [n, 3 * p * p], "dtype": "float32"},  # (patches, p * p * 3), padded
+            "pixel_attention_mask": {"shape": [n], "dtype": "int32"},      # 1: a real patch, 0: padding
+            "spatial_shapes": {"shape": [2], "dtype": "int64"}}            # (rows, columns) of its patch grid
+
+
 def _trained_length(config) -> int:
     """The caption length the text tower was trained at: its position table's size."""
     text = getattr(config, "text_config", None) or config
@@ -79,13 +102,21 @@ class Family:
     """How hardrank runs one transformers model type."""
 
     model_class: str | None = None   # transformers class name; None: AutoModel's class for the config
-    image_features: Callable = _image_features  # (model, (B, 3, H, W) pixels) -> (B, D)
+    image_features: Callable = _image_features  # (model, (B, 3, H, W) pixels, or image_inputs' arrays) -> (B, D)
     text_features: Callable = _text_features    # (model, tokenizer output on the device) -> (B, D)
     text_length: Callable = _trained_length     # config -> the length captions are padded and cut to
+    image_inputs: Callable | None = None        # (processor settings, arch) -> {name: {"shape", "dtype"}} per
+                                                # image, for a processor that gives several arrays (decoded as a
+                                                # dict of (B, *shape) tensors); None: one (3, H, W) pixel array
 
 
 FAMILIES: dict[str, Family] = {"clip": Family("CLIPModel"),
-                               "siglip": Family("SiglipModel", text_features=_unmasked_text_features)}
+                               "siglip": Family("SiglipModel", text_features=_unmasked_text_features),
+                               # text: ids and the tokenizer's mask, padded to 64 (its position table), as
+                               # Siglip2Processor gives them (padding="max_length", max_length=64); big_vision
+                               # ran the tower unmasked (then text_features=_unmasked_text_features)
+                               "siglip2": Family("Siglip2Model", image_features=_naflex_image_features,
+                                                 image_inputs=_naflex_inputs)}
 _GENERIC = Family()  # any model type whose class has get_image_features and get_text_features
 
 
@@ -251,8 +282,10 @@ def _output_size(proc: dict, arch: str) -> list[int]:
     if proc.get("do_resize") and size.get("height") and size.get("width"):
         return [int(size["height"]), int(size["width"])]
     raise UsageError(f"--model {arch}: its image processor ({proc.get('image_processor_type')}) gives images of "
-                     f"varying size (size {size}, crop {crop or 'none'}); hardrank batches fixed-size pixels: "
-                     f"variable-resolution processors (SigLIP 2 NaFlex) are not supported")
+                     f"varying size (size {size}, crop {crop or 'none'}); hardrank batches fixed-size arrays: "
+                     f"of the variable-resolution processors only SigLIP 2's (Siglip2Model, whose patches are "
+                     f"padded to max_num_patches) is supported; save the model with a processor that resizes "
+                     f"to a fixed size")
 
 
 def hf_image_processor(preprocess_cfg: dict):
@@ -270,7 +303,7 @@ class HFDualEncoder(torch.nn.Module):
         super().__init__()
         self.hf, self.family = model, family
 
-    def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
+    def encode_image(self, pixels) -> torch.Tensor:  # (B, 3, H, W), or {name: (B, ...)} (Family.image_inputs)
         return self.family.image_features(self.hf, pixels)
 
     def encode_text(self, tokens) -> torch.Tensor:
@@ -324,7 +357,10 @@ def load_hf_model(spec: ModelSpec) -> LoadedModel:
     family, cls = _family_and_class(config, spec.arch, folder)
     processor, tok = _processor(folder, spec.arch), _tokenizer(folder, spec.arch)  # fail before the weights load
     settings = json.loads(json.dumps(processor.to_dict(), default=str))
-    preprocess_cfg = {PROCESSOR_KEY: settings, "size": _output_size(settings, spec.arch)}
+    if family.image_inputs is not None:  # several arrays per image, shaped by the settings (both fingerprinted)
+        preprocess_cfg = {PROCESSOR_KEY: settings, "inputs": family.image_inputs(settings, spec.arch)}
+    else:  # one (3, H, W) array: the fixed size every image leaves the processor at
+        preprocess_cfg = {PROCESSOR_KEY: settings, "size": _output_size(settings, spec.arch)}
     model, files = _build(cls, folder, config, spec)
     model.eval().requires_grad_(False)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
