@@ -161,7 +161,7 @@ def reference(folder: Path, images: list[Path], texts: list[str]):
         img = model.get_image_features(**proc(images=[Image.open(p) for p in images], return_tensors="pt")
                                        ).pooler_output if images else torch.zeros(0, 1)
         tokens = tok(texts, padding="max_length", max_length=LENGTH, truncation=True, return_tensors="pt")
-        if model.config.model_type == "siglip":  # as trained: the padded ids, unmasked (see hf_models)
+        if model.config.model_type in ("siglip", "siglip2"):  # as trained: the padded ids, unmasked (hf_models)
             tokens = {"input_ids": tokens["input_ids"]}
         txt = model.get_text_features(**tokens)
     n = torch.nn.functional.normalize

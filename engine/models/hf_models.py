@@ -112,11 +112,10 @@ class Family:
 
 FAMILIES: dict[str, Family] = {"clip": Family("CLIPModel"),
                                "siglip": Family("SiglipModel", text_features=_unmasked_text_features),
-                               # text: ids and the tokenizer's mask, padded to 64 (its position table), as
-                               # Siglip2Processor gives them (padding="max_length", max_length=64); big_vision
-                               # ran the tower unmasked (then text_features=_unmasked_text_features)
+                               # text: the ids Siglip2Processor gives (padding="max_length", max_length=64), the
+                               # tower unmasked as big_vision trained it and open_clip's SigLIP 2 runs it (as SigLIP)
                                "siglip2": Family("Siglip2Model", image_features=_naflex_image_features,
-                                                 image_inputs=_naflex_inputs)}
+                                                 image_inputs=_naflex_inputs, text_features=_unmasked_text_features)}
 _GENERIC = Family()  # any model type whose class has get_image_features and get_text_features
 
 
