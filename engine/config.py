@@ -398,7 +398,7 @@ class EvalConfig:
     suite_options: SuiteOptions = SuiteOptions()
     embed: EmbedOptions = EmbedOptions()
     rank_precision: str = opt("auto", _RANK_PRECISION_HELP, choices=RANK_PRECISIONS)
-    recall_k: tuple[int, ...] = opt((1, 5, 10), "retrieval: which R@K are reported (CLIP_benchmark's --recall_k), "
+    recall_k: tuple[int, ...] = opt((1, 5, 10), "retrieval: which R@K are reported (CLIP_benchmark's recall_k option), "
                                     "e.g. 1 5 10 50; R@1, every table's headline, always is; rsum (R@1+5+10 both "
                                     "ways) needs 5 and 10")
     rerank: str | None = opt(None, "two-stage retrieval, itm:K: each query's top K of the gallery (the union of "
