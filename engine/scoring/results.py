@@ -115,6 +115,16 @@ def summary_row(result: dict) -> dict[str, float]:
                     row[f"{d}:{view} R@1"] = vm["R@1"]
                     if "false_rate" in vm:
                         row[f"{d}:{view} FR"] = vm["false_rate"]
+    elif result.get("task_type") == "classification":
+        for task, groups in m.items():
+            prefix = "" if len(m) == 1 else f"{task} "
+            for g, gm in groups.items():
+                if isinstance(gm, dict) and "acc1" in gm and g != "corruptions":
+                    label = "" if g == "clean" else f"{g} "
+                    row[f"{prefix}{label}top1"] = gm["acc1"]
+                    if g == "clean":
+                        row[f"{prefix}top5"] = gm["acc5"]
+                        row[f"{prefix}mpcr"] = gm["mean_per_class_recall"]
     elif result.get("task_type") == "mask":
         for role, rm in m.items():
             for k, v in rm.items():
