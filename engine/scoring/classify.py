@@ -16,7 +16,7 @@ __all__ = ["class_embeddings", "classify_ranks", "classify_metrics", "classify_o
            "CLASSIFY_KS"]
 
 CLASSIFY_KS = (1, 5)
-_SEVERITY = re.compile(r"^(?P<name>.+)_(?P<severity>[1-9]\d*)$")
+_SEVERITY = re.compile(r"^(?P<name>.+)_(?P<severity>[1-9]\d*)(?:_s\d+)?$")
 
 
 def class_embeddings(text_emb: np.ndarray, prompt_ptr: np.ndarray, prompt_rows: np.ndarray) -> np.ndarray:
@@ -75,7 +75,8 @@ def _group_metrics(rank: np.ndarray, labels: np.ndarray, tie: np.ndarray, n_clas
 
 
 def corruption_severity(variant: str) -> tuple[str, int] | None:
-    """(corruption, severity) of a variant named ``<corruption>_<severity>`` (``gaussian_noise_3``), else None."""
+    """(corruption, severity) of a variant named ``<corruption>_<severity>`` (``gaussian_noise_3``, or with its seed:
+    ``gaussian_noise_3_s0``), else None."""
     m = _SEVERITY.match(variant)
     return (m.group("name"), int(m.group("severity"))) if m else None
 

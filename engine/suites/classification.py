@@ -315,7 +315,7 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
                 raise DataError(f"image variant {v}: {len(missing)} sample(s) have no altered image, e.g. "
                                 f"{missing[:3]}; make the variant again with hardrank perturb images")
             vrefs[v] = [ImageRef(by_id[i].image) for i in ids]
-        meta.update(layout="clip_benchmark_wds", **ss.meta())
+        meta.update({**ss.meta(), "layout": "clip_benchmark_wds"})
     elif urls.is_dir(root):
         cn_source = opts.classnames
         rels, labels, classnames, ignored = _image_folder(root, classnames, set(variants), cn_source)
