@@ -18,6 +18,7 @@ from hardrank.errors import DataError
 from hardrank.evaluate import evaluate
 from hardrank.items import Tables
 from hardrank.scoring.classify import class_embeddings, classify_metrics, classify_ranks
+from hardrank.scoring.clip_benchmark_export import export_clip_benchmark
 from hardrank.suites import load_suites
 from hardrank.suites._common import SuiteOptions
 from hardrank.suites.classification import build_classify, read_classnames, read_templates
@@ -215,6 +216,12 @@ def test_eval_three_layouts_agree(tmp_path, tiny_model):
     out = pq.read_table(tmp_path / "o1" / "a" / "imagefolder.parquet").to_pylist()
     assert len(out) == 36 and {o["view"] for o in out} == {"clean", "noise_1_s0"}
     assert all(o["correct"] == (o["top1_id"] == o["subset"]) for o in out)
+    written = export_clip_benchmark(tmp_path / "o1", tmp_path / "cb")["written"]
+    recs = {json.loads(Path(f).read_text())["dataset"]: json.loads(Path(f).read_text()) for f in written
+            if "_a_" in Path(f).name}
+    assert set(recs) == {"if", "if/noise_1_s0"} and recs["if"]["task"] == "zeroshot_classification"
+    assert recs["if"]["metrics"] == pytest.approx({k: m["clean"][k] / 100 for k in
+                                                   ("acc1", "acc5", "mean_per_class_recall")})
     _write_cb_wds(tmp_path / "wds", root, sorted(CLASSES))
     rep2 = evaluate(suites=["classification"], images=str(tmp_path / "wds"), out=str(tmp_path / "o2"), **common)
     (tmp_path / "t.csv").write_text("image,label\n" + "".join(
