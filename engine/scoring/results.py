@@ -118,13 +118,17 @@ def summary_row(result: dict) -> dict[str, float]:
     elif result.get("task_type") == "classification":
         for task, groups in m.items():
             prefix = "" if len(m) == 1 else f"{task} "
-            for g, gm in groups.items():
-                if isinstance(gm, dict) and "acc1" in gm and g != "corruptions":
-                    label = "" if g == "clean" else f"{g} "
-                    row[f"{prefix}{label}top1"] = gm["acc1"]
-                    if g == "clean":
-                        row[f"{prefix}top5"] = gm["acc5"]
-                        row[f"{prefix}mpcr"] = gm["mean_per_class_recall"]
+            clean = groups.get("clean", {})
+            for k, short in (("acc1", "top1"), ("acc5", "top5"), ("mean_per_class_recall", "mpcr")):
+                if k in clean:
+                    row[f"{prefix}zs {short}"] = clean[k]
+            # variants: per corruption (mean over its severities) where named <corruption>_<severity>, else each
+            shown = groups.get("corruptions") or {g: gm for g, gm in groups.items()
+                                                  if g not in ("clean", "variants_mean") and "members" not in gm}
+            for g, gm in shown.items():
+                row[f"{prefix}zs:{g} top1"] = gm.get("acc1")
+            if "variants_mean" in groups:
+                row[f"{prefix}zs:variants top1"] = groups["variants_mean"]["acc1"]
     elif result.get("task_type") == "mask":
         for role, rm in m.items():
             for k, v in rm.items():
