@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import builtins
+import csv
 import json
 import shutil
 import subprocess
@@ -288,3 +289,39 @@ def test_agrees_with_clip_benchmark(tmp_path, tiny_model, clip_benchmark_path, m
         assert ours["acc1"] == pytest.approx(100 * want["acc1"])
         assert ours["acc5"] == pytest.approx(100 * want["acc5"])
         assert ours["mean_per_class_recall"] == pytest.approx(100 * want["mean_per_class_recall"])
+
+
+def test_report_draws_accuracy_against_severity(tmp_path, tiny_model):
+    from hardrank.jobs.report import build_report
+
+    cfg, ckpts = tiny_model
+    root = _imagefolder(tmp_path / "if", per_class=1)
+    for v in ("fog_1_s0", "fog_3_s0"):
+        shutil.copytree(root, root / v, ignore=shutil.ignore_patterns("fog_*"))
+    evaluate(suites=["imagefolder"], images=str(root), image_variants=("fog_1", "fog_3"), seeds=(0,),
+             model=str(cfg), checkpoints=tuple(map(str, ckpts)), out=str(tmp_path / "o"), store=str(tmp_path / "s"))
+    build_report(tmp_path / "o", tmp_path / "rep")
+    assert (tmp_path / "rep" / "plots" / "severity.png").is_file()
+    assert "Accuracy vs corruption severity" in (tmp_path / "rep" / "report.md").read_text()
+    rows = list(csv.DictReader((tmp_path / "rep" / "leaderboard.csv").open()))
+    assert {r["main_metric"] for r in rows} == {"top-1"} and "zs:fog top1" in rows[0]
+
+
+def test_toy_world_classification_split(tmp_path):
+    from hardrank.toyworld import WorldConfig, build_world
+    from hardrank.toyworld.world import CLASSIFY_CORRUPTIONS, _sample_scenes, classification_split
+
+    cfg = WorldConfig(n_train=0, n_test=12, n_inpaint=0, alter_methods=())
+    world = Path(build_world(tmp_path / "w", cfg))
+    split = classification_split(world)
+    rows = list(csv.DictReader((split / "labels.csv").open()))
+    scenes = _sample_scenes(cfg)[1]
+    assert [r["label"] for r in rows] == [f"{s.left.colour} {s.left.shape}" for s in scenes]
+    names, severities, seed = CLASSIFY_CORRUPTIONS
+    for n in names:
+        for s in severities:
+            assert (world / "images" / f"{n}_{s}_s{seed}" / rows[0]["image"]).is_file()
+    tables = Tables.empty()
+    suite, = load_suites(["toy-classify"], tables, SuiteOptions(data=str(world)))
+    t = suite.classify[0]
+    assert len(t.classnames) == 24 and t.num_queries == 12 and len(t.groups) == 1 + len(names) * len(severities)

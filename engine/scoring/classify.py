@@ -1,22 +1,20 @@
 """Zero-shot classification scored as ranking: class embeddings from prompts, ranks from the kernels, metrics."""
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pyarrow as pa
 import torch
 
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
+from hardrank.scoring.metrics import corruption_severity
 from hardrank.scoring.results import outcome_schema
 from hardrank.tasks import ClassifyTask
 
-__all__ = ["class_embeddings", "classify_ranks", "classify_metrics", "classify_outcomes", "corruption_severity",
-           "CLASSIFY_KS"]
+__all__ = ["class_embeddings", "classify_ranks", "classify_metrics", "classify_outcomes", "CLASSIFY_KS"]
+
 
 CLASSIFY_KS = (1, 5)
-_SEVERITY = re.compile(r"^(?P<name>.+)_(?P<severity>[1-9]\d*)(?:_s\d+)?$")
 
 
 def class_embeddings(text_emb: np.ndarray, prompt_ptr: np.ndarray, prompt_rows: np.ndarray) -> np.ndarray:
@@ -72,13 +70,6 @@ def _group_metrics(rank: np.ndarray, labels: np.ndarray, tie: np.ndarray, n_clas
     out["images"] = int(n)
     out["ties"] = int(tie.sum())
     return out
-
-
-def corruption_severity(variant: str) -> tuple[str, int] | None:
-    """(corruption, severity) of a variant named ``<corruption>_<severity>`` (``gaussian_noise_3``, or with its seed:
-    ``gaussian_noise_3_s0``), else None."""
-    m = _SEVERITY.match(variant)
-    return (m.group("name"), int(m.group("severity"))) if m else None
 
 
 def classify_metrics(task: ClassifyTask, ranks: dict, variant_seeds: dict[str, list[str]] | None = None) -> dict:

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from hardrank.atomic import atomic_path, write_json_atomic
 from hardrank.errors import DataError
+from hardrank.scoring.metrics import variant_entries
 
 log = logging.getLogger("hardrank.scoring.results")
 
@@ -123,8 +124,7 @@ def summary_row(result: dict) -> dict[str, float]:
                 if k in clean:
                     row[f"{prefix}zs {short}"] = clean[k]
             # variants: per corruption (mean over its severities) where named <corruption>_<severity>, else each
-            shown = groups.get("corruptions") or {g: gm for g, gm in groups.items()
-                                                  if g not in ("clean", "variants_mean") and "members" not in gm}
+            shown = groups.get("corruptions") or variant_entries(groups)
             for g, gm in shown.items():
                 row[f"{prefix}zs:{g} top1"] = gm.get("acc1")
             if "variants_mean" in groups:
