@@ -325,3 +325,32 @@ def test_toy_world_classification_split(tmp_path):
     suite, = load_suites(["toy-classify"], tables, SuiteOptions(data=str(world)))
     t = suite.classify[0]
     assert len(t.classnames) == 24 and t.num_queries == 12 and len(t.groups) == 1 + len(names) * len(severities)
+
+
+def test_imagenet_builtins_wnid_folders_and_the_200_class_shifts(tmp_path):
+    from hardrank.suites.imagenet import IMAGENET_WNIDS, imagenet_classnames, shift_subset
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "in"
+    for w in (IMAGENET_WNIDS[0], IMAGENET_WNIDS[999]):
+        write_image(root / w / "a.jpg", rng, size=(8, 8))
+    suite, _ = _load(tmp_path, images=str(root))
+    t = suite.classify[0]
+    assert t.classnames == imagenet_classnames() and sorted(t.labels.tolist()) == [0, 999]
+    assert int(t.prompt_ptr[1]) == 80 and suite.meta["templates_from"] == "dataset"  # the openai set by default
+    r = tmp_path / "imagenet-r"
+    for i in shift_subset("imagenet-r"):
+        write_image(r / IMAGENET_WNIDS[i] / "a.jpg", rng, size=(8, 8))
+    suite, _ = _load(tmp_path, images=str(r), templates="simple")
+    t = suite.classify[0]
+    names = imagenet_classnames()
+    assert t.classnames == [names[i] for i in shift_subset("imagenet-r")]  # scored against its 200 classes only
+    assert [t.classnames[lab] for lab in t.labels] == [names[IMAGENET_WNIDS.index(q.split("/")[0])]
+                                                       for q in t.query_ids]
+    assert int(t.prompt_ptr[1]) == 7
+    v2 = tmp_path / "v2"
+    write_image(v2 / "5" / "a.jpg", rng, size=(8, 8))
+    suite, _ = _load(tmp_path, images=str(v2), classnames="imagenet1k")
+    assert suite.classify[0].labels.tolist() == [5] and len(suite.classify[0].classnames) == 1000
+    with pytest.raises(DataError, match=r"class folder 'n01440764' \(ImageNet class 0\) is not among the 200"):
+        _load(tmp_path, images=str(root), classnames="imagenet-a")

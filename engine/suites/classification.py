@@ -17,6 +17,14 @@ from hardrank.inputs.kinds.image_folder import IMAGE_EXTENSIONS
 from hardrank.items import ImageRef, Tables
 from hardrank.perturb.shards import variant_shards
 from hardrank.suites._common import SuiteFormatError, SuiteOptions
+from hardrank.suites.imagenet import (
+    IMAGENET_WNIDS,
+    TEMPLATE_SETS,
+    builtin_templates,
+    folder_class_index,
+    imagenet_classnames,
+    shift_subset,
+)
 from hardrank.suites.karpathy import image_variant_names
 from hardrank.tasks import ClassifyTask, Suite
 
@@ -27,6 +35,25 @@ DEFAULT_TEMPLATES = ("a photo of a {c}.",)  # when neither --templates nor the d
 CB_CLASSNAMES = "classnames.txt"  # CLIP_benchmark's WebDataset root: one class name a line, label order
 CB_TEMPLATES = "zeroshot_classification_templates.txt"  # ... and one template a line, {c} for the class name
 _VARIANT_DIR = re.compile(r"^.+_s\d+$")  # <variant>_s<seed>: a variant folder beside the class folders
+# built-in class sets (--classnames NAME): ImageNet-1k's 1,000 classes, or the 200 that ImageNet-R / -A hold (their
+# published protocol scores only against those); class folders map through their WordNet id or V2 number
+BUILTIN_CLASSNAMES = {"imagenet1k": "imagenet-1k", "imagenet-1k": "imagenet-1k", "imagenet-v2": "imagenet-v2",
+                      "imagenet-sketch": "imagenet-sketch", "imagenet-r": "imagenet-r", "imagenet-a": "imagenet-a"}
+_WNID_SET = frozenset(IMAGENET_WNIDS)
+
+
+def _builtin(spec: str, names) -> str | None:
+    """The built-in set ``spec`` names (a job file may have made it a path below its folder), unless it is a file."""
+    name = os.path.basename(spec.rstrip("/"))
+    return name if name in names and not (urls.exists(spec) and not urls.is_dir(spec)) else None
+
+
+def _imagenet_classes(shift: str) -> tuple[list[str], list[int]]:
+    """(class names, ImageNet index of each) of a built-in set: ImageNet-1k's, or ImageNet-R/-A's 200."""
+    subset = shift_subset(shift)
+    idx = list(range(len(IMAGENET_WNIDS))) if subset is None else subset
+    names = imagenet_classnames()
+    return [names[i] for i in idx], idx
 
 
 def _read_text(path: str) -> str:
@@ -99,11 +126,13 @@ def read_templates(spec: str | None, classnames: list[str], default: list[str] |
     where the class name goes: CLIP_benchmark's ``zeroshot_classification_templates.txt``), a JSON list of
     templates, CLIP_benchmark's ``{dataset: [templates]}`` (``FILE.json#<dataset>``), or class-specific
     prompts ``{class name: [prompts]}`` (CuPL style, used as written). None: ``default`` (the dataset's own
-    file) else ``DEFAULT_TEMPLATES``."""
+    file) else ``DEFAULT_TEMPLATES``. Built-in sets: ``openai`` (CLIP's 80 ImageNet prompts), ``simple`` (7)."""
     if spec is None:
         templates = list(default or DEFAULT_TEMPLATES)
         source = "dataset" if default else "default"
         path = source
+    elif _builtin(spec, TEMPLATE_SETS):
+        templates, source, path = builtin_templates(_builtin(spec, TEMPLATE_SETS)), _builtin(spec, TEMPLATE_SETS), spec
     else:
         path, key = _split_key(spec)
         source = spec
@@ -163,8 +192,10 @@ def _folder_index(name: str, classnames: list[str], index: dict[str, int]) -> in
     return None
 
 
-def _image_folder(root: str, classnames: list[str] | None, skip: set[str], cn_source: str | None):
-    """(relative paths, labels, classnames, ignored variant folders) of an ImageFolder tree ``root/<class>/*``."""
+def _image_folder(root: str, classnames: list[str] | None, skip: set[str], cn_source: str | None,
+                  imagenet: list[int] | None = None):
+    """(relative paths, labels, classnames, ignored variant folders) of an ImageFolder tree ``root/<class>/*``.
+    ``imagenet``: the classes are these ImageNet indices (a built-in set): folders are WordNet ids or V2 numbers."""
     local = not urls.is_url(root)
     entries = sorted(os.listdir(root)) if local else sorted(
         {f[len(root.rstrip("/")) + 1:].split("/", 1)[0] for f in urls.list_files(root)})
@@ -183,7 +214,17 @@ def _image_folder(root: str, classnames: list[str] | None, skip: set[str], cn_so
         files_by_folder[name] = files
     if not files_by_folder:
         raise DataError(f"{root}: no class folders (expected the ImageFolder layout {root}/<class>/<image>)")
-    if classnames is None:
+    if imagenet is not None:
+        pos = {c: i for i, c in enumerate(imagenet)}
+        folder_label = {}
+        for name in files_by_folder:
+            c = folder_class_index(name)
+            if c not in pos:
+                raise DataError(f"{urls.join(root, name)}: class folder {name!r} (ImageNet class {c}) is not among the "
+                                f"{len(imagenet)} classes of --classnames {cn_source}; use --classnames imagenet1k, or "
+                                f"the set these images come from")
+            folder_label[name] = pos[c]
+    elif classnames is None:
         classnames = list(files_by_folder)
         folder_label = {n: i for i, n in enumerate(classnames)}
     else:
@@ -203,6 +244,21 @@ def _image_folder(root: str, classnames: list[str] | None, skip: set[str], cn_so
             rels.append(f[len(base):] if f.startswith(base) else os.path.relpath(f, root))
             labels.append(folder_label[name])
     return rels, np.array(labels, dtype=np.int64), classnames, ignored
+
+
+def _wnid_folders(root: str, skip: set[str]) -> str | None:
+    """The built-in set an ImageFolder of WordNet id folders is (ImageNet-R / -A when its folders are exactly their
+    200 classes, else ImageNet-1k), or None when its folders are not all WordNet ids."""
+    if urls.is_url(root):
+        return None
+    folders = {n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n)) and n not in skip
+               and not _VARIANT_DIR.match(n)}
+    if not folders or not folders <= _WNID_SET:
+        return None
+    for shift in ("imagenet-r", "imagenet-a"):
+        if folders == {IMAGENET_WNIDS[i] for i in shift_subset(shift)}:
+            return shift
+    return "imagenet-1k"
 
 
 def _direct_images(folder: str, files: list[str]) -> bool:
@@ -274,7 +330,12 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
                          f"CLIP_benchmark's WebDataset root (classnames.txt + test/*.tar), or the folder the "
                          f"--annotations table's image paths are relative to")
     root = opts.images
-    classnames = read_classnames(opts.classnames) if opts.classnames else None
+    shift = _builtin(opts.classnames, BUILTIN_CLASSNAMES) if opts.classnames else None
+    imagenet = None
+    if shift:
+        classnames, imagenet = _imagenet_classes(BUILTIN_CLASSNAMES[shift])
+    else:
+        classnames = read_classnames(opts.classnames) if opts.classnames else None
     variants = image_variant_names(opts.image_variants, opts.seeds)
     default_templates, keys, meta = None, None, {}
     if opts.annotations:
@@ -318,7 +379,12 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
         meta.update({**ss.meta(), "layout": "clip_benchmark_wds"})
     elif urls.is_dir(root):
         cn_source = opts.classnames
-        rels, labels, classnames, ignored = _image_folder(root, classnames, set(variants), cn_source)
+        if classnames is None:
+            shift = _wnid_folders(root, set(variants))
+            if shift:
+                classnames, imagenet = _imagenet_classes(shift)
+                cn_source = meta["imagenet_set"] = f"{shift} (WordNet id folders)"
+        rels, labels, classnames, ignored = _image_folder(root, classnames, set(variants), cn_source, imagenet)
         ids = rels
         refs = [ImageRef(urls.join(root, r)) for r in rels]
         vrefs = {v: [ImageRef(urls.join(root, v, r)) for r in rels] for v in variants}
@@ -335,13 +401,17 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
             if not urls.is_dir(d):
                 errors.append(FileNotFoundError(f"image variant folder {d} does not exist; make it with `hardrank "
                                                 f"perturb images --images {root} --method ...`"))
+    if imagenet is not None and opts.templates is None and default_templates is None:
+        default_templates = builtin_templates("openai")  # CLIP_benchmark's default for ImageNet and its shifts
     prompts, template_source = read_templates(opts.templates, classnames, default_templates)
+    if imagenet is not None:
+        meta["imagenet_classes"] = "all 1000" if len(imagenet) == len(IMAGENET_WNIDS) else imagenet
     task = build_classify(tables, refs, ids, labels, classnames, prompts, vrefs, keys)
     seeds = {v: [f"{v}_s{s}" for s in opts.seeds] for v in opts.image_variants} if len(opts.seeds) > 1 else {}
     return Suite(name=name, classify=[task], tie_rule=opts.tie_rule, image_errors=errors,
                  meta={**meta, "images": root, "annotations": opts.annotations, "classes": len(classnames),
                        "images_per_group": len(ids), "prompts": int(task.prompt_ptr[-1]),
-                       "classnames_from": opts.classnames or ("dataset" if meta["layout"] != "imagefolder"
-                                                               else "folder names"),
+                       "classnames_from": opts.classnames or meta.get("imagenet_set") or (
+                           "dataset" if meta["layout"] != "imagefolder" else "folder names"),
                        "templates_from": template_source, "image_variants": variants, "variant_seeds": seeds,
                        "tie_rule": f"{opts.tie_rule} (among equal scores the class listed first wins)"})
