@@ -165,6 +165,9 @@ def test_folder_order_mapping_and_variant_folders(tmp_path):
     assert t.classnames == sorted(CLASSES) and t.groups == ["clean", "snow_2_s0"]
     assert [tables.images.entries[r].uri for r in t.query_items[1]] == [
         str(root / "snow_2_s0" / i) for i in t.query_ids]
+    suite, _ = _load(tmp_path, images=str(root), image_variants=("snow_5",), seeds=(0,))
+    with pytest.raises(FileNotFoundError, match=r"snow_5_s0 does not exist; make it with `hardrank perturb images"):
+        suite.check_images()  # before a model run reads any image
     (tmp_path / "names.txt").write_text("\n".join(reversed(CLASSES)))
     suite, _ = _load(tmp_path, images=str(root), classnames=str(tmp_path / "names.txt"))
     t = suite.classify[0]
@@ -265,7 +268,14 @@ def test_agrees_with_clip_benchmark(tmp_path, tiny_model, clip_benchmark_path, m
     from hardrank.models.openclip import resolve_arch
 
     monkeypatch.syspath_prepend(str(clip_benchmark_path))
+    before = set(sys.modules)
+    # the modules imported from the target leave with it: a later find_spec("clip_benchmark") (test_interop) must
+    # not find what this environment cannot import
     from clip_benchmark.metrics import zeroshot_classification as cb
+
+    for name in set(sys.modules) - before:
+        if str(getattr(sys.modules[name], "__file__", "") or "").startswith(str(clip_benchmark_path)):
+            monkeypatch.setitem(sys.modules, name, sys.modules.pop(name))  # absent before: removed at teardown
 
     # CLIP_benchmark 1.6's accuracy() calls float() on a 1-element array, which numpy >= 2.1 refuses; its module
     # gets a float() that takes the one element, so its own code runs otherwise unchanged

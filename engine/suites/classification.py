@@ -268,17 +268,17 @@ def _direct_images(folder: str, files: list[str]) -> bool:
                for f in files)
 
 
-def _label(path: str, row: int, value, classnames: list[str], index: dict[str, int]) -> int:
-    """A label cell: a class index 0..C-1 or a class name."""
+def _label(where: str, value, classnames: list[str], index: dict[str, int]) -> int:
+    """A label (a table's cell, a sample's ``cls``): a class index 0..C-1 or a class name. ``where`` names it."""
     if isinstance(value, str) and value.strip() in index:
         return index[value.strip()]
     try:
         lab = int(value)
     except (TypeError, ValueError):
-        raise DataError(f"{path}: row {row} label {value!r} is neither a class index nor one of the {len(classnames)} "
+        raise DataError(f"{where} label {value!r} is neither a class index nor one of the {len(classnames)} "
                         f"class names (e.g. {classnames[:3]}); fix the row or the --classnames file") from None
     if not 0 <= lab < len(classnames):
-        raise DataError(f"{path}: row {row} label {lab} is out of range for {len(classnames)} classes (0.."
+        raise DataError(f"{where} label {lab} is out of range for {len(classnames)} classes (0.."
                         f"{len(classnames) - 1}); fix the label or pass the --classnames file it indexes")
     return lab
 
@@ -344,7 +344,7 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
             raise UsageError(f"suite {name}: a table of (image, label) needs --classnames FILE (the names its labels "
                              f"index)")
         index = {n: i for i, n in enumerate(classnames)}
-        labels = np.array([_label(opts.annotations, i, v, classnames, index) for i, v in enumerate(raw)],
+        labels = np.array([_label(f"{opts.annotations}: row {i}", v, classnames, index) for i, v in enumerate(raw)],
                           dtype=np.int64)
         ids = paths
         refs = [ImageRef(p if os.path.isabs(p) or urls.is_url(p) else urls.join(root, p)) for p in paths]
@@ -364,7 +364,8 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
             if "cls" not in s.texts:
                 raise DataError(f"{root}: sample {s.id} has no cls member (its label); CLIP_benchmark's layout "
                                 f"writes <key>.cls beside each image")
-        labels = np.array([_label(s.id, 0, s.texts["cls"], classnames, index) for s in kept], dtype=np.int64)
+        labels = np.array([_label(f"{root}: sample {s.id}", s.texts["cls"], classnames, index) for s in kept],
+                          dtype=np.int64)
         ids = [s.id for s in kept]
         refs, keys = [ImageRef(s.image) for s in kept], [s.image_key for s in kept]
         vrefs = {}
