@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -83,6 +84,12 @@ def _write_data(root: Path, n_classes: int, n_images: int, size: int, seed: int)
     return names, templates
 
 
+def _cpu(who) -> float:
+    """CPU seconds (user + system) used so far: on a shared, loaded machine wall time measures the queue."""
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
 def _install_cb(target: Path) -> None:
     if (target / "clip_benchmark" / "metrics" / "zeroshot_classification.py").is_file():
         return
@@ -134,19 +141,22 @@ def main() -> None:
     cb_args = {"model": model, "checkpoints": ckpts, "root": str(root), "classnames": str(data / "classnames.txt"),
                "templates": str(data / "templates.txt"), "batch": args.batch, "workers": args.workers,
                "threads": torch.get_num_threads()}
-    colds, warms, cbs = [], [], []
+    colds, warms, cbs, cpu = [], [], [], {"hardrank_cold": [], "clip_benchmark": []}
     for _ in range(args.repeat):
         shutil.rmtree(store, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
         rep = hardrank.evaluate(**opts)
         colds.append(time.perf_counter() - t0)
+        cpu["hardrank_cold"].append(_cpu(resource.RUSAGE_SELF) - c0)
+        c0 = _cpu(resource.RUSAGE_CHILDREN)
         res = subprocess.run([sys.executable, "-c", _CB_SCRIPT, json.dumps(cb_args)], env=env, capture_output=True,
                              text=True, check=False)
         if res.returncode != 0:
             raise SystemExit(f"CLIP_benchmark failed:\n{res.stderr[-3000:]}")
         cb = json.loads(res.stdout.strip().splitlines()[-1])
         cbs.append(cb["seconds"])
+        cpu["clip_benchmark"].append(_cpu(resource.RUSAGE_CHILDREN) - c0)  # its DataLoader workers included
         t0 = time.perf_counter()
         hardrank.evaluate(**opts)
         warms.append(time.perf_counter() - t0)
@@ -164,6 +174,10 @@ def main() -> None:
     for label, sec in (("hardrank, empty store", cold), ("hardrank, rerun (store)", warm),
                        ("CLIP_benchmark evaluate x K", cb_s)):
         print(f"{label:34s} {sec:8.1f} {n / sec:9.1f} {n * args.k / sec:13.1f}")
+    hc, cc = min(cpu["hardrank_cold"]), min(cpu["clip_benchmark"])
+    print(f"CPU seconds (user + system; CLIP_benchmark's with its workers): hardrank {hc:.1f}, CLIP_benchmark "
+          f"{cc:.1f} ({cc / hc:.2f}x); hardrank image stages: "
+          f"{ {k: round(v, 1) for k, v in rep.embed_stats['image'].get('stage_seconds', {}).items()} }")
     print(f"text encodes per checkpoint: hardrank {text_encoded} (distinct prompts, once each), CLIP_benchmark "
           f"{args.classes * len(templates)}")
     print(f"speed-up vs CLIP_benchmark at K={args.k}: {cb_s / cold:.2f}x (empty store), "
@@ -177,6 +191,7 @@ def main() -> None:
         "rounds": {"hardrank_cold_s": colds, "hardrank_warm_s": warms, "clip_benchmark_s": cbs},
         "images_per_s": {"hardrank_cold": n / cold, "hardrank_warm": n / warm, "clip_benchmark": n / cb_s},
         "text_encodes_per_checkpoint": {"hardrank": text_encoded, "clip_benchmark": args.classes * len(templates)},
+        "cpu_s": cpu, "image_stage_seconds": rep.embed_stats["image"].get("stage_seconds"),
         "speedup_cold": cb_s / cold, "speedup_warm": cb_s / warm, "identical": same,
         "hardrank_metrics": ours, "clip_benchmark_metrics": cb["metrics"],
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
