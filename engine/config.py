@@ -345,6 +345,15 @@ class SuiteOptions:
     predictions: str | None = opt(None, "mask suites (amodal): folder of mask predictions to score", path=True)
     baseline: str | None = opt(None, "mask suites (amodal): answer each question with the candidate region "
                                "most similar to it, embedded by the model", choices=BASELINES)
+    classnames: str | None = opt(None, "classification suites: class names in label order: a text file (one a line, "
+                                 "CLIP_benchmark's classnames.txt), JSON (a list, or {dataset: [names]} with "
+                                 "FILE.json#dataset), or built-in: imagenet1k, imagenet-r, imagenet-a (their 200 "
+                                 "classes); default: the dataset's, else the class folders' names", path=True)
+    templates: str | None = opt(None, "classification suites: prompt templates with {c} for the class name: a text "
+                                "file (one a line) or JSON (a list, {dataset: [templates]} with FILE.json#dataset, "
+                                "or per-class prompts {class: [prompts]}), or built-in: openai (80), simple (7); "
+                                "default: the dataset's own, openai for ImageNet classes, else 'a photo of a {c}.'",
+                                path=True)
     captions: str = opt("txt", "suite wds: where each sample's captions are: txt (the .txt member or Parquet "
                         "caption column, one caption per line) or json:KEY (a string or list in the .json member)")
     caption_protocol: str | None = opt(None, "how retrieval suites (karpathy, rococo, wds, xm3600) feed captions to "

@@ -28,6 +28,7 @@ from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.sharded import for_ranking
 from hardrank.scoring.choice_macro import suite_aggregates
+from hardrank.scoring.classify import classify_metrics, classify_outcomes, classify_ranks
 from hardrank.scoring.counts import embed_line, item_counts
 from hardrank.scoring.mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
 from hardrank.scoring.metrics import add_drops, average_views, choice_metrics, ranking_metrics
@@ -92,6 +93,7 @@ def _drop_failed(suite: Suite, tables: Tables) -> Suite:
     suite.ranking = [t.drop(bad[t.query_modality][t.query_items], bad[t.gallery_modality][t.gallery_items])
                      for t in suite.ranking]
     suite.choice = [t.drop(bad[t.left_modality][t.left], bad[t.right_modality][t.right]) for t in suite.choice]
+    suite.classify = [t.drop(bad_img[t.query_items]) for t in suite.classify]
     return suite
 
 
@@ -172,6 +174,27 @@ def _score_choice(suite: Suite, device: str, emb: dict[str, np.ndarray]) -> dict
                             "members": members}
     metrics.update(suite_aggregates(suite, verdicts_by_task))
     return {"task_type": "choice", "metrics": metrics, "counts": counts, "timings": timings, "outcomes": outcomes}
+
+
+def _score_classify(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: EvalConfig,
+                    backend: Backend | None = None) -> dict:
+    """Every classification task: one kernel pass of all its query groups (clean + variants) against its classes."""
+    outcomes, metrics, counts, timings, search_info = [], {}, {}, {}, {}
+    for task in suite.classify:
+        t0 = time.perf_counter()
+        ranks = classify_ranks(task, emb["image"], emb["text"], tie_rule=suite.tie_rule, device=device,
+                               budget_bytes=cfg.budget_mb << 20, search=cfg.search_spec,
+                               precision=cfg.rank_precision, backend=backend)
+        timings[f"rank_{task.name}"] = time.perf_counter() - t0
+        search_info[task.name] = ranks["info"]
+        metrics[task.name] = classify_metrics(task, ranks, suite.meta.get("variant_seeds"))
+        counts[task.name] = {"classes": len(task.classnames), "prompts": int(task.prompt_ptr[-1]),
+                             "images": task.num_queries, "groups": len(task.groups),
+                             "scored": {g: int((ranks["group"] == i).sum()) for i, g in enumerate(task.groups)},
+                             "skipped": task.skipped}
+        outcomes.append(classify_outcomes(task, ranks))
+    return {"task_type": "classification", "metrics": metrics, "counts": counts, "timings": timings,
+            "outcomes": outcomes, "search": search_info}
 
 
 def _score_mask(task: MaskTask, device: str, emb: dict[str, np.ndarray] | None, failed_images: int) -> dict:
@@ -336,6 +359,8 @@ def _check_not_empty(suites: list[Suite], why: str) -> None:
         empty = [f"{t.name} ({t.num_queries} queries)" for t in s.ranking if t.num_queries == 0]
         empty += [f"{t.name} (0 rows)" for t in s.choice if len(t.ids) == 0]
         empty += [f"{t.name} (0 questions)" for t in s.mask if len(t.data.questions) == 0]
+        empty += [f"{t.name} (0 images)" for t in s.classify
+                  if t.num_queries == 0 or (t.valid is not None and not t.valid[0].any())]
         if empty:
             source = s.meta.get("annotations") or s.meta.get("files_found") or ""
             raise DataError(f"suite {s.name}{f' ({source})' if source else ''}: task(s) {', '.join(empty)} "
@@ -348,6 +373,8 @@ def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_i
         return [_score_ranking(suite, device, emb, cfg, backend, scorer)]
     if suite.choice:
         return [_score_choice(suite, device, emb)]
+    if suite.classify:
+        return [_score_classify(suite, device, emb, cfg, backend)]
     return [_score_mask(t, device, emb, failed_images) for t in suite.mask if t.needs_embeddings]
 
 
@@ -438,6 +465,8 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
                  f"{len(t.views)} views ({', '.join(t.views)})" for t in s.ranking]
         tasks += [f"{t.name}: {len(t.ids)} rows of {t.left.shape[1]}x{t.right.shape[1]} ({t.rule})" for t in s.choice]
         tasks += [f"{t.name}: {len(t.data.questions)} questions" for t in s.mask]
+        tasks += [f"{t.name}: {t.num_queries} images x {len(t.groups)} groups ({', '.join(t.groups)}) against "
+                  f"{len(t.classnames)} classes ({int(t.prompt_ptr[-1])} prompts)" for t in s.classify]
         out["suites"][s.name] = tasks
     if cfg.embeddings or not any(s.needs_embeddings for s in suites):
         return out  # no image is read (also when the toy suites, waiting for their world, were all there was)

@@ -1,11 +1,11 @@
-"""The task model: every suite compiles into ranking, choice or mask tasks over shared item tables."""
+"""The task model: every suite compiles into ranking, choice, mask or classification tasks over shared item tables."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["RankingTask", "ChoiceTask", "MaskTask", "Suite", "CHOICE_RULES"]
+__all__ = ["RankingTask", "ChoiceTask", "MaskTask", "ClassifyTask", "Suite", "CHOICE_RULES"]
 
 # Choice rules (BENCHMARKS.md): how a row's (A, B) score grid becomes a verdict.
 CHOICE_RULES = (
@@ -151,6 +151,50 @@ class MaskTask:
 
 
 @dataclass
+class ClassifyTask:
+    """Zero-shot classification: images ranked against C class embeddings, each the normalised mean of
+    its prompts' normalised text embeddings (the open_clip / CLIP_benchmark classifier). Query groups:
+    ``groups[0]`` is the clean images, every further group the same images from a variant folder (a
+    corruption at a severity and seed), so one pass scores them all and each gets its own metrics."""
+
+    name: str                    # "zeroshot"
+    classnames: list[str]        # (C,) in label order
+    prompt_ptr: np.ndarray       # (C+1,) int64 CSR: class c's prompts are prompt_rows[ptr[c]:ptr[c+1]]
+    prompt_rows: np.ndarray      # (P,) int64 rows of the text table
+    groups: list[str]            # (G,) "clean", then the variants
+    query_items: np.ndarray      # (G, nq) int64 rows of the image table: row g = group g's copy of image i
+    query_ids: list[str]         # (nq,) ids of the clean images as their source names them
+    labels: np.ndarray           # (nq,) int64 class index of each image
+    valid: np.ndarray | None = None  # (G, nq) bool: False where that copy failed to load (set by ``drop``)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_queries(self) -> int:
+        return int(self.query_items.shape[1])
+
+    def validate(self) -> None:
+        c = len(self.classnames)
+        if len(self.prompt_ptr) != c + 1 or np.any(np.diff(self.prompt_ptr) <= 0):
+            raise ValueError(f"task {self.name}: every one of {c} classes needs at least one prompt")
+        if self.query_items.shape != (len(self.groups), len(self.labels)) or len(self.query_ids) != len(self.labels):
+            raise ValueError(f"task {self.name}: query_items {self.query_items.shape} for {len(self.groups)} groups "
+                             f"x {len(self.labels)} labels, {len(self.query_ids)} ids")
+        if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= c):
+            raise ValueError(f"task {self.name}: labels outside 0..{c - 1}")
+
+    def drop(self, bad: np.ndarray) -> ClassifyTask:
+        """Mark copies whose image failed to load (``bad`` (G, nq) bool); counts land in ``skipped``."""
+        if not bad.any():
+            return self
+        valid = (self.valid if self.valid is not None else np.ones(bad.shape, dtype=bool)) & ~bad
+        skipped = dict(self.skipped)
+        for g, name in enumerate(self.groups):
+            if bad[g].any():
+                skipped[name] = skipped.get(name, 0) + int(bad[g].sum())
+        return replace(self, valid=valid, skipped=skipped)
+
+
+@dataclass
 class Suite:
     """One benchmark compiled into tasks; rows index the run's shared ``Tables``."""
 
@@ -158,6 +202,7 @@ class Suite:
     ranking: list[RankingTask] = field(default_factory=list)
     choice: list[ChoiceTask] = field(default_factory=list)
     mask: list[MaskTask] = field(default_factory=list)
+    classify: list[ClassifyTask] = field(default_factory=list)
     tie_rule: str = "index"
     meta: dict = field(default_factory=dict)        # counts, files found, protocol notes
     view_average: dict[str, list[str]] = field(default_factory=dict)  # e.g. "mix_0.9" -> seeds' views
@@ -173,4 +218,4 @@ class Suite:
     @property
     def needs_embeddings(self) -> bool:
         """Whether scoring needs a model's (or precomputed) embeddings."""
-        return bool(self.ranking or self.choice or any(t.needs_embeddings for t in self.mask))
+        return bool(self.ranking or self.choice or self.classify or any(t.needs_embeddings for t in self.mask))

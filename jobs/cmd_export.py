@@ -48,7 +48,8 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
                     "(CLIP_benchmark's metric names, as fractions) and language, named as `clip_benchmark eval` "
                     "names its files, so `clip_benchmark build DIR/*.json` and dashboards built on its CSV read "
                     "them. Retrieval suites become zeroshot_retrieval (image_retrieval_recall@K = text->image), "
-                    "choice suites image_caption_selection (acc, text_acc, image_acc); mask suites have no "
+                    "choice suites image_caption_selection (acc, text_acc, image_acc), classification suites "
+                    "zeroshot_classification (acc1, acc5, mean_per_class_recall); mask suites have no "
                     "counterpart and are skipped (listed). The mapping is in the README.",
         epilog="examples:\n  hardrank export results/demo --format clip_benchmark --out results/demo_cb\n"
                "  clip_benchmark build results/demo_cb/*.json --output benchmark.csv")

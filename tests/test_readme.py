@@ -22,7 +22,7 @@ def test_python_api_example_runs(tmp_path):
     lines = out.stdout.splitlines()
     assert lines[0].startswith("{'image':")                      # the plan
     assert any(l.startswith("toy-clip_step0700 85.7") for l in lines), out.stdout  # the demo's figure
-    assert sum("per-query outcomes" in l for l in lines) == 6    # 2 checkpoints x 3 toy suites read back
+    assert sum("per-query outcomes" in l for l in lines) == 8    # 2 checkpoints x 4 toy suites read back
 
 
 # -- every command the README and --help show, that needs no data of your own, runs as written after the demo --

@@ -30,6 +30,11 @@ way CLIP_benchmark names SugarCrepe's files ``sugar_crepe/add_att``):
   ``image_acc`` = image score, ``acc`` = group score, per concept as ``inpaintcoco/<concept>``.
   Hard positives: ``acc`` = original accuracy (c vs c_N, what CLIP_benchmark would compute) plus
   ``augmented_acc`` and ``brittleness`` (hardrank's names), per set ``hard_positives/<set>``.
+- classification (``imagefolder``, ``classification``, ``toy-classify``): task ``zeroshot_classification``
+  with ``acc1``, ``acc5``, ``mean_per_class_recall``; the clean images are the dataset named after the
+  suite (the ImageFolder / WebDataset root's folder name for ``imagefolder`` / ``classification``), each
+  image variant (a corruption at a severity and seed, or its mean over seeds) ``<dataset>/<variant>``
+  with ``relative_robustness`` (variant acc1 / clean acc1; not a CLIP_benchmark metric).
 - mask suites (``amodal``): no CLIP_benchmark task; skipped and reported.
 
 Protocol differences to know: CLIP_benchmark breaks ties by ``argmax``/``topk`` order (the first
@@ -125,6 +130,30 @@ def _choice(suite: str, metrics: dict) -> list[tuple[str, dict]]:
     return out
 
 
+def _classification_name(result: dict) -> str:
+    suite = result["suite"]
+    if suite not in ("imagefolder", "classification"):
+        return suite
+    images = str((result.get("suite_meta") or {}).get("images") or "").rstrip("/")
+    return Path(images).name or suite
+
+
+def _classification(result: dict) -> list[tuple[str, dict]]:
+    name = _classification_name(result)
+    out = []
+    for task, groups in result["metrics"].items():
+        base = name if len(result["metrics"]) == 1 else f"{name}/{task}"
+        for group, m in groups.items():
+            if not isinstance(m, dict) or "acc1" not in m or group == "variants_mean":
+                continue
+            rec = {"acc1": _frac(m["acc1"]), "acc5": _frac(m.get("acc5")),
+                   "mean_per_class_recall": _frac(m.get("mean_per_class_recall"))}
+            if "relative_robustness" in m and m["relative_robustness"] is not None:
+                rec["relative_robustness"] = round(float(m["relative_robustness"]), 8)
+            out.append((base if group == "clean" else f"{base}/{group}", rec))
+    return out
+
+
 def clip_benchmark_records(result: dict, pretrained: str) -> tuple[list[dict], str | None]:
     """(CLIP_benchmark result dicts of one hardrank result, why none when it maps to nothing).
     ``pretrained``: the name CLIP_benchmark shows next to the model (the checkpoint's results folder)."""
@@ -143,6 +172,8 @@ def clip_benchmark_records(result: dict, pretrained: str) -> tuple[list[dict], s
                                     or (result.get("suite_meta") or {}).get("caption_protocol") or "blip")
     elif task_type == "choice":
         pairs, task = _choice(suite, metrics), "image_caption_selection"
+    elif task_type == "classification":
+        pairs, task = _classification(result), "zeroshot_classification"
     else:
         return [], f"task type {task_type!r} ({suite}) has no CLIP_benchmark counterpart"
     records = [{**base, "dataset": d, "task": task, "metrics": m} for d, m in pairs if m]

@@ -1,6 +1,7 @@
-"""Retrieval and choice metrics from kernel outputs, exactly as BENCHMARKS.md defines them."""
+"""Retrieval, choice and classification-variant metrics from kernel outputs, exactly as BENCHMARKS.md defines them."""
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -8,9 +9,27 @@ import numpy as np
 from hardrank.tasks import ChoiceTask, RankingTask
 
 __all__ = ["view_outcomes", "recall_metrics", "ranking_metrics", "choice_verdicts", "choice_metrics",
-           "add_drops", "average_views", "RECALL_KS"]
+           "add_drops", "average_views", "corruption_severity", "variant_entries", "RECALL_KS", "CLASSIFY_SUMMARY_KEYS"]
 
 RECALL_KS = (1, 5, 10)
+# classification: entries of a task's metrics that are no query group
+CLASSIFY_SUMMARY_KEYS = ("clean", "variants_mean", "corruptions")
+_SEVERITY = re.compile(r"^(?P<name>.+)_(?P<severity>[1-9]\d*)(?:_s\d+)?$")
+
+
+def corruption_severity(variant: str) -> tuple[str, int] | None:
+    """(corruption, severity) of a variant named ``<corruption>_<severity>`` (``gaussian_noise_3``, or with its seed:
+    ``gaussian_noise_3_s0``), else None."""
+    m = _SEVERITY.match(variant)
+    return (m.group("name"), int(m.group("severity"))) if m else None
+
+
+def variant_entries(groups: dict) -> dict[str, dict]:
+    """The variants of one task's metrics (``classify_metrics``' output), a seed mean replacing its seeds' groups."""
+    seeded = {m for g, gm in groups.items() if g not in CLASSIFY_SUMMARY_KEYS and isinstance(gm, dict)
+              for m in gm.get("members", [])}
+    return {g: gm for g, gm in groups.items()
+            if g not in CLASSIFY_SUMMARY_KEYS and g not in seeded and isinstance(gm, dict)}
 
 
 def view_outcomes(task: RankingTask, ranks, view: str) -> dict[str, np.ndarray]:

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from hardrank.atomic import atomic_path, write_json_atomic
 from hardrank.errors import DataError
+from hardrank.scoring.metrics import variant_entries
 
 log = logging.getLogger("hardrank.scoring.results")
 
@@ -118,6 +119,19 @@ def summary_row(result: dict) -> dict[str, float]:
                     row[f"{d}:{view} R@1"] = vm["R@1"]
                     if "false_rate" in vm:
                         row[f"{d}:{view} FR"] = vm["false_rate"]
+    elif result.get("task_type") == "classification":
+        for task, groups in m.items():
+            prefix = "" if len(m) == 1 else f"{task} "
+            clean = groups.get("clean", {})
+            for k, short in (("acc1", "top1"), ("acc5", "top5"), ("mean_per_class_recall", "mpcr")):
+                if k in clean:
+                    row[f"{prefix}zs {short}"] = clean[k]
+            # variants: per corruption (mean over its severities) where named <corruption>_<severity>, else each
+            shown = groups.get("corruptions") or variant_entries(groups)
+            for g, gm in shown.items():
+                row[f"{prefix}zs:{g} top1"] = gm.get("acc1")
+            if "variants_mean" in groups:
+                row[f"{prefix}zs:variants top1"] = groups["variants_mean"]["acc1"]
     elif result.get("task_type") == "mask":
         for role, rm in m.items():
             for k, v in rm.items():

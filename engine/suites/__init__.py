@@ -6,6 +6,7 @@ from hardrank.items import Tables
 from hardrank.suites._common import SuiteFormatError, SuiteOptions
 from hardrank.suites.amodal import load_amodal_suite
 from hardrank.suites.aro import load_aro, load_coco_order, load_flickr_order
+from hardrank.suites.classification import load_classification
 from hardrank.suites.hard_positives import load_hard_positives
 from hardrank.suites.inpaintcoco import load_inpaintcoco
 from hardrank.suites.karpathy import load_karpathy, load_rococo
@@ -29,6 +30,9 @@ SUITES = {
     "amodal": load_amodal_suite,      # AmodalReasonSeg-style masks: --predictions and/or --baseline clip-regions
     "wds": load_wds,                  # Karpathy-style retrieval from WebDataset shards / img2dataset outputs
     "xm3600": load_xm3600,            # Crossmodal-3600 captions.jsonl: one retrieval suite per --language
+    # zero-shot classification: an ImageFolder tree, CLIP_benchmark's WebDataset root, or --annotations table
+    "imagefolder": lambda tables, opts: load_classification(tables, opts, "imagefolder"),
+    "classification": load_classification,
     **{name: (lambda tables, opts, _n=name: load_toy(tables, opts, _n)) for name in TOY_SUITES},
 }
 ALIASES = {"toy": list(TOY_SUITES)}

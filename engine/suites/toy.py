@@ -1,4 +1,4 @@
-"""The built-in toy world as suites: RoCOCO-style retrieval, hard positives and inpaint 2x2."""
+"""The built-in toy world as suites: RoCOCO-style retrieval, hard positives, inpaint 2x2, zero-shot classification."""
 from __future__ import annotations
 
 import json
@@ -9,16 +9,17 @@ from hardrank.config import cache_dir
 from hardrank.errors import UsageError
 from hardrank.items import Tables
 from hardrank.suites._common import SuiteOptions
+from hardrank.suites.classification import load_classification
 from hardrank.suites.hard_positives import load_hard_positives
 from hardrank.suites.inpaintcoco import load_inpaintcoco
 from hardrank.suites.karpathy import load_rococo
 from hardrank.tasks import Suite
 from hardrank.toyworld import WorldConfig, build_world, world_config
-from hardrank.toyworld.world import WORLD_VERSION
+from hardrank.toyworld.world import CLASSIFY_CORRUPTIONS, WORLD_VERSION, classification_split
 
 __all__ = ["load_toy", "default_world_dir", "pending_world", "TOY_SUITES"]
 
-TOY_SUITES = ("toy-rococo", "toy-hard-positives", "toy-inpaint")
+TOY_SUITES = ("toy-rococo", "toy-hard-positives", "toy-inpaint", "toy-classify")
 
 
 def default_world_dir() -> Path:
@@ -53,6 +54,15 @@ def load_toy(tables: Tables, opts: SuiteOptions, which: str) -> Suite:
     elif which == "toy-hard-positives":
         suite = load_hard_positives(tables, replace(opts, data=str(world / "hard_positives"),
                                                     images=str(world / "images")), name=which)
+    elif which == "toy-classify":  # zero-shot: the left object's colour and shape, 24 classes (+ --image-variants)
+        split = classification_split(world)
+        names, severities, seed = CLASSIFY_CORRUPTIONS
+        variants = opts.image_variants or tuple(f"{n}_{s}" for n in names for s in severities)
+        suite = load_classification(tables, replace(opts, images=str(world / "images"), image_variants=variants,
+                                                    seeds=opts.seeds if opts.image_variants else (seed,),
+                                                    annotations=str(split / "labels.csv"),
+                                                    classnames=str(split / "classnames.txt"),
+                                                    templates=str(split / "templates.txt")), name=which)
     elif which == "toy-inpaint":
         suite = load_inpaintcoco(tables, replace(opts, data=str(world / "inpaint")), name=which)
     else:

@@ -15,7 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hardrank.atomic import write_text_atomic
 from hardrank.errors import DataError, UsageError
+from hardrank.perturb.corruptions import corrupt_images
 from hardrank.perturb.images import alter_images
 from hardrank.toyworld.scenes import (
     ANCHOR_TEMPLATE,
@@ -40,7 +42,8 @@ from hardrank.toyworld.variants import (
     rococo_variant,
 )
 
-__all__ = ["WorldConfig", "build_world", "world_config", "WORLD_VERSION"]
+__all__ = ["WorldConfig", "build_world", "world_config", "classification_split", "WORLD_VERSION", "CLASSIFY_TEMPLATES",
+           "CLASSIFY_CORRUPTIONS"]
 
 WORLD_VERSION = 1  # bump when the generator's output changes for the same config
 _MANIFEST = "world.json"
@@ -231,6 +234,7 @@ def _build(out: Path, cfg: WorldConfig) -> dict:
     table = _inpaint_table(cfg, test, test_rels, images)
     (out / "inpaint").mkdir()
     pq.write_table(table, out / "inpaint" / _INPAINT_FILE)
+    _write_classification(out / _CLASSIFY_DIR, test, cfg)
 
     return {
         "version": WORLD_VERSION,
@@ -245,6 +249,46 @@ def _build(out: Path, cfg: WorldConfig) -> dict:
                   "danger": list(DANGER_WORDS)},
         "alterations": alterations,
     }
+
+
+# Zero-shot classification: the class of a test image is its left object's colour and shape (24 classes); the
+# prompts are phrased as the captions the toy checkpoints trained on phrase a left object.
+CLASSIFY_TEMPLATES = ("a small {c} to the left of", "a large {c} to the left of", "a small {c} on the left",
+                      "a large {c} on the left")
+_CLASSIFY_DIR = "classify"
+# two ImageNet-C corruptions at three severities, seed 0: <world>/images/<name>_<severity>_s0/test/... (cheap on 64 px)
+CLASSIFY_CORRUPTIONS = (("gaussian_noise", "motion_blur"), (1, 3, 5), 0)
+CLASSIFY_IMAGES = 500  # the first test images: with 6 variants, 3,500 images to embed per checkpoint
+
+
+def classification_split(world: str | Path) -> Path:
+    """``<world>/classify``: ``labels.csv`` (the first ``CLASSIFY_IMAGES`` test images, paths relative to
+    ``<world>/images``, ``CLASSIFY_CORRUPTIONS`` copies of each beside them; label = the left object's
+    "<colour> <shape>"), ``classnames.txt`` (every colour x shape, label order) and ``templates.txt``. Written
+    once from the world's config (the test scenes are drawn again from their seed: no image is read), so a
+    world built before the split existed gets it too."""
+    out = Path(world) / _CLASSIFY_DIR
+    if (out / "labels.csv").is_file():
+        return out
+    cfg = world_config(world)
+    if cfg is None:
+        raise DataError(f"{world} is not a toy world (no {_MANIFEST}); build one with `hardrank toy world`")
+    _write_classification(out, _sample_scenes(cfg)[1], cfg)
+    return out
+
+
+def _write_classification(out: Path, test: list[Scene], cfg: WorldConfig) -> None:
+    classes = [f"{c} {s}" for c in COLOURS for s in SHAPES]
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "classnames.txt", "\n".join(classes) + "\n")
+    write_text_atomic(out / "templates.txt", "\n".join(CLASSIFY_TEMPLATES) + "\n")
+    test = test[:CLASSIFY_IMAGES]
+    rels = [f"test/toy_{i:06d}.jpg" for i in range(len(test))]
+    names, severities, seed = CLASSIFY_CORRUPTIONS
+    corrupt_images(out.parent / "images", rels, out.parent / "images", corruptions=names, severities=severities,
+                   seed=seed, quality=cfg.jpeg_quality)
+    rows = [f"{r},{s.left.colour} {s.left.shape}" for r, s in zip(rels, test)]
+    write_text_atomic(out / "labels.csv", "image,label\n" + "\n".join(rows) + "\n")  # written last: the marker
 
 
 def _is_current(out: Path, cfg: WorldConfig) -> bool:

@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from hardrank.atomic import atomic_path
 from hardrank.jobs.report.load import Axis, Result
 from hardrank.jobs.report.tables import MASK_ROLES, directions, drop, main_metric, num, top_level
+from hardrank.scoring.metrics import corruption_severity, variant_entries
 
 __all__ = ["report_plots", "plot_bench", "plot_transfer"]
 
@@ -21,9 +22,11 @@ _CHOICE_KEYS = ("accuracy", "original_accuracy", "augmented_accuracy", "group_sc
 def report_plots(results: list[Result], by_suite: dict[str, list[Result]], axis: Axis,
                  suites: list[str]) -> dict[str, bytes | None]:
     """The report's PNGs: ``vs_step`` (metrics per suite vs checkpoint), ``drops`` (per-variant drop
-    bars; None without ranking results) and ``heatmap`` (main metric, checkpoint x suite)."""
+    bars; None without ranking results), ``heatmap`` (main metric, checkpoint x suite) and ``severity``
+    (classification top-1 vs corruption severity per checkpoint; None without ``<corruption>_<severity>``
+    variants)."""
     return {"vs_step": _plot_vs_step(by_suite, axis), "drops": _plot_drops(by_suite, axis.order),
-            "heatmap": _plot_heatmap(results, axis.order, suites)}
+            "heatmap": _plot_heatmap(results, axis.order, suites), "severity": _plot_severity(by_suite, axis.order)}
 
 
 def _figure(w: float, h: float) -> Figure:
@@ -49,6 +52,13 @@ def _series(r: Result) -> list[tuple[str, float | None, dict]]:
         for v in top_level(m):
             for d in directions(m[v]):
                 out.append((f"{d} {v}", num(m[v][d].get("R@1")), {"lw": 1.2, "ls": "--"}))
+    elif r.data["task_type"] == "classification":
+        for t, groups in m.items():
+            prefix = "" if len(m) == 1 else f"{t} "
+            out.append((f"{prefix}top-1 clean", num(groups.get("clean", {}).get("acc1")), {"lw": 2.6}))
+            shown = groups.get("corruptions") or variant_entries(groups)
+            for g, gm in shown.items():
+                out.append((f"{prefix}top-1 {g}", num(gm.get("acc1")), {"lw": 1.2, "ls": "--"}))
     elif r.mask:
         for role in MASK_ROLES:
             for k, style in (("gIoU", {"lw": 2.2}), ("cIoU", {"lw": 1.2, "ls": "--"})):
@@ -62,7 +72,7 @@ def _series(r: Result) -> list[tuple[str, float | None, dict]]:
     return out
 
 
-_YLABEL = {"ranking": "R@1 (%)", "choice": "accuracy / score (%)", "mask": "IoU (%)"}
+_YLABEL = {"ranking": "R@1 (%)", "choice": "accuracy / score (%)", "mask": "IoU (%)", "classification": "top-1 (%)"}
 
 
 def _plot_vs_step(by_suite: dict[str, list[Result]], axis: Axis) -> bytes:
@@ -162,6 +172,52 @@ def _plot_drops(by_suite: dict[str, list[Result]], order) -> bytes | None:
         lo, hi = ax.get_ylim()
         ax.set_ylim(lo, hi + (hi - lo) * 0.35)  # headroom: the legend sits above the bars, not on them
         ax.legend(fontsize=7, title="checkpoint", title_fontsize=7, loc="upper left", ncol=3)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    return _png(fig)
+
+
+def _severity_curves(metrics: dict) -> dict[str, dict[int, float]]:
+    """{corruption: {severity: top-1}} of one classification result (seed means where there are several seeds;
+    severity 0 = the clean images)."""
+    out: dict[str, dict[int, float]] = {}
+    for groups in metrics.values():
+        if not isinstance(groups, dict):
+            continue
+        for g, gm in variant_entries(groups).items():
+            cs = corruption_severity(g)
+            if cs is not None and num(gm.get("acc1")) is not None:
+                out.setdefault(cs[0], {0: num(groups.get("clean", {}).get("acc1"))})[cs[1]] = num(gm["acc1"])
+    return out
+
+
+def _plot_severity(by_suite: dict[str, list[Result]], order) -> bytes | None:
+    """One panel per (classification suite, corruption): top-1 against severity (0 = clean), a line per checkpoint."""
+    panels = []  # (suite, corruption, {label: {severity: top-1}})
+    for suite, rs in by_suite.items():
+        curves: dict[str, dict[str, dict[int, float]]] = {}
+        for r in rs:
+            if r.data["task_type"] == "classification":
+                for c, pts in _severity_curves(r.data["metrics"]).items():
+                    curves.setdefault(c, {})[r.label] = pts
+        panels += [(suite, c, per) for c, per in sorted(curves.items())]
+    if not panels:
+        return None
+    ncol = min(2, len(panels))
+    nrow = math.ceil(len(panels) / ncol)
+    fig = _figure(6.2 * ncol, 3.4 * nrow)
+    axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
+    cmap = matplotlib.colormaps["viridis"]
+    for ax, (suite, corruption, per) in zip(axes, panels):
+        shown = _sample([l for l in order if l in per])
+        for j, label in enumerate(shown):
+            pts = sorted((s, v) for s, v in per[label].items() if v is not None)
+            ax.plot(*zip(*pts), marker="o", ms=4, label=label, color=cmap(j / max(len(shown) - 1, 1) * 0.85))
+        ax.set_xlabel("severity (0 = clean)")
+        ax.set_ylabel("top-1 (%)")
+        ax.set_title(f"{suite}: {corruption}", fontsize=11)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, title="checkpoint", title_fontsize=7, loc="best")
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     return _png(fig)

@@ -138,7 +138,9 @@ def render_html(ctx: dict, thumbs: Thumbs) -> str:
     for key, title, note in (
             ("vs_step", "Metrics vs checkpoint", _VS_STEP_NOTE),
             ("drops", "Per-variant drop", "Clean R@1 minus R@1 with the variant's perturbed items in the gallery."),
-            ("heatmap", "Checkpoint x suite", ""), *_transfer_sections(ctx["plots"])):
+            ("heatmap", "Checkpoint x suite", ""),
+            ("severity", "Accuracy vs corruption severity", "Zero-shot top-1 per checkpoint under each corruption; "
+             "severity 0 is the clean images."), *_transfer_sections(ctx["plots"])):
         if ctx["plots"].get(key):
             b64 = base64.b64encode(ctx["plots"][key]).decode()
             h.append(f"<h2>{title}</h2>" + (f'<p class="small">{note}</p>' if note else "")
@@ -195,7 +197,8 @@ def render_md(ctx: dict, plot_files: dict[str, str]) -> str:
         md += ["| " + " | ".join(_fmt(v) if c in table["best"] else _md_cell(v)
                                  for c, v in zip(table["columns"], row)) + " |" for row in table["rows"]]
     for key, title in (("vs_step", "Metrics vs checkpoint"), ("drops", "Per-variant drop"),
-                       ("heatmap", "Checkpoint x suite"), *[(k, t) for k, t, _ in _transfer_sections(plot_files)]):
+                       ("heatmap", "Checkpoint x suite"), ("severity", "Accuracy vs corruption severity"),
+                       *[(k, t) for k, t, _ in _transfer_sections(plot_files)]):
         if key in plot_files:
             md += ["", f"## {title}", "", f"![{title}]({plot_files[key]})"]
     md += ["", "## Worst failures"]
