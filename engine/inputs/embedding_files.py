@@ -61,16 +61,18 @@ def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarr
         nulls = labels.column(name).null_count
         if nulls:
             raise DataError(f"{path}: column {name!r} has {nulls} null value(s); every row needs a {name}")
-    kinds = np.asarray(labels.column("kind").to_numpy(zero_copy_only=False), dtype=object)
-    bad = sorted(set(np.unique(kinds).tolist()) - {"image", "text"})
+    kind_col = labels.column("kind")
+    bad = sorted(set(pc.unique(kind_col).to_pylist()) - {"image", "text"})
     if bad:
         raise DataError(f"{path}: column 'kind' holds {bad}; only 'image' and 'text' are allowed")
+    code = np.asarray(pc.equal(kind_col, "text").to_numpy(zero_copy_only=False), dtype=np.int8)  # 0 image, 1 text
     all_ids = labels.column("id").to_pylist()
-    del labels
+    del labels, kind_col
     dtype = np.float16 if pa.types.is_float16(etype.value_type) else np.float32
-    rows = {kind: np.flatnonzero(kinds == kind) for kind in ("image", "text")}
-    ids = {kind: [all_ids[r] for r in r_] for kind, r_ in rows.items() if len(r_)}
-    pos_of = np.zeros(len(kinds), np.int64)  # file row -> its row among its kind's rows
+    rows = {kind: np.flatnonzero(code == c) for c, kind in enumerate(("image", "text"))}
+    ids = {kind: all_ids if len(r_) == len(all_ids) else [all_ids[r] for r in r_]
+           for kind, r_ in rows.items() if len(r_)}
+    pos_of = np.zeros(len(code), np.int64)  # file row -> its row among its kind's rows
     for r_ in rows.values():
         pos_of[r_] = np.arange(len(r_))
     emb: dict[str, np.ndarray] = {}
@@ -82,7 +84,7 @@ def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarr
         file_rows = np.arange(lo, lo + len(col))
         lo += len(col)
         for kind in ids:
-            sel = file_rows[kinds[file_rows] == kind]
+            sel = file_rows[code[file_rows] == (kind == "text")]
             if not len(sel):
                 continue
             sub = col if len(sel) == len(col) else col.take(pa.array(sel - file_rows[0]))
@@ -92,6 +94,7 @@ def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarr
                 emb[kind] = np.empty((len(ids[kind]), dim[kind]), dtype)  # the one array of the kind's vectors
             name = lambda j, kind=kind, at=at: f"{path}: {kind} id {ids[kind][at[j]]!r}"
             unit_rows(block, name, out=emb[kind][at[0]:at[-1] + 1])  # at is consecutive: rows keep file order
+    pa.default_memory_pool().release_unused()  # the batches' buffers: the pool keeps them otherwise
     out = {}
     for kind in ids:
         if kind not in emb:  # no batch held the kind's rows: only possible for an empty file
