@@ -18,7 +18,7 @@ __all__ = ["load_embedding_file", "match_ids"]
 _COLUMNS = ("kind", "id", "embedding")
 
 
-_BATCH_VALUES = 1 << 21  # float values decoded per batch (16 MB as float64): the reader's working set
+_BATCH_VALUES = 1 << 19  # float values decoded per batch (4 MB as float64): the reader's working set
 
 
 def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarray]]:
