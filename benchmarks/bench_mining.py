@@ -63,7 +63,7 @@ def mine(work: Path, name: str, args, *extra: str) -> dict:
            "--queries", str(work / "queries.parquet"), "--direction", "t2i", "-k", str(args.k), "--no-dup-filter",
            "--out", str(out), "--quiet", *extra]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)  # its figures are read from summary.json
     summary = json.loads((out / "summary.json").read_text())
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     return summary

@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 
 from hardrank.config import MineOptions
+from hardrank.mining.block import mine_block
 from hardrank.mining.problem import MineProblem, f32
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
@@ -112,8 +113,6 @@ def written_recall(problem: MineProblem, opts: MineOptions, written, search=None
     id), and the figure is its mean over the sampled queries whose reference is not empty. ``written(rows)``
     gives the written negative ids of query rows ``rows``, each list in rank order. ``search``: the run's
     searcher (a sharded one serves its own exact search)."""
-    from hardrank.mining.block import mine_block  # (block does not import this module: no cycle)
-
     nq = len(problem.xq)
     n = min(nq, opts.recall_sample)
     if n == 0:
