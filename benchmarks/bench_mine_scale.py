@@ -177,11 +177,12 @@ def _run(problem, opts, out: Path, rss, args, t_gen: float, t_load: float, shard
     nq, nb = len(problem.xq), len(problem.xb)
     srch = s["search"]
     exact_s = srch.get("exact_seconds")
-    exact_est = exact_s / srch["recall_sample"] * nq if exact_s else None
+    exact_est = exact_s / srch["tuning_sample"] * nq if exact_s else None
     return {
         "path": f"ray x{shards}" if shards else "local",
         "corpus": nb, "queries": nq, "d": args.d, "k": args.k, "search": srch.get("factory", srch.get("method")),
-        "nprobe": srch.get("nprobe"), "recall@10": srch.get("recall@10"), "tuning": srch.get("tuning"),
+        "nprobe": srch.get("nprobe"), "recall@10": srch.get("tuning_recall@10"),
+        "written_recall": s.get("recall", {}).get(f"recall@{s['k']}"), "tuning": srch.get("tuning"),
         "seconds": {"generate": round(t_gen, 1), "load": round(t_load, 1), **s["timings"],
                     "mine_total": round(t_mine, 1)},
         "queries_per_s": round(nq / t_mine, 1), "search_queries_per_s": s["throughput"]["queries_per_s"],

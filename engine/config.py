@@ -465,11 +465,16 @@ class MineOptions:
                                 "positives)")
     min_sim: float | None = opt(None, "drop candidates scoring below this with the query")
     search: str = opt("auto", backends.search_help(TOPK))
-    budget_mb: int = opt(1024, "memory budget for the corpus and work buffers, MiB", minimum=1)
+    budget_mb: int = opt(1024, "memory budget of the search, MiB: its index (exact search: the fp32 corpus it "
+                         "scores) and work tiles; the vectors read from the inputs come on top (README: Mining)",
+                         minimum=1)
     block_size: int = opt(8192, "queries per output shard (the unit of resumption)", minimum=1)
-    nprobe: int | None = opt(None, "IVF lists (HNSW efSearch) per query (default: tuned to recall@10 >= 0.95 "
-                             "on the recall sample)", minimum=1)
-    recall_sample: int = opt(1000, "queries used to measure approximate recall against exact search", minimum=0)
+    nprobe: int | None = opt(None, "IVF lists (HNSW efSearch) per query (default: tuned to recall@10 >= "
+                             "--recall-target on the recall sample)", minimum=1)
+    recall_sample: int = opt(1000, "queries whose written negatives are checked against an exact search of the "
+                             "same vectors (recall@k in summary.json; 0: not checked)", minimum=0)
+    recall_target: float = opt(0.95, "recall@k the written negatives should reach: nprobe is tuned to it, and a "
+                               "run that misses it says so (with the budget that would reach it)")
     seed: int = opt(0, "sampling seed (recall sample, IVF training)")
     rank_precision: str = opt("auto", _RANK_PRECISION_HELP, choices=RANK_PRECISIONS)
     shards: int | None = opt(None, "with --executor ray: corpus shards, each held by a Ray actor within "
@@ -484,6 +489,8 @@ class MineOptions:
             v = getattr(self, name)
             if v is not None and not -1.0 <= float(v) <= 1.0:
                 raise UsageError(f"option {name} is a cosine similarity in [-1, 1], got {v!r}")
+        if not 0.0 < float(self.recall_target) <= 1.0:
+            raise UsageError(f"option recall_target is a recall in (0, 1], got {self.recall_target!r}")
         if self.min_sim is not None and self.max_sim is not None and self.min_sim >= self.max_sim:
             raise UsageError(f"option min_sim ({self.min_sim}) must be below max_sim ({self.max_sim})")
         backends.parse(self.search, TOPK)

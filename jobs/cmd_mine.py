@@ -10,7 +10,7 @@ from hardrank.errors import EXIT_OK
 from hardrank.inputs import registry
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.jobs.progress import make_progress
-from hardrank.mining import mine
+from hardrank.mining import mine, recall_line
 
 __all__ = ["add_mine_parser"]
 
@@ -24,8 +24,8 @@ def _search_words(search: dict) -> str:
         how = f"FAISS {search.get('factory')}" + (" on the GPU" if search.get("gpu") else "")
         if search.get("nprobe") is not None:
             how += f", nprobe {search['nprobe']}"
-        if search.get("recall@10") is not None:
-            how += f", recall@10 {search['recall@10']:.3f} on {search.get('recall_sample')} queries"
+        if search.get("tuning_recall@10") is not None:
+            how += f", tuning recall@10 {search['tuning_recall@10']:.3f} on {search.get('tuning_sample')} queries"
     if search.get("sharded"):
         how += f", {search['sharded']['shards']} Ray shards"
     return how
@@ -43,6 +43,16 @@ def _summary_lines(summary: dict, out: str) -> list[str]:
              f"search: {_search_words(summary['search'])}; {b['computed']} block(s) computed, {b['skipped']} "
              f"reused; {summary['timings'].get('total', 0):.1f}s",
              f"negatives  {urls.join(out, 'negatives', 'part-*.parquet')}"]
+    extra = []  # after the search line: the recall of what was written, and the memory it took
+    r = summary.get("recall")
+    if r:
+        extra += [recall_line(r)] + ([r["shortfall"]] if r.get("shortfall") else [])
+    m = summary.get("memory")
+    if m and m.get("peak_rss_mb") is not None:
+        aim = (f" (aim: start-up {m['start_rss_mb']:,.0f} + 1.5 x (vectors {m['vectors_mb']:,.0f} + budget "
+               f"{m['budget_mb']:,}) = {m['aim_mb']:,.0f} MiB)") if m.get("aim_mb") is not None else ""
+        extra.append(f"memory: peak RSS {m['peak_rss_mb']:,.0f} MiB{aim}")
+    lines[3:3] = extra
     t = summary.get("training")
     if t:
         n = f"{t['rows']:,} rows" if t["format"] == "negclip" else f"{t['lines']:,} lines"

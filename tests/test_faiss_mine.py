@@ -313,8 +313,8 @@ def test_mine_approximate_path_reports_recall(kernels, tmp_path):
     s = mine_arrays(prob, MineOptions(k=10, search="auto", budget_mb=1, recall_sample=200), tmp_path)
     assert s["search"]["method"] == "exact"  # 3000 x 32 fp32 = 375 KiB fits the 1 MiB budget
     s = mine_arrays(prob, MineOptions(k=10, search="faiss:IVF32,SQ8", recall_sample=200), tmp_path / "ivf")
-    assert s["search"]["factory"] == "IVF32,SQ8" and s["search"]["recall_sample"] == 200
-    assert s["search"]["recall@10"] >= 0.95 and s["search"]["tuning"][-1]["nprobe"] == s["search"]["nprobe"]
+    assert s["search"]["factory"] == "IVF32,SQ8" and s["search"]["tuning_sample"] == 200
+    assert s["search"]["tuning_recall@10"] >= 0.95 and s["search"]["tuning"][-1]["nprobe"] == s["search"]["nprobe"]
     assert s["counts"]["negatives"] == 3000 and measured(s["throughput"]["queries_per_s"])
 
 

@@ -297,7 +297,11 @@ def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp
     assert lines[0] == f"{n_q} text queries x 8 image corpus items: {3 * n_q} negatives (k 3), 0 queries short of k"
     assert lines[1] == "dropped: 0 near duplicates of a positive, 0 above --max-sim, 0 below --min-sim"
     assert re.fullmatch(r"search: exact \(kernels\.topk, fp32\); 1 block\(s\) computed, 0 reused; \d+\.\ds", lines[2])
-    assert lines[3:] == [f"negatives  {out / 'negatives' / 'part-*.parquet'}", f"training   {tsv} ({n_q} rows)",
+    assert lines[3] == (f"recall@3 of the written negatives 1.000 on {n_q} sampled queries, against mining with "
+                        f"exact search (target 0.95: met)")
+    assert re.fullmatch(r"memory: peak RSS [\d,]+ MiB \(aim: start-up [\d,]+ \+ 1\.5 x \(vectors \d+ \+ budget "
+                        r"1,024\) = [\d,]+ MiB\)", lines[4]), lines[4]
+    assert lines[5:] == [f"negatives  {out / 'negatives' / 'part-*.parquet'}", f"training   {tsv} ({n_q} rows)",
                          f"summary    {out / 'summary.json'}"]
     t = pq.read_table(out / "negatives" / "part-000000.parquet").to_pydict()
     assert all(n.startswith("val2014/COCO_val2014_") for n in t["negative_id"])  # relative to --images

@@ -130,7 +130,7 @@ def test_approximate_shards_report_recall_against_exact_shards(ray_cluster, tmp_
                        corpus_ids=[f"c{j}" for j in range(3000)], modality="text", direction="t2t")
     opts = MineOptions(k=10, search="faiss:IVF16,Flat", recall_sample=100, dup_threshold=None)
     s = _mine_sharded(prob, opts, tmp_path / "ivf", ShardedSearchFactory(shards=2))
-    assert s["search"]["recall@10"] >= 0.95 and s["search"]["sharded"]["rows"] == [1500, 1500]
+    assert s["search"]["tuning_recall@10"] >= 0.95 and s["search"]["sharded"]["rows"] == [1500, 1500]
     assert s["counts"]["negatives"] == 2000
 
 

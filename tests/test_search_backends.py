@@ -232,8 +232,8 @@ def test_an_approximate_backend_without_an_index_has_its_recall_measured(registe
     s = mine_arrays(prob, MineOptions(k=3, search="evens", recall_sample=20, dup_threshold=None), tmp_path,
                     echo=lines.append)
     assert s["search"]["method"] == "evens" and s["search"]["nprobe"] is None and len(s["search"]["tuning"]) == 1
-    assert 0 < s["search"]["recall@10"] < 1  # half the corpus is never searched
-    assert any(line.startswith("approximate search evens: recall@10") for line in lines)
+    assert 0 < s["search"]["tuning_recall@10"] < 1  # half the corpus is never searched
+    assert any(line.startswith("approximate search evens: tuning recall@10") for line in lines)
     ids = pq.read_table(tmp_path / "negatives").column("negative_id").to_pylist()
     assert ids and all(int(i[1:]) % 2 == 0 for i in ids)
 

@@ -146,9 +146,9 @@ class ShardedSearch:
     def __call__(self, xq: np.ndarray, kk: int, excl) -> tuple[np.ndarray, np.ndarray]:
         return self._fan_out(xq, kk, excl, exact=False)
 
-    def exact_topk(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-k of the whole corpus (for the recall of approximate shards)."""
-        return self._fan_out(xq, k, None, exact=True)
+    def exact_topk(self, xq: np.ndarray, k: int, excl=None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k of the whole corpus, ``excl`` (CSR) never returned: the reference of the recall checks."""
+        return self._fan_out(xq, k, excl, exact=True)
 
     def gather(self, I: np.ndarray) -> np.ndarray:
         """(*I.shape, d) float32 rows of corpus indices ``I`` (-1 -> zeros), fetched from their shards."""

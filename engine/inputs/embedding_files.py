@@ -18,77 +18,126 @@ __all__ = ["load_embedding_file", "match_ids"]
 _COLUMNS = ("kind", "id", "embedding")
 
 
+_BATCH_VALUES = 1 << 19  # float values decoded per batch (4 MB as float64): the reader's working set
+
+
 def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarray]]:
-    """{kind: (ids, (n, d) float32 L2-normalised)} from a Parquet file with columns kind, id, embedding.
+    """{kind: (ids, (n, d) L2-normalised)} from a Parquet file with columns kind, id, embedding.
     Every problem (missing or mistyped column, null, duplicated id, NaN, all-zero vector) raises a
     DataError naming the file and the first offending id. Vectors of any finite magnitude are
-    normalised to their direction (``vectors.unit_rows``: x 1e20 or x 1e-25 scores as the vector itself)."""
+    normalised to their direction (``vectors.unit_rows``: x 1e20 or x 1e-25 scores as the vector itself).
 
+    Memory: the vectors are streamed, a few MB of rows at a time, into one array per kind allocated up
+    front: float16 when the file's values are float16, else float32. Nothing else of the vectors'
+    size is held (the Parquet column is never materialised whole)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"embeddings file {path} {'is a folder' if path.is_dir() else 'does not exist'}; pass a "
                         f"Parquet file with columns kind, id, embedding")
     try:
-        table = pq.read_table(path)
+        # no pre-buffering, a small read buffer: one batch of the column is decoded at a time
+        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+        schema = pf.schema_arrow
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
-    missing = [c for c in _COLUMNS if c not in table.column_names]
+    missing = [c for c in _COLUMNS if c not in schema.names]
     if missing:
         raise DataError(f"{path}: missing column(s) {missing}; expected kind ('image'|'text'), id, embedding "
-                        f"(list of floats); found {table.column_names}")
+                        f"(list of floats); found {schema.names}")
     for name in ("kind", "id"):
-        t = table.schema.field(name).type
+        t = schema.field(name).type
         if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
             raise DataError(f"{path}: column {name!r} is {t}, expected strings")
-        nulls = table.column(name).null_count
-        if nulls:
-            raise DataError(f"{path}: column {name!r} has {nulls} null value(s); every row needs a {name}")
-    etype = table.schema.field("embedding").type
+    etype = schema.field("embedding").type
     if not (pa.types.is_list(etype) or pa.types.is_large_list(etype) or pa.types.is_fixed_size_list(etype)) \
             or not (pa.types.is_floating(etype.value_type) or pa.types.is_integer(etype.value_type)):
         raise DataError(f"{path}: column 'embedding' is {etype}, expected a list of floats per row (list<float>); "
                         f"if the vectors were saved as text, parse them into float lists before writing the file")
-    out = {}
-    kinds = table.column("kind").to_pylist()
-    bad = sorted({k for k in kinds if k not in ("image", "text")})
+    try:
+        labels = pf.read(columns=["kind", "id"])
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    for name in ("kind", "id"):
+        nulls = labels.column(name).null_count
+        if nulls:
+            raise DataError(f"{path}: column {name!r} has {nulls} null value(s); every row needs a {name}")
+    kind_col = labels.column("kind")
+    bad = sorted(set(pc.unique(kind_col).to_pylist()) - {"image", "text"})
     if bad:
         raise DataError(f"{path}: column 'kind' holds {bad}; only 'image' and 'text' are allowed")
-    for kind in ("image", "text"):
-        sub = table.filter(pc.equal(table.column("kind"), kind))
-        if sub.num_rows == 0:
+    code = np.asarray(pc.equal(kind_col, "text").to_numpy(zero_copy_only=False), dtype=np.int8)  # 0 image, 1 text
+    all_ids = labels.column("id").to_pylist()
+    del labels, kind_col
+    dtype = np.float16 if pa.types.is_float16(etype.value_type) else np.float32
+    rows = {kind: np.flatnonzero(code == c) for c, kind in enumerate(("image", "text"))}
+    ids = {kind: all_ids if len(r_) == len(all_ids) else [all_ids[r] for r in r_]
+           for kind, r_ in rows.items() if len(r_)}
+    pos_of = np.zeros(len(code), np.int64)  # file row -> its row among its kind's rows
+    for r_ in rows.values():
+        pos_of[r_] = np.arange(len(r_))
+    emb: dict[str, np.ndarray] = {}
+    dim = {}
+    lo = 0
+    step = max(1, _BATCH_VALUES // (etype.list_size if pa.types.is_fixed_size_list(etype) else 1024))
+    for batch in pf.iter_batches(batch_size=step, columns=["embedding"]):
+        col = batch.column(0)
+        file_rows = np.arange(lo, lo + len(col))
+        lo += len(col)
+        for kind in ids:
+            sel = file_rows[code[file_rows] == (kind == "text")]
+            if not len(sel):
+                continue
+            sub = col if len(sel) == len(col) else col.take(pa.array(sel - file_rows[0]))
+            at = pos_of[sel]  # rows of this kind's array
+            block = _vectors(path, kind, ids[kind], at, sub, dim)
+            if kind not in emb:
+                emb[kind] = np.empty((len(ids[kind]), dim[kind]), dtype)  # the one array of the kind's vectors
+            name = lambda j, kind=kind, at=at: f"{path}: {kind} id {ids[kind][at[j]]!r}"
+            unit_rows(block, name, out=emb[kind][at[0]:at[-1] + 1])  # at is consecutive: rows keep file order
+    pa.default_memory_pool().release_unused()  # the batches' buffers: the pool keeps them otherwise
+    out = {}
+    for kind in ids:
+        if kind not in emb:  # no batch held the kind's rows: only possible for an empty file
             continue
-        ids = sub.column("id").to_pylist()
-        col = sub.column("embedding").combine_chunks()
-        if col.null_count:
-            first = int(np.nonzero(col.is_null().to_numpy(zero_copy_only=False))[0][0])
-            raise DataError(f"{path}: {kind} id {ids[first]!r} has a null embedding")
-        lengths = np.asarray(pc.list_value_length(col).to_numpy(zero_copy_only=False))
-        if len(set(lengths.tolist())) != 1:
-            first = int(np.nonzero(lengths != lengths[0])[0][0])
-            raise DataError(f"{path}: {kind} embeddings have different lengths ({lengths[0]} vs {lengths[first]} "
-                            f"at {kind} row {first}, id {ids[first]!r})")
-        if lengths[0] == 0:
-            raise DataError(f"{path}: {kind} embeddings are empty lists (id {ids[0]!r}); each row needs its vector")
-        flat = pc.list_flatten(col)
-        if flat.null_count:
-            raise DataError(f"{path}: {kind} embeddings hold {flat.null_count} null value(s)")
-        # the file's own dtype until normalised: a float64 value past float32's range is still a direction
-        emb = np.asarray(flat.to_numpy(zero_copy_only=False)).reshape(len(lengths), -1)
-        finite = np.isfinite(emb).all(1)
-        if not finite.all():
-            raise DataError(f"{path}: {kind} id {ids[int(np.nonzero(~finite)[0][0])]!r} has a NaN or infinite "
-                            f"value in its embedding ({int((~finite).sum())} such row(s))")
-        ids, emb = _one_row_per_id(path, kind, ids, emb)
-        out[kind] = (ids, unit_rows(emb, lambda j, ids=ids, kind=kind: f"{path}: {kind} id {ids[j]!r}"))
+        kid, kemb = _one_row_per_id(path, kind, ids[kind], emb[kind])
+        out[kind] = (kid, kemb)
     dims = {v[1].shape[1] for v in out.values()}
     if len(dims) > 1:
         raise DataError(f"{path}: image and text embeddings differ in dimension {sorted(dims)}")
     return out
 
 
+def _vectors(path: Path, kind: str, ids: list[str], at: np.ndarray, col, dim: dict) -> np.ndarray:
+    """(len(col), d) values of one batch of a kind's embedding column, checked (nulls, lengths, NaN / inf),
+    in the file's own dtype until normalised (a float64 value past float32's range is still a direction).
+    ``at``: the rows' positions among the kind's rows (for the messages); ``dim``: the kind's dimension,
+    set by its first row."""
+    if col.null_count:
+        first = int(np.nonzero(col.is_null().to_numpy(zero_copy_only=False))[0][0])
+        raise DataError(f"{path}: {kind} id {ids[at[first]]!r} has a null embedding")
+    lengths = np.asarray(pc.list_value_length(col).to_numpy(zero_copy_only=False))
+    d = dim.setdefault(kind, int(lengths[0]))
+    if d == 0:
+        raise DataError(f"{path}: {kind} embeddings are empty lists (id {ids[at[0]]!r}); each row needs its vector")
+    if (lengths != d).any():
+        first = int(np.nonzero(lengths != d)[0][0])
+        raise DataError(f"{path}: {kind} embeddings have different lengths ({d} vs {lengths[first]} at {kind} row "
+                        f"{at[first]}, id {ids[at[first]]!r})")
+    flat = pc.list_flatten(col)
+    if flat.null_count:
+        raise DataError(f"{path}: {kind} embeddings hold {flat.null_count} null value(s)")
+    block = np.asarray(flat.to_numpy(zero_copy_only=False)).reshape(len(lengths), d)
+    finite = np.isfinite(block).all(1)
+    if not finite.all():
+        raise DataError(f"{path}: {kind} id {ids[at[int(np.nonzero(~finite)[0][0])]]!r} has a NaN or infinite "
+                        f"value in its embedding ({int((~finite).sum())} such row(s) in this part of the file)")
+    return block
+
+
 def _one_row_per_id(path: Path, kind: str, ids: list[str], emb: np.ndarray) -> tuple[list[str], np.ndarray]:
     """Rows of a repeated id (a caption written once per occurrence) must hold the same vector; they
-    become one. Different vectors under one id would make the result depend on row order: an error."""
+    become one, compacted within ``emb`` (no second array). Different vectors under one id would make
+    the result depend on row order: an error."""
     counts = Counter(ids)
     if len(counts) == len(ids):
         return ids, emb
@@ -102,7 +151,12 @@ def _one_row_per_id(path: Path, kind: str, ids: list[str], emb: np.ndarray) -> t
             raise DataError(f"{path}: {kind} id {i!r} appears {counts[i]} times with different embeddings (rows "
                             f"{j} and {r} of the {kind} rows); each id needs one embedding: drop or fix the "
                             f"duplicates")
-    return [ids[r] for r in keep], emb[keep]
+    keep = np.asarray(keep, np.int64)
+    step = max(1, _BATCH_VALUES // max(1, emb.shape[1]))
+    for s in range(0, len(keep), step):  # keep[j] >= j: every source row is read before it is overwritten
+        src = keep[s:s + step]
+        emb[s:s + len(src)] = emb[src]
+    return [ids[r] for r in keep], emb[:len(keep)]
 
 
 def _suffixes(uri: str):
@@ -143,5 +197,5 @@ def match_ids(path, data: dict[str, tuple[list[str], np.ndarray]], tables: Table
             raise DataError(f"{path}: {len(missing)} {modality} id(s) needed by the suites are missing, e.g. "
                              f"{missing[:5]}; ids are the image path as the annotation file writes it (altered "
                              f"images under their variant folder) or the caption exactly as in the file")
-        out[modality] = emb[rows]
+        out[modality] = np.asarray(emb[rows], dtype=np.float32)  # fp16 files too: eval scores float32
     return out

@@ -86,6 +86,9 @@ class Embeddings:
     fingerprint: str = ""     # the model that made them when known, else content_id: mining refuses to mix two
     content_id: str = ""      # identity of the files' content (eval's model_fingerprint); "" = fingerprint
     modalities: tuple[str, ...] = ()
+    # ``fingerprint`` names the model that made them (a store folder, an export carrying its model's
+    # fingerprint); False: it names the files only, and which model made them is the user's word
+    names_model: bool = False
 
     def ids(self, modality: str) -> list[str]:
         raise NotImplementedError

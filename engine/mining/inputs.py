@@ -23,31 +23,53 @@ __all__ = ["build_problem", "IMAGE_EXTENSIONS"]
 
 
 def _pipeline(cfg: MineConfig, sources: list[Source], echo,
-              runner) -> tuple[EmbedPipeline | None, EmbeddingStore | Embeddings]:
+              runner) -> tuple[EmbedPipeline | None, EmbeddingStore | Embeddings, str]:
     """(the model's embed pipeline or None, the store new embeddings go to; without a model, the
-    inputs' own embeddings, which name the model that made them)."""
+    inputs' own embeddings, which name the model that made them; why the corpus and queries compare).
+
+    Inputs whose fingerprints name different models (store folders, exports carrying their model) are
+    refused: their vectors are known not to compare. Files that name no model (a user's Parquet, a
+    clip-retrieval folder) are taken at the user's word, which the summary records; only a difference
+    in dimension is refused for them (``_check_dims``)."""
     stores = [s.embeddings for s in sources if s.embeddings is not None]
+    named = {s.fingerprint for s in stores if s.names_model}
     if cfg.model is None:
         todo = next((s for s in sources if s.embeddings is None), None)
         if todo is not None:
             raise UsageError(f"embedding the items of {todo.path} ({todo.kind}) needs --model (and --checkpoint); "
                              f"without a model, pass inputs holding embeddings for both: "
                              f"{registry.describe('embeddings')}")
+        if len(named) > 1:
+            raise UsageError(f"corpus and queries come from different models' stores {sorted(named)}; their "
+                             f"embeddings are not comparable: embed both with one model (a store folder and an "
+                             f"export are named by the model that made them)")
         fps = {s.fingerprint for s in stores}
-        if len(fps) > 1:
-            raise UsageError(f"corpus and queries come from different models' stores {sorted(fps)}; "
-                             f"their embeddings are not comparable")
-        return None, stores[0]
+        if len(fps) == 1:
+            why = f"one model: {stores[0].fingerprint}" if stores[0].names_model else "one source"
+        else:
+            why = "user's claim: different sources (" + ", ".join(f"{s.dir}: {s.fingerprint}" for s in stores) + ")"
+        return None, stores[0], why
     e = cfg.embed
     pipe = EmbedPipeline(user_specs(cfg.model, (cfg.checkpoint,), precision=e.precision, device=e.device,
                                     pretrained=cfg.pretrained, random_init=cfg.random_init), e, runner=runner)
     for s in stores:
-        if s.fingerprint != pipe.fingerprint(0):
+        if s.names_model and s.fingerprint != pipe.fingerprint(0):
             raise UsageError(f"{s.dir} holds embeddings of {s.fingerprint}, but --model/--checkpoint "
                              f"give {pipe.fingerprint(0)}; pass the matching model or embeddings of this model")
     m = pipe.models[0]
     echo(f"model {m.arch_name} ({pipe.fingerprint(0)}) on {m.device}")
-    return pipe, pipe.stores[0]
+    unnamed = [s for s in stores if not s.names_model]
+    why = (f"one model: {pipe.fingerprint(0)}" if not unnamed else
+           "user's claim: " + ", ".join(str(s.dir) for s in unnamed) + f" embedded by {pipe.fingerprint(0)}")
+    return pipe, pipe.stores[0], why
+
+
+def _check_dims(corpus: Source, queries: Source, dc: int, dq: int) -> None:
+    """Corpus and query vectors of different dimensions cannot be scored against each other."""
+    if dc != dq:
+        raise UsageError(f"corpus {corpus.path} holds {dc}-d embeddings but queries {queries.path} hold {dq}-d; "
+                         f"embeddings compared must come from one model (or models sharing one embedding space) "
+                         f"and have one dimension")
 
 
 def _karpathy_groups(src: Source, tables: Tables, rows: dict) -> None:
@@ -125,7 +147,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
     if qsrc.group_names is not None and cmod not in qsrc.items:
         raise UsageError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
                          f"excluded) is known")
-    pipe, store = _pipeline(cfg, [csrc, qsrc], echo, runner)
+    pipe, store, compatibility = _pipeline(cfg, [csrc, qsrc], echo, runner)
     sources = list({id(x): x for x in (qsrc, csrc)}.values())
     image_root = _rebase_image_ids(cfg, sources)
     if image_root is not None:
@@ -203,9 +225,9 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         else:
             q_pos[j] = sorted(set(q_pos[j]) | set(pos))
             q_excl[j] |= keys
-    xq = read(qsrc, qmod, q_rows)
-    if isinstance(xq, np.ndarray):
-        xq = xq.astype(np.float32)
+    if q_rows and len(xb):  # before the queries are read: a mismatch is named without reading them all
+        _check_dims(csrc, qsrc, xb.shape[1], read(qsrc, qmod, q_rows[:1]).shape[1])
+    xq = read(qsrc, qmod, q_rows)  # kept in its dtype (fp16 from an fp16 store): blocks are made float32
     excl = [sorted({r for key in keys for r in by_key.get(key, ())}) for keys in q_excl]
     exclude_ptr = np.zeros(len(q_rows) + 1, np.int64)
     np.cumsum([len(e) for e in excl], out=exclude_ptr[1:])
@@ -227,7 +249,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
                        "skipped": len(cit.keys) - len(c_rows)},
             "queries": {"path": cfg.queries, "kind": qsrc.kind, "rows": len(q_rows),
                         "skipped": sum(1 for k in qit.keys if not k)},
-            "model_fingerprint": fp, "embed": embed}
+            "model_fingerprint": fp, "compatibility": compatibility, "embed": embed}
     return MineProblem(
         xq=xq, xb=xb, query_ids=[qit.ids[i] for i in q_rows], corpus_ids=[cit.ids[i] for i in c_rows],
         modality=cmod, direction=cfg.direction,

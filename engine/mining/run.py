@@ -5,6 +5,8 @@ import hashlib
 import json
 import math
 import os
+import resource
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -29,13 +31,13 @@ from hardrank.executors import executor
 from hardrank.mining.block import mine_block
 from hardrank.mining.inputs import build_problem
 from hardrank.mining.problem import MineProblem, negatives_schema
-from hardrank.mining.searcher import build_searcher, measure_recall
+from hardrank.mining.searcher import build_searcher, measure_recall, written_recall
 from hardrank.mining.training_table import check_training, shard_path, write_training
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.sharded import for_mining
 
-__all__ = ["mine", "mine_arrays"]
+__all__ = ["mine", "mine_arrays", "recall_line"]
 
 RUN_VERSION = 2  # 2: human ids (image paths relative to one root), query_key / negative_key columns
 _HIST_BINS = 40  # score histogram: 40 bins over [-1, 1]
@@ -81,7 +83,8 @@ def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
               "queries": len(problem.xq), "corpus": len(problem.xb), "dim": int(problem.xq.shape[1]),
               "query_ids": _digest(problem.query_ids), "corpus_ids": _digest(problem.corpus_ids),
               # dup_filter off is dup_threshold None already: records written before the flag was an option match
-              "options": {k: v for k, v in asdict(opts).items() if k not in ("recall_sample", "shards", "dup_filter")}}
+              "options": {k: v for k, v in asdict(opts).items()
+                          if k not in ("recall_sample", "recall_target", "shards", "dup_filter")}}
     path = out / "mine_run.json"
     if path.exists():
         try:
@@ -98,6 +101,91 @@ def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
     return record
 
 
+def _rss(field: str = "VmRSS") -> int | None:
+    """This process's resident memory in bytes (``VmHWM``: its peak so far); None where /proc is absent."""
+    try:
+        with open("/proc/self/status") as f:
+            return next((int(line.split()[1]) << 10 for line in f if line.startswith(field + ":")), None)
+    except OSError:
+        return None
+
+
+def _peak_rss() -> int:
+    """Peak resident memory of this process so far, bytes (VmHWM; else getrusage: KiB on Linux, bytes on macOS)."""
+    peak = _rss("VmHWM")
+    if peak is None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return peak
+
+
+def _resident_bytes(*arrays) -> int:
+    """Bytes of the arrays held in memory (memory maps and lazy views are read on demand: not counted)."""
+    return sum(int(a.nbytes) for a in arrays if isinstance(a, np.ndarray) and not isinstance(a, np.memmap))
+
+
+_BUDGET_BOUNDS = ("the search: its index (IVF lists and codes; exact search: the fp32 corpus it scores, a copy only "
+                  "when the vectors are not fp32 in memory) and its work tiles (score tiles, exact re-scoring of "
+                  "candidates, the near-duplicate filter); not the vectors read from the inputs, the process's "
+                  "start-up (torch, FAISS), ids, or one block's output")
+
+
+def _memory(problem: MineProblem, opts: MineOptions, start: int | None) -> dict:
+    """Peak resident memory against the aim: start-up + 1.5 x (vectors + budget)."""
+    vectors = _resident_bytes(problem.xb, problem.xq, problem.pos_emb)
+    mb = lambda b: None if b is None else round(b / 2**20, 1)
+    peak = _peak_rss()
+    aim = None if start is None else start + 1.5 * (vectors + (opts.budget_mb << 20))
+    return {"peak_rss_mb": mb(peak), "start_rss_mb": mb(start), "vectors_mb": mb(vectors), "budget_mb": opts.budget_mb,
+            "aim_mb": mb(aim), "within_aim": None if aim is None else peak <= aim,
+            "peak": "the process's peak resident memory so far (VmHWM / getrusage ru_maxrss)",
+            "budget_bounds": _BUDGET_BOUNDS}
+
+
+def _written(out: Path, problem: MineProblem, B: int):
+    """``written(rows)``: the negative ids written for query rows ``rows``, in rank order, read from the shards."""
+    def written(rows: np.ndarray) -> list[list[str]]:
+        at = {problem.query_ids[r]: j for j, r in enumerate(rows)}
+        got: list[list[tuple[int, str]]] = [[] for _ in rows]
+        for b in np.unique(np.asarray(rows) // B):
+            t = pq.read_table(shard_path(out, int(b)), columns=["query_id", "rank", "negative_id"])
+            for q, rank, neg in zip(*(t.column(c).to_pylist() for c in ("query_id", "rank", "negative_id"))):
+                if q in at:
+                    got[at[q]].append((rank, neg))
+        return [[neg for _, neg in sorted(g)] for g in got]
+    return written
+
+
+def recall_line(recall: dict) -> str:
+    """The recall of the written negatives in one line (printed, and by `hardrank mine` after the run)."""
+    k, r = recall["k"], recall.get(f"recall@{recall['k']}")
+    got = "n/a (no sampled query has a negative)" if r is None else f"{r:.3f}"
+    return (f"recall@{k} of the written negatives {got} on {recall['sample']:,} sampled queries, against mining "
+            f"with exact search (target {recall['target']}: {'met' if recall['met'] else 'NOT met'})")
+
+
+def _shortfall(recall: dict, search: dict, exact: bool, problem: MineProblem, opts: MineOptions) -> str | None:
+    """One line when the written negatives miss the recall target: what they reached, what was tried, and
+    what would reach it (exact search, and the budget that has auto choose it)."""
+    r = recall.get(f"recall@{opts.k}")
+    if not recall or recall["met"] or r is None:
+        return None
+    nb, d = problem.xb.shape
+    need = math.ceil(nb * d * 4 / 2**20)
+    recall["budget_for_target_mb"] = need
+    what = search.get("factory") or search.get("method")
+    line = (f"recall target {opts.recall_target} not met within --budget-mb {opts.budget_mb}: the written negatives "
+            f"reach recall@{opts.k} {r:.3f} with {what}")
+    if search.get("nlist"):
+        tuned = search.get("tuning_recall@10")
+        line += (f" at nprobe {search.get('nprobe')} of {search['nlist']} lists"
+                 + (f" (tuning recall@10 {tuned:.3f}, the best it reached)" if tuned is not None and
+                    search.get("nprobe") == search["nlist"] else ", --nprobe can go up to every list"))
+    if exact:
+        return line + " (exact search: ties at the k-th score decide the rest)"
+    return line + (f"; exact search reaches it: --search exact, or --search auto with --budget-mb {need} "
+                   f"(the {nb:,} x {d} fp32 corpus)")
+
+
 def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike, *,
                 export_training: str | os.PathLike | None = None, echo=None, backend: Backend | None = None) -> dict:
     """Mine ``opts.k`` negatives per query into ``out/negatives/part-*.parquet`` (one shard per
@@ -111,6 +199,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     placed for this run, e.g. on the Ray shards of ``hardrank.executors.ray_search``
     (``backends.sharded``); the blocks, filters and outputs are the same."""
     echo = echo or (lambda s: None)
+    start_rss = problem.meta.get("start_rss_bytes") or _rss()  # mine(): before the inputs were read
     problem.validate()
     if export_training:
         check_training(export_training, problem)  # a bad name or missing pairs fail before any work
@@ -123,12 +212,13 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     todo = [b for b in range(n_blocks) if not shard_path(out, b).exists()]
     timings: dict[str, float] = {}
     prev = out / "summary.json"
-    search_info = {}
+    search_info, recall = {}, {}
     if prev.exists() and not todo:
         try:
-            search_info = json.loads(prev.read_text(encoding="utf-8")).get("search", {})
-        except (OSError, ValueError, AttributeError):  # rewritten below; only its search record is reused
-            search_info = {}
+            old = json.loads(prev.read_text(encoding="utf-8"))
+            search_info, recall = old.get("search", {}), old.get("recall", {})
+        except (OSError, ValueError, AttributeError):  # rewritten below; only its search and recall are reused
+            search_info, recall = {}, {}
     ids_q = pa.array(problem.query_ids, pa.string())
     ids_b = pa.array(problem.corpus_ids, pa.string())
     keys_q = pa.array(problem.query_keys if problem.query_keys is not None else [None] * nq, pa.string())
@@ -148,8 +238,9 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
             search_info.update(measure_recall(search, problem, opts))
             timings["recall"] = time.perf_counter() - t0
             what = search_info.get("factory", search_info["method"])
-            echo(f"approximate search {what}: recall@10 {search_info['recall@10']:.3f} "
-                 f"at nprobe {search_info.get('nprobe')} on {search_info['recall_sample']} queries")
+            echo(f"approximate search {what}: tuning recall@10 {search_info['tuning_recall@10']:.3f} (the search "
+                 f"alone, before filters) at nprobe {search_info.get('nprobe')} on {search_info['tuning_sample']} "
+                 f"queries")
         estimate = _estimate(search, problem, opts, todo_rows)
         if estimate is not None:
             total, n, dt = estimate
@@ -176,6 +267,16 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
             eta = f", ETA {_hms(elapsed / done_q * left)}" if left else ""
             echo(f"block {b + 1}/{n_blocks}: {len(rows)} queries ({i + 1}/{len(todo)} this run, {elapsed:.1f}s{eta})")
         timings["search"] = time.perf_counter() - t0
+        if opts.recall_sample:  # what was written, checked against exact search on a sample of the queries
+            recall = written_recall(problem, opts, _written(out, problem, B), search)
+            timings["recall_written"] = recall["seconds"]
+            shortfall = _shortfall(recall, search_info, search.exact, problem, opts)
+            if shortfall:
+                recall["shortfall"] = shortfall
+    if recall:
+        echo(recall_line(recall))
+        if recall.get("shortfall"):
+            echo(recall["shortfall"])
     # summary over every shard, also those written by earlier runs
     stats: Counter = Counter()
     scores = []
@@ -197,7 +298,8 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     searched = sum(min(nq, (b + 1) * B) - b * B for b in todo)  # (the estimate's sample is not counted)
     summary = {
         "direction": problem.direction, "modality": problem.modality, "k": opts.k, "options": asdict(opts),
-        "inputs": problem.meta, "search": search_info, "run": record,
+        "inputs": {k: v for k, v in problem.meta.items() if k != "start_rss_bytes"}, "search": search_info,
+        "recall": recall, "run": record,
         "counts": {"queries": nq, "corpus": len(problem.xb), "negatives": int(len(scores)),
                    "queries_short": int(stats.get("short", 0)),
                    "excluded_positive_pairs": int(len(problem.exclude_idx)) if problem.exclude_idx is not None else 0,
@@ -211,6 +313,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
         "throughput": {"queries_per_s": (round(searched / timings["search"], 2)
                                          if todo and timings["search"] > 0 else None)},
         "files": files,
+        "memory": _memory(problem, opts, start_rss),
     }
     if training is not None:
         summary["training"] = training
@@ -233,12 +336,14 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     if cfg.export_training:
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
     t0 = time.perf_counter()
+    start_rss = _rss()  # start-up (torch, FAISS, the CLI) before any input is read: the memory aim's base
     backend = for_mining(backends.get(cfg.options.search_spec), executor(cfg.embed), cfg.options.shards)
     problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=backend.remote)
     t_inputs = time.perf_counter() - t0
     echo(f"{len(problem.query_ids)} {DIRECTIONS[cfg.direction][0]} queries, {len(problem.corpus_ids)} "
          f"{problem.modality} corpus items ({t_inputs:.1f}s)")
     problem.meta.setdefault("timings", {})["inputs"] = round(t_inputs, 3)
+    problem.meta["start_rss_bytes"] = start_rss
     try:
         with urls.staged_dir(cfg.out) as out:  # a URL: written here, uploaded (shards before the summary)
             return mine_arrays(problem, cfg.options, out, export_training=cfg.export_training, echo=echo,

@@ -4,17 +4,17 @@ Searchers map (xq (m, d) float32, kk, exclude CSR) to exact-scored (D, I) sorted
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import numpy as np
 
 from hardrank.config import MineOptions
+from hardrank.mining.block import mine_block
 from hardrank.mining.problem import MineProblem, f32
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 
-__all__ = ["build_searcher", "searcher_for", "merge_topk", "measure_recall"]
-
-_TARGET_RECALL = 0.95  # nprobe auto-tuning stops once recall@10 on the sample reaches this
+__all__ = ["build_searcher", "searcher_for", "merge_topk", "measure_recall", "written_recall", "ExactReference"]
 
 
 def merge_topk(parts: list[tuple[np.ndarray, np.ndarray]], kk: int) -> tuple[np.ndarray, np.ndarray]:
@@ -45,24 +45,46 @@ def searcher_for(xb, opts: MineOptions, nq: int | None = None, *, backend: Backe
     return backends.searcher(opts.search_spec, xb, opts, nq, backend=backend)
 
 
+def _sample(nq: int, n: int, seed: int) -> np.ndarray:
+    """The recall sample: ``n`` of ``nq`` query rows, sorted, drawn by ``numpy.random.default_rng(seed)``."""
+    return np.sort(np.random.default_rng(seed).choice(nq, n, replace=False))
+
+
+class ExactReference:
+    """Exact search of the same corpus rows, the reference of the recall checks: FAISS ``Flat`` streamed over
+    the corpus within a quarter of the budget, or (a sharded corpus) the shards' own exact search, merged."""
+
+    exact = True
+
+    def __init__(self, problem: MineProblem, opts: MineOptions, search=None):
+        if search is not None and hasattr(search, "exact_topk"):
+            self._search = search.exact_topk
+            self.gather = search.gather  # candidates' rows for the near-duplicate filter
+        else:
+            from hardrank.scoring.faiss_index import FaissIndex  # faiss: imported by that module alone
+
+            index = FaissIndex(problem.xb, "Flat", budget_bytes=(opts.budget_mb << 20) // 4)
+            self._search = lambda xq, kk, excl: index.search(xq, kk, exclude=excl)
+
+    def __call__(self, xq, kk, excl):
+        return self._search(xq, kk, excl)
+
+
 def measure_recall(search, problem: MineProblem, opts: MineOptions) -> dict:
-    """recall@10 of the approximate path (no exclusions) against exact FAISS search on a sample;
-    with ``nprobe`` unset, nprobe is doubled from nlist/512 until the recall reaches _TARGET_RECALL
-    (a searcher without an IVF-like ``index``: measured once, nothing tuned)."""
-    from hardrank.scoring.faiss_index import FaissIndex, recall_at_k
+    """The tuning recall: recall@10 of the search itself (no exclusions, no filters) against exact search
+    on a sample; with ``nprobe`` unset, nprobe is doubled from nlist/512 until it reaches
+    ``opts.recall_target`` or every list (a searcher without an IVF-like ``index``: measured once). What the
+    run reports is the recall of what it wrote (``written_recall``); this one only picks nprobe."""
+    from hardrank.scoring.faiss_index import recall_at_k  # faiss: imported by that module alone
 
     nq = len(problem.xq)
     n = min(nq, opts.recall_sample)
     if n == 0 or search.exact:
-        return {"recall@10": 1.0 if search.exact else None, "recall_sample": n}
-    rows = np.sort(np.random.default_rng(opts.seed).choice(nq, n, replace=False))
-    xs = f32(problem.xq[rows])
+        return {"tuning_recall@10": 1.0 if search.exact else None, "tuning_sample": n}
+    xs = f32(problem.xq[_sample(nq, n, opts.seed)])
     t0 = time.perf_counter()
-    if hasattr(search, "exact_topk"):  # a sharded corpus: its shards search exactly and the lists merge
-        _, Ie = search.exact_topk(xs, 10)
-    else:
-        _, Ie = FaissIndex(problem.xb, "Flat", budget_bytes=(opts.budget_mb << 20) // 4).search(xs, 10)
-    out = {"recall_sample": n, "exact_seconds": round(time.perf_counter() - t0, 3)}
+    _, Ie = ExactReference(problem, opts, search)(xs, 10, None)
+    out = {"tuning_sample": n, "exact_seconds": round(time.perf_counter() - t0, 3)}
     index = getattr(search, "index", None)
     tune = opts.nprobe is None and index is not None and index.nlist is not None
     top = index.nlist or 0 if index is not None else 0
@@ -73,8 +95,42 @@ def measure_recall(search, problem: MineProblem, opts: MineOptions) -> dict:
         _, Ia = search(xs, 10, None)
         r = recall_at_k(Ia, Ie, 10)
         tried.append({"nprobe": getattr(index, "nprobe", None), "recall@10": round(r, 4)})
-        if not tune or r >= _TARGET_RECALL or index.nprobe >= top:
+        if not tune or r >= opts.recall_target or index.nprobe >= top:
             break
         index.set_nprobe(min(top, index.nprobe * 2))
-    out.update({"recall@10": r, "nprobe": getattr(index, "nprobe", None), "tuning": tried})
+    out.update({"tuning_recall@10": r, "nprobe": getattr(index, "nprobe", None), "nlist": top or None,
+                "tuning": tried})
     return out
+
+
+def written_recall(problem: MineProblem, opts: MineOptions, written, search=None) -> dict:
+    """recall@k of the negatives a run wrote, on the recall sample (``_sample``: ``opts.recall_sample``
+    queries drawn with ``opts.seed``).
+
+    For each sampled query, the reference is what mining with an exact search of the same vectors writes
+    (``mine_block`` with ``ExactReference``: the same exclusions, near-duplicate and similarity filters,
+    the same k); the query's recall is |written ∩ reference| / |reference| (negatives compared by corpus
+    id), and the figure is its mean over the sampled queries whose reference is not empty. ``written(rows)``
+    gives the written negative ids of query rows ``rows``, each list in rank order. ``search``: the run's
+    searcher (a sharded one serves its own exact search)."""
+    nq = len(problem.xq)
+    n = min(nq, opts.recall_sample)
+    if n == 0:
+        return {}
+    t0 = time.perf_counter()
+    rows = _sample(nq, n, opts.seed)
+    _, I = mine_block(ExactReference(problem, opts, search), problem, rows, opts, Counter())
+    got = written(rows)
+    per = []
+    for j, negs in enumerate(got):
+        ref = {problem.corpus_ids[i] for i in I[j] if i >= 0}
+        if ref:
+            per.append(len(ref & set(negs)) / len(ref))
+    r = float(np.mean(per)) if per else None
+    return {f"recall@{opts.k}": r, "k": opts.k, "sample": n, "compared": len(per), "seed": opts.seed,
+            "target": opts.recall_target, "met": r is not None and r >= opts.recall_target,
+            "reference": "mining with exact search (FAISS Flat, or the shards' exact search) of the same vectors: "
+                         "same exclusions, filters and k",
+            "definition": "mean over the sampled queries (numpy default_rng(seed).choice(queries, sample, "
+                          "replace=False)) of |written negatives ∩ reference negatives| / |reference negatives|",
+            "seconds": round(time.perf_counter() - t0, 3)}

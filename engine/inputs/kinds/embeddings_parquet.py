@@ -28,10 +28,12 @@ class _FileEmbeddings(Embeddings):
     def __init__(self, path: str):
         path = Path(path)
         self._data = load_embedding_file(path)
-        t = pq.read_table(path)
+        schema = pq.read_schema(path)
+        t = pq.read_table(path, columns=["kind", "key"] if "key" in schema.names else ["kind"])  # not the vectors
         self.dir, self.modalities = path, tuple(self._data)
-        meta = json.loads((t.schema.metadata or {}).get(b"hardrank_export", b"{}") or b"{}")
+        meta = json.loads((schema.metadata or {}).get(b"hardrank_export", b"{}") or b"{}")
         self.fingerprint = meta.get("fingerprint") or self.content_id  # an export names its model
+        self.names_model = bool(meta.get("fingerprint"))
         kinds = t.column("kind").to_pylist()
         file_keys = t.column("key").to_pylist() if "key" in t.column_names else None
         self._keys, self._first = {}, {}
@@ -59,7 +61,11 @@ class _FileEmbeddings(Embeddings):
         return self._keys[modality]
 
     def read(self, modality: str, rows, *, lazy: bool = False):
-        return self._data[modality][1][self._first[modality][np.asarray(rows, dtype=np.int64)]]
+        at = self._first[modality][np.asarray(rows, dtype=np.int64)]
+        emb = self._data[modality][1]
+        if len(at) == len(emb) and (at == np.arange(len(emb))).all():
+            return emb  # every row in file order (a whole corpus): the array itself, not a copy of it
+        return emb[at]
 
     def for_tables(self, tables: Tables):
         return match_ids(self.dir, self._data, tables)

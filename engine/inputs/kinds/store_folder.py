@@ -15,6 +15,8 @@ __all__ = ["KIND"]
 class _StoreEmbeddings(Embeddings):
     """A store folder read whole, checked first; its ids are its content keys (it holds no names)."""
 
+    names_model = True  # a store folder is named by the fingerprint of the model that filled it
+
     def __init__(self, path: str):
         store: EmbeddingStore = open_store(Path(path))
         self.store, self.dir, self.fingerprint = store, store.dir, store.fingerprint
