@@ -5,14 +5,14 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import BlipConfig, BlipForImageTextRetrieval, BlipImageProcessorPil, PreTrainedTokenizerFast
+from transformers import BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor, PreTrainedTokenizerFast
 
 WORDS = ["a dog and a cat on the bus", "a man or a woman near a tree", "pizza horse boat car number",
          "zero one two three four five six seven eight nine ten eleven twelve", "a portrait of an officer in uniform"]
 
 
 def make_blip(folder: Path, *, enc_token: bool = True, seed: int = 0, image_size: int = 32) -> Path:
-    """Save a tiny BlipForImageTextRetrieval (+ tokenizer, + BLIP's Pillow image processor) into ``folder``."""
+    """Save a tiny BlipForImageTextRetrieval (+ tokenizer, + BLIP's image processor) into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
@@ -38,5 +38,5 @@ def make_blip(folder: Path, *, enc_token: bool = True, seed: int = 0, image_size
         for p in net.parameters():
             p.normal_(1.0 if p.ndim == 1 and p.shape[0] == 32 else 0.0, 0.3)
     net.save_pretrained(folder)
-    BlipImageProcessorPil(size={"height": image_size, "width": image_size}).save_pretrained(folder)
+    BlipImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(folder)
     return folder

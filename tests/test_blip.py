@@ -15,17 +15,19 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from blip_helpers import make_blip
-from helpers import make_karpathy_world
+from helpers import make_karpathy_world, pillow_mode_image
 from PIL import Image
 
-from hardrank import evaluate
+from hardrank import EmbedOptions, EmbedPipeline, evaluate
 from hardrank.config import EvalConfig, build
-from hardrank.embed.decode import PillowDecoder
-from hardrank.embed.encode import ImageEncoder, TextEncoder
+from hardrank.embed.decode import is_processor_cfg
+from hardrank.embed.decoders import make_decoder
+from hardrank.embed.itm import ItmScorer
 from hardrank.errors import DataError, UsageError
 from hardrank.items import ImageRef, Tables
 from hardrank.jobs.cli import main
 from hardrank.kernels import GroupedRanks
+from hardrank.models.hf_models import PROCESSOR_KEY
 from hardrank.models.load import load_model
 from hardrank.models.openclip import ModelSpec
 from hardrank.scoring.metrics import view_outcomes
@@ -65,54 +67,106 @@ def photos(tmp_path_factory):
 
 
 # -- BLIP as a dual encoder -----------------------------------------------------------------------------
-def test_blip_itc_and_itm_equal_transformers_own_path(blip, photos):
-    from transformers import AutoTokenizer, BlipForImageTextRetrieval, BlipImageProcessorPil
+MODES = ("P", "P-transparent", "PA", "RGBA", "LA", "L", "CMYK-jpeg")  # besides the RGB photographs
 
-    m = load_model(ModelSpec(f"blip:{blip}", device="cpu"))
-    texts = ["a dog and a cat on the bus", "a portrait of an officer in uniform", "zebra",
-             "two men ride horses near the boat " * 8]  # longer than 35 tokens: truncated
-    dec = PillowDecoder(m.preprocess_cfg, threads=1)({"ref": [ImageRef(str(p)) for p in photos]})
-    ours_img = ImageEncoder([m])({"pixels": dec["pixels"]})["emb0"]
-    ours_txt = TextEncoder([m])({"text": texts})["emb0"]
 
-    net = BlipForImageTextRetrieval.from_pretrained(str(blip), local_files_only=True).eval()
-    proc = BlipImageProcessorPil.from_pretrained(str(blip), local_files_only=True)
-    tok = AutoTokenizer.from_pretrained(str(blip), local_files_only=True)
-    px = proc([Image.open(p) for p in photos], return_tensors="pt")["pixel_values"]
+@pytest.fixture(scope="module")
+def mode_images(tmp_path_factory):
+    """Photo-like images in the modes images come in besides RGB (helpers.pillow_mode_image: random alpha and
+    a transparent palette index). BLIP's processor converts each to RGB first (alpha onto white) and then
+    resizes, so a decoder that resizes in the image's own mode and converts after gives other pixels."""
+    root = tmp_path_factory.mktemp("modes")
+    out = []
+    for name in MODES:
+        path, mode = pillow_mode_image(root, name)
+        assert Image.open(path).mode == mode
+        out.append(path)
+    return out
+
+
+def _reference(folder: Path, images: list[Path], texts: list[str]):
+    """transformers' own path: ``AutoImageProcessor`` (its default backend) + ``BlipForImageTextRetrieval``;
+    returns (net, tokenizer, pixels, token ids, normalised ITC image and text features)."""
+    from transformers import AutoImageProcessor, AutoTokenizer, BlipForImageTextRetrieval
+
+    net = BlipForImageTextRetrieval.from_pretrained(str(folder), local_files_only=True).eval()
+    proc = AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    px = proc(images=[Image.open(p) for p in images], return_tensors="pt")["pixel_values"]
     ti = tok(texts, padding="max_length", truncation=True, max_length=35, return_tensors="pt")
-    assert ti.input_ids.shape == (4, 35)
     with torch.no_grad():
         cls = net.vision_model(pixel_values=px).last_hidden_state[:, 0]
-        ref_img = torch.nn.functional.normalize(net.vision_proj(cls), dim=-1).numpy()
-        ref_txt = torch.nn.functional.normalize(net.text_proj(net.text_encoder(
+        img = torch.nn.functional.normalize(net.vision_proj(cls), dim=-1).numpy()
+        txt = torch.nn.functional.normalize(net.text_proj(net.text_encoder(
             input_ids=ti.input_ids, attention_mask=ti.attention_mask).last_hidden_state[:, 0]), dim=-1).numpy()
-        # transformers' forward with use_itm_head=False: the cosine similarity of the same two features
+    return net, tok, px, ti, img, txt
+
+
+def test_blip_itc_and_itm_equal_transformers_own_path(blip, photos, mode_images, tmp_path):
+    """Stored ITC embeddings (the embed pipeline) and ITM logits (the re-ranking stage, which decodes the images
+    again) equal transformers' processor + model on RGB photographs and on palette, alpha, grey and CMYK images."""
+    from transformers import AutoImageProcessor
+
+    images = [*photos, *mode_images]
+    texts = ["a dog and a cat on the bus", "a portrait of an officer in uniform", "zebra",
+             "two men ride horses near the boat " * 8]  # longer than 35 tokens: truncated
+    pipe = EmbedPipeline([ModelSpec(f"blip:{blip}", device="cpu")], EmbedOptions(store=str(tmp_path / "s"),
+                                                                                 device="cpu"))
+    tables = Tables.empty()
+    rows = tables.images.add_many([ImageRef(str(p)) for p in images])
+    tables.texts.add_many(texts)
+    pipe.run(tables)
+    emb = pipe.embeddings(0, tables, np.float32)
+    m = pipe.models[0]
+    assert is_processor_cfg(m.preprocess_cfg) and m.preprocess_cfg[PROCESSOR_KEY] == json.loads(json.dumps(
+        AutoImageProcessor.from_pretrained(str(blip)).to_dict(), default=str))  # what the fingerprint hashes
+
+    net, tok, px, ti, ref_img, ref_txt = _reference(blip, images, texts)
+    assert ti.input_ids.shape == (4, 35)
+    got = make_decoder(m.preprocess_cfg, threads=2)({"ref": [ImageRef(str(p)) for p in images]})
+    assert got["ok"].all() and torch.equal(got["pixels"], px)  # the processor's pixels, bit for bit
+    np.testing.assert_allclose(emb["image"][rows], ref_img, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(emb["text"], ref_txt, atol=1e-5, rtol=0)
+    with torch.no_grad():  # transformers' forward with use_itm_head=False: the cosine of the same two features
         cos = net(input_ids=ti.input_ids, pixel_values=px[:1].expand(4, -1, -1, -1), attention_mask=ti.attention_mask,
                   use_itm_head=False).itm_score
-    np.testing.assert_allclose(ours_img, ref_img, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(ours_txt, ref_txt, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(ours_txt @ ours_img[0], cos[0].numpy(), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(emb["text"] @ emb["image"][rows[0]], cos[0].numpy(), atol=1e-5, rtol=0)
 
-    # the cross-encoder: the reference's [ENC] first token (this tokenizer has one), else transformers' forward
-    ids = m.tokenizer(texts)
-    states = m.model.vision_states(dec["pixels"][:1]).expand(4, -1, -1)
+    # the cross-encoder on every (image, text) pair: the reference's [ENC] first token (this tokenizer has one)
+    scorer = ItmScorer(m, tables, batch_size=16)
+    pi, pt = np.repeat(rows, len(texts)), np.tile(np.arange(len(texts)), len(rows))
     enc_ids = ti.input_ids.clone()
     enc_ids[:, 0] = tok.convert_tokens_to_ids("[ENC]")
     with torch.no_grad():
-        itm_ref = net(input_ids=enc_ids, pixel_values=px[:1].expand(4, -1, -1, -1), attention_mask=ti.attention_mask,
-                      use_itm_head=True).itm_score[:, 1]
-        np.testing.assert_allclose(m.model.itm(ids, states).numpy(), itm_ref.numpy(), atol=1e-5, rtol=0)
+        itm_ref = net(input_ids=enc_ids[pt], pixel_values=px[np.searchsorted(rows, pi)],
+                      attention_mask=ti.attention_mask[pt], use_itm_head=True).itm_score[:, 1]
+    np.testing.assert_allclose(scorer(pi, pt), itm_ref.numpy(), atol=1e-5, rtol=0)
     assert m.info["itm_first_token"] == "[ENC]" and m.label == "tiny-blip"
 
 
+def test_blip_stores_are_keyed_by_the_processor_settings(tmp_path, blip):
+    """The fingerprint (the store folder) hashes the processor's settings: another resample is another store."""
+    other = tmp_path / "tiny-blip"
+    other.mkdir()
+    for f in blip.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    a = load_model(ModelSpec(f"blip:{other}", device="cpu"))
+    cfg = json.loads((other / "preprocessor_config.json").read_text())
+    (other / "preprocessor_config.json").write_text(json.dumps({**cfg, "resample": 2}))
+    b = load_model(ModelSpec(f"blip:{other}", device="cpu"))
+    assert b.preprocess_cfg[PROCESSOR_KEY]["resample"] == 2 and b.fingerprint != a.fingerprint
+    with pytest.raises(UsageError, match="--decoder dali: transformers models"):
+        make_decoder(a.preprocess_cfg, "dali")
+
+
 def test_blip_without_enc_token_keeps_cls_as_transformers(tmp_path, photos):
-    from transformers import BlipForImageTextRetrieval, BlipImageProcessorPil
+    from transformers import AutoImageProcessor, BlipForImageTextRetrieval
 
     folder = make_blip(tmp_path / "noenc", enc_token=False)
     m = load_model(ModelSpec(f"blip:{folder}", device="cpu"))
     assert m.info["itm_first_token"] == "[CLS]"
     net = BlipForImageTextRetrieval.from_pretrained(str(folder), local_files_only=True).eval()
-    px = BlipImageProcessorPil.from_pretrained(str(folder))([Image.open(photos[0])], return_tensors="pt")
+    px = AutoImageProcessor.from_pretrained(str(folder))([Image.open(photos[0])], return_tensors="pt")
     ids = m.tokenizer(["a dog and a cat"])
     with torch.no_grad():
         ref = net(input_ids=ids, pixel_values=px["pixel_values"], attention_mask=(ids != 0).long()).itm_score[:, 1]
@@ -245,7 +299,7 @@ def _cfg(world, blip, tmp_path, **kw):
 @pytest.mark.parametrize("k", [3, 1000])
 def test_evaluate_rerank_equals_brute_force_with_transformers(world, blip, tmp_path, k):
     """Engine (store, decoder, batched cross-encoder) == the reference loop on transformers' own features."""
-    from transformers import AutoTokenizer, BlipForImageTextRetrieval, BlipImageProcessorPil
+    from transformers import AutoImageProcessor, AutoTokenizer, BlipForImageTextRetrieval
 
     rep = evaluate(_cfg(world, blip, tmp_path, rerank=f"itm:{k}"))
     res = rep.results[0]
@@ -256,7 +310,7 @@ def test_evaluate_rerank_equals_brute_force_with_transformers(world, blip, tmp_p
     tables = Tables.empty()
     suite = load_suites(["rococo"], tables, _cfg(world, blip, tmp_path).suite_options)[0]
     net = BlipForImageTextRetrieval.from_pretrained(str(blip), local_files_only=True).eval()
-    proc = BlipImageProcessorPil.from_pretrained(str(blip))
+    proc = AutoImageProcessor.from_pretrained(str(blip))
     tok = AutoTokenizer.from_pretrained(str(blip))
     with torch.no_grad():
         px = proc([Image.open(r.uri) for r in tables.images.entries], return_tensors="pt")["pixel_values"]

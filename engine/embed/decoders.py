@@ -16,8 +16,8 @@ def make_decoder(preprocess_cfg: dict, decoder: str = "pillow", *, threads: int 
         raise UsageError(f"decoder must be one of {list(DECODERS)}, got {decoder!r}")
     if is_processor_cfg(preprocess_cfg):
         if decoder != "pillow":  # its own processor is the transform: no DALI or draft twin of it
-            raise UsageError(f"--decoder {decoder}: transformers (hf:) models are preprocessed by their own image "
-                             f"processor on Pillow-decoded images; use --decoder pillow (the default)")
+            raise UsageError(f"--decoder {decoder}: transformers models (hf:, blip:) are preprocessed by their own "
+                             f"image processor on Pillow-decoded images; use --decoder pillow (the default)")
         return ProcessorDecoder(preprocess_cfg, threads=threads)
     if decoder == "pillow-draft":
         return PillowDecoder(preprocess_cfg, threads=threads, draft=True)

@@ -72,8 +72,8 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
     if len({json.dumps(m.preprocess_cfg, sort_keys=True) for m in models}) > 1:
         raise UsageError("models in one embed pass must share preprocessing; group checkpoints by architecture")
     if decoder != "pillow" and any(is_processor_cfg(m.preprocess_cfg) for m in models):
-        raise UsageError(f"--decoder {decoder}: transformers (hf:) models are preprocessed by their own image "
-                         f"processor on Pillow-decoded images; use --decoder pillow (the default)")
+        raise UsageError(f"--decoder {decoder}: transformers models (hf:, blip:) are preprocessed by their own "
+                         f"image processor on Pillow-decoded images; use --decoder pillow (the default)")
     stats: dict[str, EmbedStats] = {}
     keys_of: dict[str, list[str]] = {}
     for modality in ("image", "text"):

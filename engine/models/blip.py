@@ -6,10 +6,11 @@ and the tokenizer files. Encoded as BLIP's retrieval evaluation encodes (salesfo
 ``train_retrieval.py``, RoCOCO's ``eval_blip_*.py``), which is what ``BlipForImageTextRetrieval(...,
 use_itm_head=False)`` computes:
 
-- image: ``vision_proj(vision_model(pixels)[:, 0])``, pixels as BLIP's image processor makes them: resized to
-  its ``size`` with its ``resample`` (no crop), rescaled by 1/255, normalised by its mean and std. Run through
-  our decoders as open_clip's ``squash`` resize with that interpolation: Pillow's resize, as
-  ``BlipImageProcessorPil`` (transformers 5's Pillow backend) and BLIP's reference transform apply it;
+- image: ``vision_proj(vision_model(pixels)[:, 0])``, pixels exactly as BLIP's own image processor makes them
+  (``AutoImageProcessor.from_pretrained(folder)``, transformers 5's default torchvision backend): it runs in
+  the decode workers on ``Image.open``'s image, as for ``hf:`` models (``hf_models.processor_preprocess_cfg``,
+  ``ProcessorDecoder``), so its RGB conversion comes first (palette and alpha images included: alpha
+  composited on white), then its resize, rescale and normalisation; the ITM stage decodes with it too;
 - text: ``text_proj(text_encoder(ids, mask)[:, 0])``, the caption as the suites give it (BLIP's ``pre_caption``)
   tokenized with padding to ``max_length`` 35 and truncation, as the reference does;
 
@@ -30,6 +31,7 @@ import torch
 from safetensors.torch import load_file
 
 from hardrank.errors import DataError, UsageError
+from hardrank.models.hf_models import processor_preprocess_cfg
 from hardrank.models.hf_text import _TOKENIZER_GLOBS, _files_hash, _holds_tokenizer, _require_transformers, snapshot
 from hardrank.models.openclip import EMBED_VERSION, LoadedModel, ModelSpec, _safe, _weights_format, file_hash
 
@@ -38,7 +40,6 @@ __all__ = ["PREFIX", "MAX_LENGTH", "is_blip", "load_blip", "has_itm"]
 PREFIX = "blip:"
 MAX_LENGTH = 35       # the reference's tokenizer(..., padding='max_length', truncation=True, max_length=35)
 _ENC = "[ENC]"        # BLIP's image-grounded encoder token (salesforce/BLIP models/blip.py init_tokenizer)
-_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL resample codes -> open_clip interpolation names
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
@@ -147,29 +148,12 @@ def _config(folder: Path, arch: str) -> dict:
 
 
 def _preprocess(folder: Path, arch: str) -> dict:
-    """BLIP's image processor settings as our decoders' (open_clip) preprocess config."""
+    """BLIP's own image processor as the decode stage runs it (``hf_models.processor_preprocess_cfg``)."""
     path = folder / "preprocessor_config.json"
     if not path.is_file():
         raise DataError(f"--model {arch}: {path} is missing; save the model's processor into the folder "
                         f"(BlipProcessor.save_pretrained) so its images are preprocessed as it was trained")
-    try:
-        p = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from None
-    size = p.get("size") or {}
-    size = (size["height"], size["width"]) if isinstance(size, dict) and "height" in size else size
-    if isinstance(size, int):
-        size = (size, size)
-    scale = float(p.get("rescale_factor", 1 / 255))
-    if not (p.get("do_resize", True) and p.get("do_rescale", True) and p.get("do_normalize", True)) \
-            or abs(scale - 1 / 255) > 1e-12 or p.get("do_center_crop") or p.get("resample", 3) not in _RESAMPLE \
-            or not (isinstance(size, (list, tuple)) and len(size) == 2):
-        raise DataError(f"{path}: hardrank preprocesses BLIP images as BLIP's processor does by default (resize to "
-                        f"size with bilinear/bicubic resample, rescale 1/255, normalise, no crop); this one sets "
-                        f"{ {k: p.get(k) for k in ('do_resize', 'size', 'resample', 'do_rescale', 'rescale_factor', 'do_normalize', 'do_center_crop')} }")  # noqa: E501
-    return {"size": [int(size[0]), int(size[1])], "mode": "RGB", "mean": [float(x) for x in p["image_mean"]],
-            "std": [float(x) for x in p["image_std"]], "interpolation": _RESAMPLE[p.get("resample", 3)],
-            "resize_mode": "squash", "fill_color": 0}
+    return processor_preprocess_cfg(folder, arch)
 
 
 def _build(folder: Path, spec: ModelSpec, cfg: dict):

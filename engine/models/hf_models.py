@@ -37,7 +37,7 @@ from hardrank.models.hf_text import snapshot
 from hardrank.models.openclip import EMBED_VERSION, LoadedModel, ModelSpec, file_hash
 
 __all__ = ["HF_PREFIX", "Family", "FAMILIES", "register_family", "is_hf", "load_hf_model", "hf_image_processor",
-           "HFDualEncoder", "HFTokenizer"]
+           "processor_preprocess_cfg", "HFDualEncoder", "HFTokenizer"]
 
 HF_PREFIX = "hf:"
 PROCESSOR_KEY = "hf_image_processor"  # the preprocess_cfg key that marks a transformers image processor
@@ -287,6 +287,18 @@ def _output_size(proc: dict, arch: str) -> list[int]:
                      f"to a fixed size")
 
 
+def processor_preprocess_cfg(folder: Path, arch: str, family: Family | None = None) -> dict:
+    """The preprocess config of the folder's own image processor (``AutoImageProcessor.from_pretrained``):
+    its settings under ``PROCESSOR_KEY``, from which each decode worker rebuilds it (``ProcessorDecoder``),
+    and its output: one fixed ``size``, or (a family with ``image_inputs``, SigLIP 2) several arrays per image,
+    shaped by the settings. The one way a transformers model's pixels are made (``hf:`` and ``blip:`` models);
+    the settings are part of the model's fingerprint."""
+    settings = json.loads(json.dumps(_processor(folder, arch).to_dict(), default=str))
+    if family is not None and family.image_inputs is not None:
+        return {PROCESSOR_KEY: settings, "inputs": family.image_inputs(settings, arch)}
+    return {PROCESSOR_KEY: settings, "size": _output_size(settings, arch)}
+
+
 def hf_image_processor(preprocess_cfg: dict):
     """The image processor ``preprocess_cfg`` records (rebuilt in each decode worker from plain settings)."""
     settings = dict(preprocess_cfg[PROCESSOR_KEY])
@@ -354,12 +366,8 @@ def load_hf_model(spec: ModelSpec) -> LoadedModel:
     folder = _folder(spec.arch)
     config = _config(folder, spec.arch)
     family, cls = _family_and_class(config, spec.arch, folder)
-    processor, tok = _processor(folder, spec.arch), _tokenizer(folder, spec.arch)  # fail before the weights load
-    settings = json.loads(json.dumps(processor.to_dict(), default=str))
-    if family.image_inputs is not None:  # several arrays per image, shaped by the settings (both fingerprinted)
-        preprocess_cfg = {PROCESSOR_KEY: settings, "inputs": family.image_inputs(settings, spec.arch)}
-    else:  # one (3, H, W) array: the fixed size every image leaves the processor at
-        preprocess_cfg = {PROCESSOR_KEY: settings, "size": _output_size(settings, spec.arch)}
+    # fail before the weights load
+    preprocess_cfg, tok = processor_preprocess_cfg(folder, spec.arch, family), _tokenizer(folder, spec.arch)
     model, files = _build(cls, folder, config, spec)
     model.eval().requires_grad_(False)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]

@@ -103,7 +103,7 @@ WORDS = ("a an the of on in near with and or two three man woman dog cat bus car
 def small_blip(folder: str | Path, size: str = "small") -> str:
     """A random ``BlipForImageTextRetrieval`` of ``BLIP_SIZES[size]`` saved (weights, BLIP's image processor and
     a BERT WordPiece tokenizer over ``WORDS`` with BLIP's [DEC]/[ENC] tokens) into ``folder``, once: its path."""
-    from transformers import BertTokenizer, BlipConfig, BlipForImageTextRetrieval, BlipImageProcessorPil
+    from transformers import BertTokenizer, BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor
     folder = Path(folder) / f"bench-{size}-blip"
     if (folder / "model.safetensors").is_file():
         return str(folder)
@@ -126,5 +126,5 @@ def small_blip(folder: str | Path, size: str = "small") -> str:
             elif "norm" not in name.lower():
                 p.normal_(0.0, 0.1)
     net.save_pretrained(folder)
-    BlipImageProcessorPil(size={"height": img, "width": img}).save_pretrained(folder)
+    BlipImageProcessor(size={"height": img, "width": img}).save_pretrained(folder)
     return str(folder)
