@@ -164,7 +164,8 @@ def test_nothing_outside_the_registry_compares_search_names():
     words = {w for b in backends.registered() for w in b.words} - {"auto"}  # "auto" also names precisions, devices
     found = []
     for name, path in MODULES.items():
-        if name.startswith(("hardrank.scoring.backends", "hardrank.kernels", "hardrank.jobs.bench", "hardrank.perturb")):
+        skip = ("hardrank.scoring.backends", "hardrank.kernels", "hardrank.jobs.bench", "hardrank.perturb")
+        if name.startswith(skip):
             continue  # the registry itself; kernels' precision levels and the bench's rows reuse the words; perturb's
             # `method` is an alteration (mix, patch, corrupt:...), not a search
         for node in ast.walk(ast.parse(path.read_text())):
