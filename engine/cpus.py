@@ -59,8 +59,10 @@ class ThreadBudget:
     def describe(self) -> str:
         """One line for logs and summaries, e.g. ``2 (affinity 2, quota none)``."""
         quota = "none" if self.quota is None else f"{self.quota:g}"
-        why = {"cores": "", "idle cores": f"{self.idle:.1f} of {self.cores} cores idle at start; "}.get(
-            self.source, f"{self.source} {self.threads}; ")
+        if self.source in ("cores", "idle cores"):
+            why = "" if self.idle is None else f"{self.idle:.1f} of {self.cores} cores idle at start; "
+        else:
+            why = f"{self.source} {self.threads}; "
         return f"{self.threads} ({why}affinity {self.affinity}, quota {quota})"
 
     def record(self) -> dict:
