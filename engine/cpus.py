@@ -1,12 +1,13 @@
 """The one place that decides how many threads this process computes with, and sizes every pool to it.
 
 Cores this process may use = min(CPU affinity, cgroup CPU quota); the threads it uses = an explicit
-``--threads`` / ``$HARDRANK_THREADS`` / ``$OMP_NUM_THREADS``, else those cores, less the ones other
-processes keep busy at the start of the run. More threads than free cores is not a small loss: every
-parallel region (a GEMM, a top-k tile) waits for its slowest thread, and a thread the scheduler parked
-behind a neighbour holds the whole region for a scheduler time slice (milliseconds), so a run's time follows its
-op count, not its work (issue 29: a 4-checkpoint toy eval 37.4 s beside one busy process, 10.4 s with
-one thread). Results never depend on the thread count (tests/test_cpus.py pins that).
+``--threads`` / ``$HARDRANK_THREADS`` / ``$OMP_NUM_THREADS``, else those cores, less the ones a few
+other processes keep busy at the start of the run (not on a saturated machine: see ``budget``). More
+threads than free cores is not a small loss: every parallel region (a GEMM, a top-k tile) waits for its
+slowest thread, and a thread the scheduler parked behind a neighbour holds the whole region for a
+scheduler time slice (milliseconds), so a run's time follows its op count, not its work (issue 29: a
+4-checkpoint toy eval 37.4 s beside one busy process, 10.4 s with one thread). Results never depend on
+the thread count (tests/test_cpus.py pins that).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import torch  # noqa: E402  (after the wait policy)
 from hardrank.errors import UsageError  # noqa: E402
 
 __all__ = ["ThreadBudget", "budget", "use", "current", "on_use", "decode_threads", "wait_policy", "cgroup_quota",
-           "idle_cores"]
+           "probe_cores"]
 
 # where the kernel says what this process may use (module-level so tests can point them at fakes)
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
@@ -53,13 +54,17 @@ class ThreadBudget:
     cores: int                 # cores this process may use: min(affinity, quota)
     affinity: int              # CPUs in this process's affinity mask
     quota: float | None        # cgroup CPU quota in cores (None: no quota)
-    source: str                # what chose `threads`: --threads, $HARDRANK_THREADS, $OMP_NUM_THREADS, cores, idle cores
-    idle: float | None = None  # idle cores measured at start (None: not measured)
+    source: str                # what chose it: --threads, $HARDRANK_THREADS, $OMP_NUM_THREADS, cores, idle cores,
+                               # saturated
+    idle: float | None = None  # idle cores of the affinity set at start (None: not measured)
+    runnable: float | None = None  # other tasks runnable on the whole system at start (None: not measured)
 
     def describe(self) -> str:
         """One line for logs and summaries, e.g. ``2 (affinity 2, quota none)``."""
         quota = "none" if self.quota is None else f"{self.quota:g}"
-        if self.source in ("cores", "idle cores"):
+        if self.source == "saturated":
+            why = f"saturated at start: {self.runnable:g} other tasks runnable, fewer threads would only cede time; "
+        elif self.source in ("cores", "idle cores"):
             why = "" if self.idle is None else f"{self.idle:.1f} of {self.cores} cores idle at start; "
         else:
             why = f"{self.source} {self.threads}; "
@@ -136,54 +141,70 @@ def _override(threads: int | None) -> tuple[int, str] | None:
     return None
 
 
-def _cpu_times(cpus: set[int]) -> tuple[int, int] | None:
-    """(idle, total) jiffies summed over ``cpus`` from /proc/stat; None where it cannot be read."""
+def _stat(cpus: set[int]) -> tuple[int, int, int, int] | None:
+    """From /proc/stat: (idle, total) jiffies summed over ``cpus``, the tasks runnable right now on the
+    whole system (``procs_running``, this one included) and the CPUs online; None where it cannot be read."""
     text = _read(PROC_STAT)
     if text is None:
         return None
-    idle = total = 0
-    seen = 0
+    idle = total = seen = online = running = 0
     for line in text.splitlines():
-        name, *vals = line.split()
-        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+        name, *vals = line.split() or [""]
+        if name == "procs_running":
+            running = int(vals[0])
+        if not name.startswith("cpu") or name == "cpu":
             continue
-        v = [int(x) for x in vals[:8]]  # user nice system idle iowait irq softirq steal
-        idle += v[3] + v[4]
-        total += sum(v)
-        seen += 1
-    return (idle, total) if seen else None
+        online += 1
+        if int(name[3:]) in cpus:
+            v = [int(x) for x in vals[:8]]  # user nice system idle iowait irq softirq steal
+            idle += v[3] + v[4]
+            total += sum(v)
+            seen += 1
+    return (idle, total, running, online) if seen else None
 
 
-def idle_cores(seconds: float = IDLE_SAMPLE_S) -> float | None:
-    """Cores of this process's affinity set that sat idle over ``seconds`` (sampled from /proc/stat
-    while this thread sleeps), e.g. 1.0 on 2 cores beside one CPU-bound process; None where unknown."""
+def probe_cores(seconds: float = IDLE_SAMPLE_S, reads: int = 5) -> tuple[float, float, int] | None:
+    """(idle cores of this process's affinity set over ``seconds``, other tasks runnable meanwhile on the
+    whole system (mean of ``reads`` looks, this thread not counted), CPUs online), read from /proc/stat
+    while this thread sleeps: e.g. (1.0, 1.0, 2) on 2 cores beside one CPU-bound process; None where unknown."""
     try:
         cpus = os.sched_getaffinity(0)
     except AttributeError:
         return None
-    a = _cpu_times(cpus)
-    time.sleep(seconds)
-    b = _cpu_times(cpus)
+    looks = [_stat(cpus)]
+    for _ in range(reads - 1):
+        time.sleep(seconds / (reads - 1))
+        looks.append(_stat(cpus))
+    a, b = looks[0], looks[-1]
     if a is None or b is None or b[1] <= a[1]:
         return None
-    return len(cpus) * (b[0] - a[0]) / (b[1] - a[1])
+    others = sum(x[2] for x in looks if x) / sum(1 for x in looks if x) - 1
+    return len(cpus) * (b[0] - a[0]) / (b[1] - a[1]), max(0.0, others), b[3]
 
 
 def budget(threads: int | None = None, *, probe: bool = True) -> ThreadBudget:
     """The thread budget of this process: ``threads`` (``--threads``), else ``$HARDRANK_THREADS``, else
-    ``$OMP_NUM_THREADS``, else the cores it may use (min of affinity and cgroup quota, rounded up), less
-    those other processes keep busy right now when ``probe`` (one ``IDLE_SAMPLE_S`` look at /proc/stat:
-    a neighbour that starts later is not seen; ``--threads`` is the fix then)."""
+    ``$OMP_NUM_THREADS``, else the cores it may use (min of affinity and cgroup quota, rounded up); when
+    ``probe``, one ``IDLE_SAMPLE_S`` look at /proc/stat first takes off the cores a few other processes
+    keep busy (one CPU-bound neighbour on 2 cores: 1 thread, no straggler for every parallel region to
+    wait on). A saturated machine (as many runnable tasks as CPUs, or more) keeps all the cores: the
+    scheduler then shares each core between threads, so fewer threads only give time away (2 cores at
+    load 17: exact search 24.7 s with 1 thread, 5.6 s with 2; benchmarks/bench_contention.py). A
+    neighbour that starts later is not seen; ``--threads`` is the fix then."""
     affinity, quota = _affinity(), cgroup_quota()
     cores = max(1, min(affinity, math.ceil(quota) if quota is not None else affinity))
     chosen = _override(threads)
     if chosen is not None:
         return ThreadBudget(chosen[0], cores, affinity, quota, chosen[1])
-    idle = idle_cores() if probe and cores > 1 else None
-    if idle is None:
+    seen = probe_cores() if probe and cores > 1 else None
+    if seen is None:
         return ThreadBudget(cores, cores, affinity, quota, "cores")
+    idle, others, online = seen
+    if others >= online:
+        return ThreadBudget(cores, cores, affinity, quota, "saturated", round(idle, 2), round(others, 1))
     n = max(1, min(cores, math.floor(idle + 0.5)))  # a core counts as free when over half of it was idle
-    return ThreadBudget(n, cores, affinity, quota, "cores" if n == cores else "idle cores", round(idle, 2))
+    return ThreadBudget(n, cores, affinity, quota, "cores" if n == cores else "idle cores", round(idle, 2),
+                        round(others, 1))
 
 
 _APPLIED: ThreadBudget | None = None

@@ -84,28 +84,32 @@ def test_overrides_in_order_and_refused_when_malformed(monkeypatch, tmp_path):
 
 
 def test_idle_probe_leaves_the_cores_a_neighbour_keeps_busy(monkeypatch, tmp_path):
-    """/proc/stat sampled twice over this process's CPUs (2 of 3 here): one busy core of two -> 1 thread."""
+    """/proc/stat sampled over this process's CPUs (2 of 3 here): one busy core of two -> 1 thread; a
+    saturated machine (as many runnable tasks as CPUs) keeps every core: fewer threads would cede time."""
     _fake_cgroup(monkeypatch, tmp_path, "0::/\n", {}, affinity=2)
     stat = tmp_path / "stat"
     line = "cpu{} {} 0 0 {} 0 0 0 0 0 0\n"  # user nice system idle iowait ...
-    before = "cpu  0 0 0 0 0 0 0 0\n" + line.format(0, 100, 100) + line.format(1, 100, 100) + line.format(2, 0, 0)
 
-    def after(busy0, busy1):  # 100 jiffies per core elapse; cpu2 lies outside the affinity mask
-        return ("cpu  0 0 0 0 0 0 0 0\n" + line.format(0, 100 + busy0, 200 - busy0)
-                + line.format(1, 100 + busy1, 200 - busy1) + line.format(2, 100, 0))
+    def snapshot(busy0, busy1, running, t):  # t x 100 jiffies per core elapsed; cpu2 lies outside the mask
+        return ("cpu  0 0 0 0 0 0 0 0\n" + line.format(0, t * busy0, t * (100 - busy0))
+                + line.format(1, t * busy1, t * (100 - busy1)) + line.format(2, t * 100, 0)
+                + f"intr 5 0\nctxt 7\nprocs_running {running}\nprocs_blocked 0\n")
 
-    def probe(busy0, busy1):
-        stat.write_text(before)
-        monkeypatch.setattr(cpus.time, "sleep", lambda s: stat.write_text(after(busy0, busy1)))
+    def probe(busy0, busy1, running):
+        stat.write_text(snapshot(busy0, busy1, running, 1))
+        monkeypatch.setattr(cpus.time, "sleep", lambda s: stat.write_text(snapshot(busy0, busy1, running, 2)))
         return cpus.budget()
 
     monkeypatch.setattr(cpus, "PROC_STAT", stat)
-    b = probe(100, 5)  # a CPU-bound neighbour on cpu0
-    assert (b.threads, b.source, b.idle) == (1, "idle cores", 0.95)
+    b = probe(100, 5, 2)  # a CPU-bound neighbour on cpu0 (running: it and this probe)
+    assert (b.threads, b.source, b.idle, b.runnable) == (1, "idle cores", 0.95, 1.0)
     assert b.describe() == "1 (0.9 of 2 cores idle at start; affinity 2, quota none)"
-    b = probe(10, 20)  # quiet
+    b = probe(10, 20, 1)  # quiet
     assert (b.threads, b.source, b.idle) == (2, "cores", 1.7)
     assert b.describe() == "2 (1.7 of 2 cores idle at start; affinity 2, quota none)"
+    b = probe(100, 100, 9)  # 8 other runnable tasks on 3 CPUs
+    assert (b.threads, b.source, b.runnable) == (2, "saturated", 8.0)
+    assert b.describe().startswith("2 (saturated at start: 8 other tasks runnable")
     assert cpus.budget(2).source == "--threads"  # an explicit count is never probed
     monkeypatch.setattr(cpus, "PROC_STAT", tmp_path / "missing")
     assert cpus.budget().threads == 2  # no /proc: the cores
