@@ -208,6 +208,8 @@ def budget(threads: int | None = None, *, probe: bool = True) -> ThreadBudget:
 
 
 _APPLIED: ThreadBudget | None = None
+_PROBED: tuple[float, ThreadBudget] | None = None  # (when, what) of the last look at the idle cores
+PROBE_REUSE_S = 30.0  # runs started within this of the last look reuse it (watch, grids, many calls in one process)
 _HOOKS: list[Callable[[int], None]] = []  # thread pools outside torch (FAISS's OpenMP), sized by each `use`
 
 
@@ -223,9 +225,16 @@ def use(threads: int | None = None, *, probe: bool = True) -> ThreadBudget:
     """Decide the budget (``budget``) and size this process's pools to it: torch's intra-op threads, and
     its inter-op threads while they have not started (torch allows setting them once, before first use).
     Decode pools (``decode_threads``), FAISS (``hardrank.scoring.faiss_index``) and Ray actors
-    (``hardrank.executors``) read ``current()``. Called at the start of each run (evaluate, mine)."""
-    global _APPLIED
-    b = budget(threads, probe=probe)
+    (``hardrank.executors``) read ``current()``. Called at the start of each run (evaluate, mine); a look
+    at the idle cores taken less than ``PROBE_REUSE_S`` ago is reused (0.2 s each, it adds up over many calls)."""
+    global _APPLIED, _PROBED
+    b = budget(threads, probe=False)
+    if probe and b.source == "cores" and b.cores > 1:  # no override: look at the idle cores, or reuse a recent look
+        last = _PROBED
+        if last is None or time.monotonic() - last[0] > PROBE_REUSE_S or \
+                (last[1].cores, last[1].affinity, last[1].quota) != (b.cores, b.affinity, b.quota):
+            last = _PROBED = (time.monotonic(), budget(threads))
+        b = last[1]
     torch.set_num_threads(b.threads)
     try:
         torch.set_num_interop_threads(b.threads)

@@ -21,10 +21,10 @@ def _restore_budget(monkeypatch):
     """Each test leaves torch's threads, the applied budget and the hooks as it found them."""
     for name in cpus.ENV_OVERRIDES:
         monkeypatch.delenv(name, raising=False)
-    threads, applied, hooks = torch.get_num_threads(), cpus._APPLIED, list(cpus._HOOKS)
+    threads, applied, hooks, probed = torch.get_num_threads(), cpus._APPLIED, list(cpus._HOOKS), cpus._PROBED
     yield
     torch.set_num_threads(threads)
-    cpus._APPLIED = applied
+    cpus._APPLIED, cpus._PROBED = applied, probed
     cpus._HOOKS[:] = hooks
 
 
@@ -113,6 +113,17 @@ def test_idle_probe_leaves_the_cores_a_neighbour_keeps_busy(monkeypatch, tmp_pat
     assert cpus.budget(2).source == "--threads"  # an explicit count is never probed
     monkeypatch.setattr(cpus, "PROC_STAT", tmp_path / "missing")
     assert cpus.budget().threads == 2  # no /proc: the cores
+
+
+def test_a_recent_look_at_the_idle_cores_is_reused(monkeypatch, tmp_path):
+    _fake_cgroup(monkeypatch, tmp_path, "0::/\n", {}, affinity=2)
+    looks = []
+    monkeypatch.setattr(cpus, "probe_cores", lambda: looks.append(1) or (0.9, 1.0, 2))
+    monkeypatch.setattr(cpus, "_PROBED", None)
+    assert cpus.use().threads == 1 and cpus.use().threads == 1 and len(looks) == 1
+    assert cpus.use(2).threads == 2 and len(looks) == 1  # an explicit count: no look
+    monkeypatch.setattr(cpus, "_PROBED", (cpus._PROBED[0] - cpus.PROBE_REUSE_S - 1, cpus._PROBED[1]))
+    assert cpus.use().threads == 1 and len(looks) == 2  # too old: looked again
 
 
 def test_use_sizes_torch_and_registered_pools(monkeypatch, tmp_path):
