@@ -25,15 +25,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from hardrank.jobs.bench.timing import timed
+
 ROOT = Path(__file__).resolve().parent.parent
 CKPTS = ["toy-clip_step0050", "toy-clip_step0200", "toy-clip_step0400", "toy-clip_step0700"]
 SIZINGS = ("2", "1", "auto")
 
 # the mining child: times the exact searcher alone and says which threads it ran with
 _MINE = """
-import sys, time
+import sys
 import numpy as np
 from hardrank import cpus
+from hardrank.jobs.bench.timing import timed
 from hardrank.scoring.backends.exhaustive import KernelSearch
 b = cpus.use(None if sys.argv[1] == "auto" else int(sys.argv[1]))
 r = np.random.default_rng(0)
@@ -41,7 +44,7 @@ xb = r.standard_normal((50_000, 512), dtype=np.float32); xb /= np.linalg.norm(xb
 xq = r.standard_normal((5_000, 512), dtype=np.float32); xq /= np.linalg.norm(xq, axis=1, keepdims=True)
 s = KernelSearch(xb, 1024 << 20)
 s(xq[:64], 10, None)  # warm-up: allocator, first-GEMM probe
-t0 = time.perf_counter(); s(xq, 10, None); dt = time.perf_counter() - t0
+dt, _ = timed(lambda: s(xq, 10, None))
 print(f"SECONDS {dt:.3f} THREADS {b.threads} {b.describe()}")
 """
 
@@ -63,9 +66,7 @@ def _eval_once(sizing: str, world: Path, work: Path) -> tuple[float, str]:
     cmd = [sys.executable, "-m", "hardrank.jobs.cli", "eval", "--model", "toy-clip", "--checkpoint", *ck,
            "--suite", "toy", "--data", str(world), "--store", store, "--out", out, "--device", "cpu"]
     cmd += [] if sizing == "auto" else ["--threads", sizing]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    dt = time.perf_counter() - t0
+    dt, p = timed(lambda: subprocess.run(cmd, capture_output=True, text=True))  # the wall a user waits
     if p.returncode != 0:
         raise SystemExit(f"eval failed: {p.stderr[-2000:]}")
     m = re.search(r"^threads: (.*)$", p.stderr, re.M)
