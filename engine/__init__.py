@@ -26,16 +26,7 @@ The public API (``help(hardrank)``). Options are the names of the command line's
 - Errors: ``HardrankError`` and its kinds ``UsageError``, ``DataError``, ``TooManyFailures``,
   ``MissingExtra``.
 """
-import os as _os
-
-# OpenMP threads must sleep, not spin, between parallel regions. libgomp's default spins 300,000
-# rounds first, and on shared cores those spinning threads starve the main thread: every small torch
-# op then costs a scheduler time slice, so a run's time follows its op count (K checkpoints x layers
-# x batches), not its work (400 captions x 6 toy checkpoints at --batch-size 8: 108 s, 4.6 s with
-# PASSIVE; 2 cores at load 20). libgomp reads this once, when torch loads it: hence here, before any
-# import of torch. A policy the user set is kept.
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
+from hardrank import cpus as cpus  # first: it sets OpenMP's wait policy, which must precede torch's import
 from hardrank.config import EmbedOptions, EvalConfig, MineConfig, MineOptions, SuiteOptions
 from hardrank.embed import EmbedPipeline
 from hardrank.errors import DataError, HardrankError, MissingExtra, TooManyFailures, UsageError

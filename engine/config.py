@@ -32,7 +32,7 @@ from hardrank.text import CAPTION_PROTOCOLS
 __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES",
            "DIRECTIONS", "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
            "default_store",
-           "default_decode_threads", "resolve_device", "check_writable_dir", "check_store_root",
+           "resolve_device", "check_writable_dir", "check_store_root",
            "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
 
 DATA_DIR = Path(__file__).resolve().parent / "assets"  # bundled model configs, toy checkpoints, vocabularies
@@ -65,10 +65,6 @@ def cache_dir() -> Path:
 
 def default_store() -> str:
     return str(cache_dir() / "store")
-
-
-def default_decode_threads() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -291,7 +287,12 @@ class EmbedOptions:
                          "(benchmarks/README.md)", choices=PRECISIONS)
     device: str = opt("auto", "auto | cpu | cuda | cuda:N")
     batch_size: int = opt(256, "images/texts per encoder batch", minimum=1)
-    decode_threads: int = opt(default_decode_threads(), "image decode threads", minimum=1)
+    decode_threads: int | None = opt(None, "image decode threads (default: the thread budget, --threads, at most 8)",
+                                     minimum=1)
+    threads: int | None = opt(None, "threads this process computes with: torch, decoding, FAISS, Ray actors "
+                              "(default: the cores it may use, min of CPU affinity and cgroup quota, less those "
+                              "busy at start; $HARDRANK_THREADS or $OMP_NUM_THREADS also set it); results do not "
+                              "depend on it", minimum=1)
     max_failures: int | None = opt(100, "unreadable images tolerated (recorded, skipped) before the run stops",
                                    minimum=0)
     executor: str = opt("local", "local: in-process threads, no cluster start-up (best for small jobs and CI); "

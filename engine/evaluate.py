@@ -14,7 +14,7 @@ import open_clip
 import pyarrow as pa
 import torch
 
-from hardrank import urls
+from hardrank import cpus, urls
 from hardrank.config import EvalConfig, build, check_writable_dir, resolve_device
 from hardrank.embed import EmbedPipeline, make_scan_mapper
 from hardrank.embed.itm import ItmScorer
@@ -234,6 +234,7 @@ def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dic
         "config": {**{k: v for k, v in asdict(cfg).items() if k not in ("suite_options", "embed")},
                    **asdict(cfg.embed)},
         "suite_options": asdict(cfg.suite_options),
+        "threads": common["threads"],  # how many threads computed it, and why (results do not depend on it)
     }
     if scored.get("search"):
         result["provenance"]["search"] = scored["search"]
@@ -257,6 +258,8 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     if not cfg.out:
         raise UsageError("option out (the results folder) is required")
     _check_usage(cfg)
+    threads = cpus.use(cfg.embed.threads)
+    echo(f"threads: {threads.describe()}")
     with urls.staged_dir(cfg.out) as local_out:
         report = _evaluate(replace(cfg, out=local_out), progress, echo, runner)
     if local_out != cfg.out:
@@ -301,7 +304,8 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
     echo(f"loaded {len(suites)} suite(s): {len(tables.images)} images (distinct paths), {len(tables.texts)} texts "
          f"(distinct normalised captions) ({t_load:.1f}s)")
     report = EvalReport()
-    common = {"failures": [], "versions": _versions(), "embed": {}, "t_load": t_load}
+    common = {"failures": [], "versions": _versions(), "embed": {}, "t_load": t_load,
+              "threads": cpus.current().record()}
     for suite in suites:  # answers that need no model: scored once, under the predictions' folder name
         for task in [t for t in suite.mask if not t.needs_embeddings]:
             scored = _score_mask(task, resolve_device(cfg.embed.device), None, 0)

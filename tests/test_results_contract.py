@@ -45,6 +45,8 @@ def _placeholder(value, key: str, under: tuple[str, ...]):
 
 
 def _golden_form(obj, key: str = "", under: tuple[str, ...] = ()):
+    if key == "threads" and isinstance(obj, dict):  # the thread budget: its fields are the machine's (quota, load)
+        return "<dict>"
     if isinstance(obj, dict):
         return {k: _golden_form(v, k, (*under, key) if key else under) for k, v in obj.items()}
     if isinstance(obj, list):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hardrank import urls
+from hardrank import cpus, urls
 from hardrank.config import DECODERS, EmbedOptions
 from hardrank.embed.decode import is_processor_cfg
 from hardrank.embed.job import EmbedJob, EmbedSink, EmbedStats, check_failures
@@ -317,9 +317,10 @@ class EmbedPipeline:
         """Encode every item of ``tables`` some store lacks; returns stats per modality."""
         o = self.options
         runner = self.runner or make_runner(o, self.models)
+        decode_threads = o.decode_threads or cpus.decode_threads()
         try:
             return embed_tables(tables, self.models, self.stores, batch_size=o.batch_size, flush_rows=flush_rows,
-                                decode_threads=o.decode_threads, decoder=o.decoder, max_failures=o.max_failures,
+                                decode_threads=decode_threads, decoder=o.decoder, max_failures=o.max_failures,
                                 progress=progress, runner=runner, key_by=o.key_by, ids=self.ids)
         finally:
             if runner is not self.runner and hasattr(runner, "close"):

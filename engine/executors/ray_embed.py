@@ -20,6 +20,7 @@ import ray
 import torch
 
 import hardrank.kernels
+from hardrank import cpus
 from hardrank.embed.decode import image_size
 from hardrank.embed.job import DecodeStage, EmbedJob, EmbedSink, EncodeStage
 from hardrank.errors import UsageError
@@ -62,8 +63,9 @@ def connect(address: str | None = None) -> bool:
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise UsageError(f"could not join the Ray cluster at {address!r} ({exc}); check "
                                  f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
-        else:  # a local cluster's workers run this interpreter, which imports hardrank already
-            ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        else:  # a local cluster's workers run this interpreter, which imports hardrank already; its CPUs are
+            # this process's thread budget (affinity, cgroup quota, --threads), which sizes every actor's threads
+            ray.init(num_cpus=cpus.current().threads, include_dashboard=False, logging_level=logging.WARNING)
     return True
 
 

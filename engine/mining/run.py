@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hardrank import urls
+from hardrank import cpus, urls
 from hardrank.atomic import atomic_path, write_json_atomic
 from hardrank.config import (
     DIRECTIONS,
@@ -314,6 +314,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
                                          if todo and timings["search"] > 0 else None)},
         "files": files,
         "memory": _memory(problem, opts, start_rss),
+        "threads": cpus.current().record(),  # how many threads computed it, and why (results do not depend on it)
     }
     if training is not None:
         summary["training"] = training
@@ -335,6 +336,8 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
         cfg.embed.check_store()
     if cfg.export_training:
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
+    threads = cpus.use(cfg.embed.threads)
+    echo(f"threads: {threads.describe()}")
     t0 = time.perf_counter()
     start_rss = _rss()  # start-up (torch, FAISS, the CLI) before any input is read: the memory aim's base
     backend = for_mining(backends.get(cfg.options.search_spec), executor(cfg.embed), cfg.options.shards)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hardrank import cpus
 from hardrank.atomic import atomic_path, copy_into, write_json_atomic, write_text_atomic
 from hardrank.config import (
     EmbedOptions,
@@ -188,6 +189,7 @@ def attack_texts(cfg: AttackTextsConfig | None = None, *, progress=None, echo=No
     cfg = _config(AttackTextsConfig, cfg, options)
     echo = echo or (lambda s: None)
     _check_usage(cfg)
+    cpus.use(cfg.embed.threads)
     t_start = time.perf_counter()
     ann, out = Path(cfg.annotations), Path(cfg.out)
     clean = read_karpathy(ann)
@@ -306,6 +308,7 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
     cfg = _config(AttackImagesConfig, cfg, options)
     echo = echo or (lambda s: None)
     _check_usage(cfg)
+    cpus.use(cfg.embed.threads)
     t_start = time.perf_counter()
     ann, out, root = Path(cfg.annotations), Path(cfg.out), Path(cfg.images)
     if not root.is_dir():

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import faiss
 import numpy as np
 
+from hardrank import cpus
 from hardrank.errors import UsageError
 from hardrank.kernels import TIE_RULES
 
@@ -18,6 +19,8 @@ __all__ = ["FaissIndex", "FaissRanks", "faiss_topk", "faiss_grouped_ranks", "rec
 GPU_MAX_K = 2048        # faiss GPU search returns at most this many results per query
 _PROBE_BYTES = 128      # faiss's search memory per (query, probed list), rounded up from ~90 measured (fast-scan PQ)
 _IP = faiss.METRIC_INNER_PRODUCT
+# FAISS links its own OpenMP runtime, which torch's thread setting does not reach: the thread budget sizes it
+cpus.on_use(faiss.omp_set_num_threads)
 
 
 # -- small helpers --------------------------------------------------------------------------

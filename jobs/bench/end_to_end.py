@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from hardrank import cpus
 from hardrank.atomic import write_text_atomic
 from hardrank.config import EvalConfig, resolve_device
 from hardrank.embed import EmbedPipeline
@@ -38,6 +39,8 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
     """Engine end to end (cold store, then warm), the naive pipeline end to end, and each engine
     stage on a sample against its naive counterpart. Returns the JSON-able result."""
     device = resolve_device(cfg.embed.device)
+    threads = cpus.use(cfg.embed.threads)  # both pipelines decode with the same threads
+    cfg = replace(cfg, embed=replace(cfg.embed, decode_threads=cfg.embed.decode_threads or cpus.decode_threads()))
     K = len(cfg.checkpoints)
     tables = Tables.empty()
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
@@ -51,6 +54,7 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
     echo(f"bare GEMM 2048^3: {gemm:.1f} GFLOP/s on {device}")
     out: dict = {"config": asdict(cfg),
                  "environment": {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                                 "thread_budget": threads.record(),
                                  "cpus": os.cpu_count(), "platform": platform.platform(),
                                  "python": platform.python_version()},
                  "bare_gemm_gflops": round(gemm, 2)}

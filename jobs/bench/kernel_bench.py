@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from hardrank import cpus
 from hardrank.atomic import write_text_atomic
 from hardrank.config import resolve_device
 from hardrank.errors import EXIT_OK, UsageError
@@ -127,6 +128,7 @@ def bench_kernels(cfg: KernelBenchConfig, echo=print) -> dict:
     """Time each method on one problem, in interleaved rounds; ``echo`` the table, write the JSON
     (``cfg.out``) and return it."""
     dev = torch.device(resolve_device(cfg.device))
+    threads = cpus.use(cfg.threads)
     tilings = _tilings(cfg.gemm_tiling)
     lp = resolve_precision("auto", dev) if cfg.precision == "auto" else cfg.precision
     if lp == "fp32":  # no fast low-precision GEMM here: still time the low-precision path, as bf16
@@ -227,6 +229,7 @@ def bench_kernels(cfg: KernelBenchConfig, echo=print) -> dict:
     out = {"machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                        "device": str(dev), "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
                        "torch": torch.__version__, "threads": torch.get_num_threads(),
+                       "thread_budget": threads.record(),
                        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
            "gemm_tilings_seconds": gemm_times, "low_precision": lp, "auto_precision": auto[0],
            "auto_precision_reason": auto[1],

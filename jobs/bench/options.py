@@ -74,6 +74,8 @@ class KernelBenchConfig:
     gemm_tiling: str | None = opt(None, "time the bare GEMMs with this tiling only (e.g. 4096x1024) instead of the "
                                   "fastest of six", metavar="QxG")
     warmup: bool = opt(True, "an untimed first round (--no-warmup skips it: large shapes)")
+    threads: int | None = opt(None, "torch and FAISS threads (default: the thread budget, as eval and mine: "
+                              "hardrank.cpus)", minimum=1)
     out: str = opt("benchmarks/results/bench_kernels.json", "the JSON written", path=True)
 
     def __post_init__(self):

@@ -1,0 +1,266 @@
+"""The one place that decides how many threads this process computes with, and sizes every pool to it.
+
+Cores this process may use = min(CPU affinity, cgroup CPU quota); the threads it uses = an explicit
+``--threads`` / ``$HARDRANK_THREADS`` / ``$OMP_NUM_THREADS``, else those cores, less the ones a few
+other processes keep busy at the start of the run (not on a saturated machine: see ``budget``). More
+threads than free cores is not a small loss: every parallel region (a GEMM, a top-k tile) waits for its
+slowest thread, and a thread the scheduler parked behind a neighbour holds the whole region for a
+scheduler time slice (milliseconds), so a run's time follows its op count, not its work (issue 29: a
+4-checkpoint toy eval 37.4 s beside one busy process, 10.4 s with one thread). Results never depend on
+the thread count (tests/test_cpus.py pins that).
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# OpenMP threads must sleep, not spin, between parallel regions. libgomp's default spins 300,000
+# rounds first, and on shared cores those spinning threads starve the main thread: every small torch
+# op then costs a scheduler time slice, so a run's time follows its op count (K checkpoints x layers
+# x batches), not its work (400 captions x 6 toy checkpoints at --batch-size 8: 108 s, 4.6 s with
+# PASSIVE; 2 cores at load 20). libgomp reads this once, when torch loads it: hence here, before this
+# module imports torch (``import hardrank`` imports this module first). A policy the user set is kept;
+# one torch imported before hardrank has read already (``wait_policy`` says so in every result). The
+# same holds for FAISS's own libgomp (loaded later) and MKL (on libgomp in torch's builds); torch's
+# inter-op pool waits on condition variables, never spins. Child processes (Ray workers) inherit it.
+_TORCH_FIRST = "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402  (after the wait policy)
+
+from hardrank.errors import UsageError  # noqa: E402
+
+__all__ = ["ThreadBudget", "budget", "use", "current", "on_use", "decode_threads", "wait_policy", "cgroup_quota",
+           "probe_cores"]
+
+# where the kernel says what this process may use (module-level so tests can point them at fakes)
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_STAT = Path("/proc/stat")
+IDLE_SAMPLE_S = 0.2   # long enough for a few scheduler ticks per core (100-1000 Hz), short beside a run
+ENV_OVERRIDES = ("HARDRANK_THREADS", "OMP_NUM_THREADS")  # in this order, after --threads
+
+
+@dataclass(frozen=True)
+class ThreadBudget:
+    """How many threads each pool of this process gets, and why."""
+
+    threads: int               # torch intra-op threads, decode threads (capped), FAISS OpenMP threads
+    cores: int                 # cores this process may use: min(affinity, quota)
+    affinity: int              # CPUs in this process's affinity mask
+    quota: float | None        # cgroup CPU quota in cores (None: no quota)
+    source: str                # what chose it: --threads, $HARDRANK_THREADS, $OMP_NUM_THREADS, cores, idle cores,
+                               # saturated
+    idle: float | None = None  # idle cores of the affinity set at start (None: not measured)
+    runnable: float | None = None  # other tasks runnable on the whole system at start (None: not measured)
+
+    def describe(self) -> str:
+        """One line for logs and summaries, e.g. ``2 (affinity 2, quota none)``."""
+        quota = "none" if self.quota is None else f"{self.quota:g}"
+        if self.source == "saturated":
+            why = f"saturated at start: {self.runnable:g} other tasks runnable, fewer threads would only cede time; "
+        elif self.source in ("cores", "idle cores"):
+            why = "" if self.idle is None else f"{self.idle:.1f} of {self.cores} cores idle at start; "
+        else:
+            why = f"{self.source} {self.threads}; "
+        return f"{self.threads} ({why}affinity {self.affinity}, quota {quota})"
+
+    def record(self) -> dict:
+        return {**asdict(self), "description": self.describe(), "wait_policy": wait_policy()}
+
+
+def _affinity() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows: no affinity mask
+        return os.cpu_count() or 1
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _quota_files() -> list[tuple[Path, str]]:
+    """(file, "v2" | "v1") candidates holding this process's CPU quota: its own cgroup's (and its
+    ancestors', whose limits also bind) and the mount root's (in a container the cgroup path named in
+    /proc/self/cgroup is often the host's, and the container sees its own cgroup at the root)."""
+    out = []
+    for line in (_read(PROC_SELF_CGROUP) or "").splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        rel = Path(path.lstrip("/"))
+        chain = [rel, *rel.parents] if str(rel) not in ("", ".") else [Path()]
+        if controllers == "":  # cgroup v2 unified hierarchy
+            out += [(CGROUP_ROOT / p / "cpu.max", "v2") for p in chain]
+        elif "cpu" in controllers.split(","):
+            for d in dict.fromkeys((controllers, "cpu", "cpu,cpuacct")):
+                out += [(CGROUP_ROOT / d / p / "cpu.cfs_quota_us", "v1") for p in chain]
+    return out
+
+
+def cgroup_quota() -> float | None:
+    """The tightest cgroup CPU quota over this process's cgroups, in cores (1.5 = 150 ms per 100 ms);
+    None when there is none (``max`` / ``-1``) or no cgroup file is readable."""
+    best = None
+    for f, kind in _quota_files():
+        text = _read(f)
+        if not text:
+            continue
+        if kind == "v2":
+            quota, _, period = text.partition(" ")
+        else:
+            quota, period = text, _read(f.with_name("cpu.cfs_period_us")) or ""
+        try:
+            q, p = int(quota), int(period)
+        except ValueError:  # "max": no limit
+            continue
+        if q > 0 and p > 0:
+            best = q / p if best is None else min(best, q / p)
+    return best
+
+
+def _override(threads: int | None) -> tuple[int, str] | None:
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise UsageError(f"option threads (--threads) must be a whole number >= 1, got {threads!r}")
+        return threads, "--threads"
+    for name in ENV_OVERRIDES:
+        v = os.environ.get(name, "").strip()
+        if not v:
+            continue
+        if not v.isdigit() or int(v) < 1:
+            raise UsageError(f"${name} is {v!r}: set it to a whole number >= 1 (threads), or unset it")
+        return int(v), f"${name}"
+    return None
+
+
+def _stat(cpus: set[int]) -> tuple[int, int, int, int] | None:
+    """From /proc/stat: (idle, total) jiffies summed over ``cpus``, the tasks runnable right now on the
+    whole system (``procs_running``, this one included) and the CPUs online; None where it cannot be read."""
+    text = _read(PROC_STAT)
+    if text is None:
+        return None
+    idle = total = seen = online = running = 0
+    for line in text.splitlines():
+        name, *vals = line.split() or [""]
+        if name == "procs_running":
+            running = int(vals[0])
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        online += 1
+        if int(name[3:]) in cpus:
+            v = [int(x) for x in vals[:8]]  # user nice system idle iowait irq softirq steal
+            idle += v[3] + v[4]
+            total += sum(v)
+            seen += 1
+    return (idle, total, running, online) if seen else None
+
+
+def probe_cores(seconds: float = IDLE_SAMPLE_S, reads: int = 5) -> tuple[float, float, int] | None:
+    """(idle cores of this process's affinity set over ``seconds``, other tasks runnable meanwhile on the
+    whole system (mean of ``reads`` looks, this thread not counted), CPUs online), read from /proc/stat
+    while this thread sleeps: e.g. (1.0, 1.0, 2) on 2 cores beside one CPU-bound process; None where unknown."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:
+        return None
+    looks = [_stat(cpus)]
+    for _ in range(reads - 1):
+        time.sleep(seconds / (reads - 1))
+        looks.append(_stat(cpus))
+    a, b = looks[0], looks[-1]
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    others = sum(x[2] for x in looks if x) / sum(1 for x in looks if x) - 1
+    return len(cpus) * (b[0] - a[0]) / (b[1] - a[1]), max(0.0, others), b[3]
+
+
+def budget(threads: int | None = None, *, probe: bool = True) -> ThreadBudget:
+    """The thread budget of this process: ``threads`` (``--threads``), else ``$HARDRANK_THREADS``, else
+    ``$OMP_NUM_THREADS``, else the cores it may use (min of affinity and cgroup quota, rounded up); when
+    ``probe``, one ``IDLE_SAMPLE_S`` look at /proc/stat first takes off the cores a few other processes
+    keep busy (one CPU-bound neighbour on 2 cores: 1 thread, no straggler for every parallel region to
+    wait on). A saturated machine (as many runnable tasks as CPUs, or more) keeps all the cores: the
+    scheduler then shares each core between threads, so fewer threads only give time away (2 cores at
+    load 17: exact search 24.7 s with 1 thread, 5.6 s with 2; benchmarks/bench_contention.py). A
+    neighbour that starts later is not seen; ``--threads`` is the fix then."""
+    affinity, quota = _affinity(), cgroup_quota()
+    cores = max(1, min(affinity, math.ceil(quota) if quota is not None else affinity))
+    chosen = _override(threads)
+    if chosen is not None:
+        return ThreadBudget(chosen[0], cores, affinity, quota, chosen[1])
+    seen = probe_cores() if probe and cores > 1 else None
+    if seen is None:
+        return ThreadBudget(cores, cores, affinity, quota, "cores")
+    idle, others, online = seen
+    if others >= online:
+        return ThreadBudget(cores, cores, affinity, quota, "saturated", round(idle, 2), round(others, 1))
+    n = max(1, min(cores, math.floor(idle + 0.5)))  # a core counts as free when over half of it was idle
+    return ThreadBudget(n, cores, affinity, quota, "cores" if n == cores else "idle cores", round(idle, 2),
+                        round(others, 1))
+
+
+_APPLIED: ThreadBudget | None = None
+_PROBED: tuple[float, ThreadBudget] | None = None  # (when, what) of the last look at the idle cores
+PROBE_REUSE_S = 30.0  # runs started within this of the last look reuse it (watch, grids, many calls in one process)
+_HOOKS: list[Callable[[int], None]] = []  # thread pools outside torch (FAISS's OpenMP), sized by each `use`
+
+
+def on_use(hook: Callable[[int], None]) -> None:
+    """Size a pool this module cannot import (``hook(threads)``) now, if a budget is applied, and at
+    every later ``use``: how ``hardrank.scoring.faiss_index`` keeps FAISS's own OpenMP runtime in step."""
+    _HOOKS.append(hook)
+    if _APPLIED is not None:
+        hook(_APPLIED.threads)
+
+
+def use(threads: int | None = None, *, probe: bool = True) -> ThreadBudget:
+    """Decide the budget (``budget``) and size this process's pools to it: torch's intra-op threads, and
+    its inter-op threads while they have not started (torch allows setting them once, before first use).
+    Decode pools (``decode_threads``), FAISS (``hardrank.scoring.faiss_index``) and Ray actors
+    (``hardrank.executors``) read ``current()``. Called at the start of each run (evaluate, mine); a look
+    at the idle cores taken less than ``PROBE_REUSE_S`` ago is reused (0.2 s each, it adds up over many calls)."""
+    global _APPLIED, _PROBED
+    b = budget(threads, probe=False)
+    if probe and b.source == "cores" and b.cores > 1:  # no override: look at the idle cores, or reuse a recent look
+        last = _PROBED
+        if last is None or time.monotonic() - last[0] > PROBE_REUSE_S or \
+                (last[1].cores, last[1].affinity, last[1].quota) != (b.cores, b.affinity, b.quota):
+            last = _PROBED = (time.monotonic(), budget(threads))
+        b = last[1]
+    torch.set_num_threads(b.threads)
+    try:
+        torch.set_num_interop_threads(b.threads)
+    except RuntimeError:  # already started, or set once before: it stays as it is
+        pass
+    for hook in _HOOKS:
+        hook(b.threads)
+    _APPLIED = b
+    return b
+
+
+def current() -> ThreadBudget:
+    """The budget the last ``use`` applied; without one, the default budget, applied now."""
+    return _APPLIED if _APPLIED is not None else use()
+
+
+def decode_threads() -> int:
+    """Image decode threads: the budget, at most 8 (past that, the GIL-bound parts stop scaling)."""
+    return max(1, min(8, current().threads))
+
+
+def wait_policy() -> str:
+    """How idle OpenMP threads of this process wait: ``PASSIVE`` (sleep: what ``import hardrank`` sets
+    before torch loads libgomp, which reads it once), the user's own setting, or ``spin`` when torch was
+    imported before hardrank (libgomp had read the environment already: unless the user set a policy
+    before that, its threads spin 300,000 rounds between regions)."""
+    if _TORCH_FIRST:
+        return "spin (torch was imported before hardrank: import hardrank first, or set OMP_WAIT_POLICY=PASSIVE)"
+    return os.environ.get("OMP_WAIT_POLICY", "unset")
