@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 PEERS = {  # venv name -> what pip installs there (torch from the pinned local wheels, as our Makefile does)
-    "clip_benchmark": ["torch==2.14.1", "torchvision==0.29.1", "clip-benchmark==1.6.2"],
+    "clip_benchmark": ["torch==2.14.1", "torchvision==0.29.1", "clip-benchmark==1.6.2", "requests"],  # (undeclared)
     "clip_retrieval": ["torch==2.14.1", "torchvision==0.29.1", "clip-retrieval==2.45.0"],
     "autofaiss": ["autofaiss==2.18.0"],
 }
