@@ -35,9 +35,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PEERS = {  # venv name -> what pip installs there (torch from the pinned local wheels, as our Makefile does)
-    "clip_benchmark": ["torch==2.14.1", "torchvision==0.29.1", "clip-benchmark==1.6.2", "requests"],  # (undeclared)
-    "clip_retrieval": ["torch==2.14.1", "torchvision==0.29.1", "clip-retrieval==2.45.0"],
+# venv name -> what pip installs there (torch from the pinned local wheels, as our Makefile does). CLIP_benchmark
+# imports requests without declaring it; clip-retrieval's clip dependency imports pkg_resources (setuptools < 81)
+PEERS = {
+    "clip_benchmark": ["torch==2.14.1", "torchvision==0.29.1", "clip-benchmark==1.6.2", "requests"],
+    "clip_retrieval": ["torch==2.14.1", "torchvision==0.29.1", "clip-retrieval==2.45.0", "setuptools<81"],
     "autofaiss": ["autofaiss==2.18.0"],
 }
 TOY_CHECKPOINTS = ("toy-clip_step0100", "toy-clip_step0200", "toy-clip_step0400", "toy-clip_step0700")
@@ -334,7 +336,7 @@ main()
 
 def row_inference(venvs: Path, work: Path, toy: dict, n_images: int, repeat: int) -> Row:
     """images/s of one encode pass (ViT-B-32, same weights, same images): the encode stage's rate on each
-    side (``encode`` seconds from our stats; theirs from its wall minus start-up measured on 0 images)."""
+    side (``encode`` seconds from our stats; theirs from the model-forward time its workers record)."""
     import open_clip
     import torch
     from safetensors.torch import save_file
@@ -370,12 +372,13 @@ def row_inference(venvs: Path, work: Path, toy: dict, n_images: int, repeat: int
                          "--num_prepro_workers", str(os.cpu_count() or 1), "--enable_wandb", "False",
                          "--use_mclip", "False"])
         walls_theirs.append(sec)
-        row.theirs.append(len(paths) / sec)
+        stats = [json.loads(f.read_text()) for f in sorted((out / "stats").glob("*.json"))]  # one per partition
+        row.theirs.append(sum(s["sample_count"] for s in stats) / sum(s["inference_duration"] for s in stats))
     row.load["after"] = os.getloadavg()
     row.metrics_ours = {"wall_s": [round(w, 2) for w in walls_ours]}
     row.metrics_theirs = {"wall_s": [round(w, 2) for w in walls_theirs]}
-    row.note = ("ours: images / encode-stage seconds (decode runs beside it); clip-retrieval: images / its whole "
-                f"wall (no stage times reported); walls: ours {_span(walls_ours, 's')} s, theirs "
+    row.note = ("encode rates: ours images / encode-stage seconds, clip-retrieval images / its inference_duration "
+                f"(stats/*.json); whole-command walls: ours {_span(walls_ours, 's')} s, theirs "
                 f"{_span(walls_theirs, 's')} s")
     return row
 
