@@ -36,11 +36,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # venv name -> what pip installs there (torch from the pinned local wheels, as our Makefile does). CLIP_benchmark
-# imports requests without declaring it; clip-retrieval's clip dependency imports pkg_resources (setuptools < 81)
+# imports requests without declaring it; clip-retrieval's clip dependency imports pkg_resources (setuptools < 81);
+# autofaiss pins numpy < 2, which pyarrow >= 16 refuses
 PEERS = {
     "clip_benchmark": ["torch==2.14.1", "torchvision==0.29.1", "clip-benchmark==1.6.2", "requests"],
     "clip_retrieval": ["torch==2.14.1", "torchvision==0.29.1", "clip-retrieval==2.45.0", "setuptools<81"],
-    "autofaiss": ["autofaiss==2.18.0"],
+    "autofaiss": ["autofaiss==2.18.0", "pyarrow<16"],
 }
 TOY_CHECKPOINTS = ("toy-clip_step0100", "toy-clip_step0200", "toy-clip_step0400", "toy-clip_step0700")
 RECALL_TOL = 0.05  # percentage points: both sides count the same ranks; this absorbs float32 means of 5,010
