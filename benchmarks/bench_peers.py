@@ -37,11 +37,11 @@ from pathlib import Path
 
 # venv name -> what pip installs there (torch from the pinned local wheels, as our Makefile does). CLIP_benchmark
 # imports requests without declaring it; clip-retrieval's clip dependency imports pkg_resources (setuptools < 81);
-# autofaiss pins numpy < 2, which pyarrow >= 16 refuses
+# autofaiss pins numpy < 2, which pyarrow >= 16 refuses, and calls faiss's OPQMatrix as faiss 1.8 had it
 PEERS = {
     "clip_benchmark": ["torch==2.14.1", "torchvision==0.29.1", "clip-benchmark==1.6.2", "requests"],
     "clip_retrieval": ["torch==2.14.1", "torchvision==0.29.1", "clip-retrieval==2.45.0", "setuptools<81"],
-    "autofaiss": ["autofaiss==2.18.0", "pyarrow<16"],
+    "autofaiss": ["autofaiss==2.18.0", "pyarrow<16", "faiss-cpu==1.8.0"],
 }
 TOY_CHECKPOINTS = ("toy-clip_step0100", "toy-clip_step0200", "toy-clip_step0400", "toy-clip_step0700")
 RECALL_TOL = 0.05  # percentage points: both sides count the same ranks; this absorbs float32 means of 5,010
@@ -263,11 +263,11 @@ def toy_imagefolder(world: Path, work: Path, n: int = 500) -> tuple[Path, list[s
     root = work / "toy_imagefolder"
     shutil.rmtree(root, ignore_errors=True)
     for entry, scene in list(zip(ann, scenes))[:n]:
-        d = root / f"{scene.left.colour}_{scene.left.shape}"
+        d = root / f"{scene.left.colour} {scene.left.shape}"  # the folder is the class name, as both tools read it
         d.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(world / "images" / entry["image"], d / Path(entry["image"]).name)
     classes = sorted(p.name for p in root.iterdir())  # ImageFolder's order
-    return root, [c.replace("_", " ") for c in classes], ["a {c} on the left", "a small {c}", "a large {c}"]
+    return root, classes, ["a {c} on the left", "a small {c}", "a large {c}"]
 
 
 def row_zeroshot(toy: dict, venvs: Path, work: Path, repeat: int) -> Row:
