@@ -36,10 +36,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # venv name -> what pip installs there (torch from the pinned local wheels, as our Makefile does). CLIP_benchmark
-# imports requests without declaring it; clip-retrieval's clip dependency imports pkg_resources (setuptools < 81);
+# imports requests without declaring it and its zero-shot accuracy calls float() on a 1-element array (numpy 2.4
+# refuses); clip-retrieval's clip dependency imports pkg_resources (setuptools < 81);
 # autofaiss pins numpy < 2, which pyarrow >= 16 refuses, and calls faiss's OPQMatrix as faiss 1.8 had it
 PEERS = {
-    "clip_benchmark": ["torch==2.14.1", "torchvision==0.29.1", "clip-benchmark==1.6.2", "requests"],
+    "clip_benchmark": ["torch==2.14.1", "torchvision==0.29.1", "clip-benchmark==1.6.2", "requests", "numpy<2.4"],
     "clip_retrieval": ["torch==2.14.1", "torchvision==0.29.1", "clip-retrieval==2.45.0", "setuptools<81"],
     "autofaiss": ["autofaiss==2.18.0", "pyarrow<16", "faiss-cpu==1.8.0"],
 }
