@@ -302,10 +302,14 @@ def row_zeroshot(toy: dict, venvs: Path, work: Path, repeat: int) -> Row:
         row.theirs.append(_cb(py, work, toy["model"], cb))
     row.load["after"] = os.getloadavg()
 
+    def clean(m: dict) -> dict:  # the first group holding acc1 ({"zeroshot": {"clean": {...}}}), in percent
+        if "acc1" in m:
+            return m
+        return next((g for g in (clean(v) for v in m.values() if isinstance(v, dict)) if g), {})
+
     def ours(c):
         res = json.loads(next((out / Path(c).stem).glob("imagefolder*.json")).read_text())["metrics"]
-        first = next(v for v in res.values() if isinstance(v, dict) and "acc1" in v)
-        return {k: 100 * first[k] for k in ("acc1", "acc5", "mean_per_class_recall")}
+        return {k: float(clean(res)[k]) for k in ("acc1", "acc5", "mean_per_class_recall")}
 
     def theirs(c):
         m = json.loads((cb_out / f"{Path(c).name}.json").read_text())["metrics"]
