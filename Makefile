@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: help install demo test lint test-fast toy-checkpoints bench gpu-wheels gpu-check clean
+.PHONY: help install demo test lint test-fast toy-checkpoints bench bench-peers gpu-wheels gpu-check clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -37,6 +37,9 @@ toy-checkpoints: $(STAMP)  ## retrain the bundled toy checkpoints (deterministic
 
 bench: $(STAMP)  ## the ranking kernels against a bare GEMM, FAISS flat and full-matrix baselines
 	$(VENV)/bin/hardrank bench kernels
+
+bench-peers: $(STAMP)  ## hardrank vs CLIP_benchmark, clip-retrieval, autofaiss (each in its own venv; minutes)
+	$(PY) benchmarks/bench_peers.py
 
 # The GPU check runs on a borrowed machine without network or .venv: no $(STAMP) prerequisite (see benchmarks/README.md).
 GPU_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))

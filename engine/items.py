@@ -19,7 +19,7 @@ from hardrank import urls
 from hardrank.errors import DataError, UsageError
 
 __all__ = ["ImageRef", "ItemTable", "Tables", "read_image_bytes", "prefetched", "bytes_key", "text_key",
-           "failure_reason"]
+           "failure_reason", "map_rows"]
 
 _PARQUET_SCHEME = "parquet://"
 
@@ -109,6 +109,20 @@ def bytes_key(data: bytes, recipe: str = "") -> str:
     return "i" + hashlib.blake2b(data, digest_size=16).hexdigest() + (("@" + recipe) if recipe else "")
 
 
+def map_rows(fn, rows, threads: int, chunk: int = 64) -> list:
+    """``[fn(r) for r in rows]`` in ``threads`` threads, ``chunk`` rows per task. ``ThreadPoolExecutor.map``
+    ignores its ``chunksize``: one future per row cost more than reading and hashing a small image
+    (0.14 s against 0.03 s per 1,000 64 px JPEGs). A short list still spreads over every thread (remote
+    reads wait on latency, not on a core)."""
+    rows = list(rows)
+    if threads <= 1 or len(rows) <= 1:
+        return [fn(r) for r in rows]
+    chunk = max(1, min(chunk, -(-len(rows) // threads)))
+    with ThreadPoolExecutor(threads) as pool:
+        parts = pool.map(lambda lo: [fn(r) for r in rows[lo:lo + chunk]], range(0, len(rows), chunk))
+        return [out for part in parts for out in part]
+
+
 def _image_key(ref: ImageRef) -> str:
     data = read_image_bytes(ref.uri)
     if not data:
@@ -183,8 +197,7 @@ class ItemTable:
             except (OSError, ValueError) as exc:
                 return "", failure_reason(exc)
 
-        with ThreadPoolExecutor(threads) as pool:
-            out = list(pool.map(one, enumerate(self.entries), chunksize=64))
+        out = map_rows(one, enumerate(self.entries), threads)
         self._keys = [k for k, _ in out]
         self.failed = {row: why for row, (_, why) in enumerate(out) if why}
         return self._keys

@@ -73,6 +73,9 @@ _SPEEDUP = 1.5  # "auto" takes a low precision when its GEMM is at least this mu
 # --- choosing the first level ------------------------------------------------------------------
 _SMALL = 1 << 28  # multiply-adds under which ``auto`` stays in fp32: the low-precision pass's set-up
 # (a pass over the gallery, operand copies, small GEMMs that run no faster) outweighs what it saves
+_NARROW_CPU = 128  # embedding widths under which ``auto`` stays in fp32 on a CPU: each score costs d
+# multiply-adds but also the passes over its tile (maxima, compares, counts, the band's re-scores), which bf16 does
+# not speed up; at d = 64 (the toy model) the bf16 path ran 1.3-1.9x slower than fp32 (1,000 x 5,010, both ways)
 
 
 def resolve_precision(precision: str = "auto", device: torch.device | str = "cpu", work: int | None = None) -> str:
@@ -485,6 +488,8 @@ def first_level(precision: str, device: torch.device, xq: torch.Tensor, xb: torc
     entries and scores far inside its range (``auto`` takes bf16, or fp32, instead; an explicit
     ``fp16`` is refused)."""
     first, why = precision_choice(precision, device, xq.shape[0] * xb.shape[0] * xq.shape[1])
+    if precision == "auto" and first == "bf16" and device.type == "cpu" and xq.shape[1] < _NARROW_CPU:
+        return "fp32", f"{why}, but d = {xq.shape[1]} < {_NARROW_CPU}: the GEMM is too small a share of the work"
     if first != "fp16":
         return first, why
     big = max((float(x.detach().abs().max()) if x.numel() else 0.0) for x in (xq, xb))

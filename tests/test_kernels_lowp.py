@@ -357,3 +357,23 @@ def test_auto_precision_follows_the_hardware_and_says_why(monkeypatch):
     b, ptr, idx = torch.tensor([0, 3]), torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2])
     info = grouped_ranks(xq, xb, b, ptr, idx, precision="bf16").info
     assert info["precision"] == "bf16" and info["precision_reason"] == "requested"
+
+
+def test_auto_stays_fp32_for_narrow_embeddings_on_cpu(monkeypatch):
+    """On a CPU auto keeps fp32 below d = 128 although the call is large and bf16 units are there: the tile
+    passes bf16 does not speed up outweigh its GEMM saving (the toy model, d = 64). Ranks are the same bits."""
+    from hardrank.kernels import _levels
+
+    monkeypatch.setattr(_levels, "_cpu_bf16_flags", lambda: ("avx512_bf16",))
+    monkeypatch.setattr(_levels, "_cpu_bf16_speedup", lambda: 3.0)
+    monkeypatch.setattr(_levels, "_SMALL", 0)  # every call counts as large
+    g = torch.Generator().manual_seed(0)
+    for d, want in ((64, "fp32"), (128, "bf16")):
+        xq = torch.nn.functional.normalize(torch.randn(7, d, generator=g), dim=1)
+        xb = torch.nn.functional.normalize(torch.randn(11, d, generator=g), dim=1)
+        b, ptr, idx = torch.tensor([0, 11]), torch.arange(8), torch.arange(7)
+        auto = grouped_ranks(xq, xb, b, ptr, idx, precision="auto")
+        assert auto.info["precision"] == want, auto.info["precision_reason"]
+        assert torch.equal(auto.counts, grouped_ranks(xq, xb, b, ptr, idx, precision="fp32").counts)
+    assert "d = 64 < 128" in grouped_ranks(xq[:, :64].contiguous(), xb[:, :64].contiguous(), b, ptr, idx).info[
+        "precision_reason"]

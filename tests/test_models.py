@@ -275,6 +275,23 @@ def test_each_bad_checkpoint_says_what_it_is(arch, tmp_path):
         assert "weights_only=False" not in str(err.value) and "set to `False" not in str(err.value)  # safety stays on
 
 
+def test_checkpoints_of_one_architecture_share_one_tokenizer(arch, tmp_path):
+    """K checkpoints tokenise once (the embed stage keys tokenizers): building one per checkpoint read the
+    BPE vocabulary K times. Another context length or a re-registered text config gets its own."""
+    a = hardrank.load_model(hardrank.ModelSpec("hr-tiny", device="cpu", random_init=True))
+    b = hardrank.load_model(hardrank.ModelSpec("hr-tiny", device="cpu", random_init=True))
+    c = hardrank.load_model(hardrank.ModelSpec("hr-tiny", device="cpu", random_init=True, context_length=16))
+    assert a.tokenizer is b.tokenizer and c.tokenizer is not a.tokenizer
+    assert c.tokenizer.context_length == 16 and a.tokenizer.context_length == 77
+    (tmp_path / "hr-tiny.json").write_text(json.dumps({**TINY, "text_cfg": {**TINY["text_cfg"], "context_length": 40}}))
+    open_clip.add_model_config(tmp_path / "hr-tiny.json")
+    try:
+        d = hardrank.load_model(hardrank.ModelSpec("hr-tiny", device="cpu", random_init=True))
+        assert d.tokenizer is not a.tokenizer and d.tokenizer.context_length == 40
+    finally:
+        open_clip.add_model_config(arch["root"] / "hr-tiny.json")
+
+
 def test_a_model_without_weights_is_refused(arch, tmp_path, capsys):
     with pytest.raises(UsageError, match="--checkpoint FILE, --pretrained TAG .* or --random-init"):
         hardrank.load_model(hardrank.ModelSpec("hr-tiny", device="cpu"))

@@ -414,6 +414,23 @@ def _load_weights(model: torch.nn.Module, path: str, fmt: str, name: str) -> Non
                         f"({type(exc).__name__}: {str(exc)[:200]})") from exc
 
 
+_tokenizers: dict[tuple, object] = {}  # (name, context length, text config) -> open_clip's tokenizer
+
+
+def _open_clip_tokenizer(name: str, context_length: int | None):
+    """open_clip's tokenizer of a registered model name, built once per process: K checkpoints of one
+    architecture share it (building one reads and parses the BPE vocabulary: ~0.3 s each, more than a
+    toy checkpoint's whole load). Keyed by the registered text config too, so a config re-registered under
+    the same name with another text side gets its own; hub and folder names are built every time."""
+    cfg = open_clip.get_model_config(name) if name in open_clip.list_models() else None
+    if cfg is None:
+        return open_clip.get_tokenizer(name, context_length=context_length)
+    key = (name, context_length, json.dumps(cfg.get("text_cfg", {}), sort_keys=True, default=str))
+    if key not in _tokenizers:
+        _tokenizers[key] = open_clip.get_tokenizer(name, context_length=context_length)
+    return _tokenizers[key]
+
+
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Create the model offline as its source says (tag, hub snapshot, folder, config) and load its
     weights; refuse a model without weights unless ``spec.random_init``."""
@@ -451,8 +468,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         _text_sequence_first(model)
     preprocess_cfg = dict(getattr(model.visual, "preprocess_cfg", {}))
     preprocess_cfg = {k: (list(v) if isinstance(v, tuple) else v) for k, v in preprocess_cfg.items()}
-    tokenizer = hf.tokenizer if hf.tokenizer is not None else \
-        open_clip.get_tokenizer(name, context_length=spec.context_length)
+    tokenizer = hf.tokenizer if hf.tokenizer is not None else _open_clip_tokenizer(name, spec.context_length)
     embed_dim = int(src.model_cfg.get("embed_dim") or src.model_cfg.get("model_cfg", {}).get("embed_dim")
                     or model.text_projection.shape[-1])
     ident = {"arch": src.model_cfg, "checkpoint": ckpt_hash, "precision": precision,

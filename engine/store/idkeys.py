@@ -38,7 +38,6 @@ import logging
 import os
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +47,7 @@ import pyarrow.ipc as ipc
 from hardrank import urls
 from hardrank.atomic import atomic_path, why_unwritable
 from hardrank.errors import UsageError
-from hardrank.items import _PARQUET_SCHEME, ImageRef, ItemTable, failure_reason
+from hardrank.items import _PARQUET_SCHEME, ImageRef, ItemTable, failure_reason, map_rows
 from hardrank.store.key_index import KeyIndex, as_string_array
 
 __all__ = ["IdIndex", "KEY_BY", "identity_key", "table_keys", "is_provisional", "IDS_FOLDER"]
@@ -228,8 +227,7 @@ def table_keys(table: ItemTable, key_by: str, index: IdIndex | None, threads: in
         except (OSError, ValueError) as exc:
             return None, failure_reason(exc)
 
-    with ThreadPoolExecutor(threads) as pool:
-        out = list(pool.map(one, enumerate(table.entries), chunksize=64))
+    out = map_rows(one, enumerate(table.entries), threads)
     asked = [r for r, (idk, _) in enumerate(out) if idk is not None]
     recorded = index.lookup(out[r][0] for r in asked) if index is not None else [None] * len(asked)
     keys = [known.get(r, "") for r in range(len(out))]
@@ -254,9 +252,8 @@ def _record(table: ItemTable, keys: list[str], index: IdIndex, threads: int, chu
             return identity_key(table.entries[row].uri, cache), k.split("@", 1)[0]
         return None
 
-    with ThreadPoolExecutor(threads) as pool:
-        for lo in range(0, len(keys), chunk):
-            for pair in pool.map(one, range(lo, min(len(keys), lo + chunk)), chunksize=64):
-                if pair is not None:
-                    index.add(*pair)
-            index.commit()
+    for lo in range(0, len(keys), chunk):
+        for pair in map_rows(one, range(lo, min(len(keys), lo + chunk)), threads):
+            if pair is not None:
+                index.add(*pair)
+        index.commit()
