@@ -68,3 +68,15 @@ def s3():
             else:
                 os.environ[k] = v
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def one_faiss_thread():
+    """FAISS on one thread for a module's tiny problems: on 2 shared cores its OpenMP threads' spin-waiting
+    makes 2 threads up to 10x slower than 1 (``pytestmark = pytest.mark.usefixtures("one_faiss_thread")``)."""
+    from hardrank.scoring import faiss_index
+
+    n = faiss_index.faiss.omp_get_max_threads()
+    faiss_index.faiss.omp_set_num_threads(1)
+    yield
+    faiss_index.faiss.omp_set_num_threads(n)

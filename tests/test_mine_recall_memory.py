@@ -14,16 +14,7 @@ from hardrank.config import MineOptions
 from hardrank.inputs.embedding_files import load_embedding_file
 from hardrank.mining import MineProblem, mine_arrays
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_faiss_thread():
-    # tiny problems on 2 shared cores: OpenMP spin-waiting makes 2 threads far slower than 1
-    from hardrank.scoring import faiss_index
-
-    n = faiss_index.faiss.omp_get_max_threads()
-    faiss_index.faiss.omp_set_num_threads(1)
-    yield
-    faiss_index.faiss.omp_set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_faiss_thread")
 
 
 def _unit(x):

@@ -82,21 +82,7 @@ def alter_shards(spec: str, out: str | None, *, method: str, lam: float = 0.9, s
     written = 0
 
     def load(idx: list[int]) -> list[np.ndarray]:
-        data = urls.read_many([samples[i].image for i in idx])
-        arrs = []
-        for i, b in zip(idx, data):
-            if isinstance(b, Exception):
-                raise DataError(f"cannot read {samples[i].id}: {b}") from b
-            try:
-                with Image.open(io.BytesIO(b)) as im:
-                    im = im.convert("RGB")
-                    if im.size != (size, size):
-                        im = im.resize((size, size), Image.BICUBIC)
-                    arrs.append(np.asarray(im, dtype=np.uint8).copy())
-            except (OSError, SyntaxError, ValueError) as e:
-                raise DataError(f"cannot decode image {samples[i].id}: {e} (the sample is corrupt; re-write the "
-                                f"shard without it)") from e
-        return arrs
+        return _read_rgb(samples, idx, size)
 
     plan = _plan(len(samples), method=method, lam=float(lam), seed=seed, size=size, batch_size=batch_size)
     needed = (lambda b: any(shard_of[i] in todo for i in b.indices))
@@ -138,17 +124,7 @@ def corrupt_shards(spec: str, out: str | None, *, corruptions, severities, seed:
         todo = [(c, sev, v) for c, sev, v in names if not urls.exists(targets[v][si])]
         if not todo:
             continue
-        data = urls.read_many([samples[i].image for i in group])
-        images = []
-        for i, b in zip(group, data):
-            if isinstance(b, Exception):
-                raise DataError(f"cannot read {samples[i].id}: {b}") from b
-            try:
-                with Image.open(io.BytesIO(b)) as im:
-                    images.append(np.asarray(im.convert("RGB"), dtype=np.uint8).copy())
-            except (OSError, SyntaxError, ValueError) as e:
-                raise DataError(f"cannot decode image {samples[i].id}: {e} (the sample is corrupt; re-write the "
-                                f"shard without it)") from e
+        images = _read_rgb(samples, group)
         for c, sev, v in todo:
             rows = []
             for i, x in zip(group, images):
@@ -201,3 +177,23 @@ def perturb_shard_texts(spec: str, out: str | None, kind: str, model, tokenizer,
     return {"kind": kind, "seed": int(seed), "images": len(samples), "originals": sum(len(c) for c in caps),
             "perturbed": len(perturbed), "fallback": n_fallback, "unchanged": unchanged, "shards": targets,
             "shards_written": written, "folder": os.path.dirname(targets[0]) if targets else None}
+
+
+def _read_rgb(samples, idx: list[int], size: int | None = None) -> list[np.ndarray]:
+    """The samples ``idx`` as (H, W, 3) uint8 RGB arrays (bicubic-resized to ``size`` x ``size`` if given);
+    an unreadable or undecodable sample stops the run naming it (its shard must be re-written without it)."""
+    data = urls.read_many([samples[i].image for i in idx])
+    arrs = []
+    for i, b in zip(idx, data):
+        if isinstance(b, Exception):
+            raise DataError(f"cannot read {samples[i].id}: {b}") from b
+        try:
+            with Image.open(io.BytesIO(b)) as im:
+                im = im.convert("RGB")
+                if size is not None and im.size != (size, size):
+                    im = im.resize((size, size), Image.BICUBIC)
+                arrs.append(np.asarray(im, dtype=np.uint8).copy())
+        except (OSError, SyntaxError, ValueError) as e:
+            raise DataError(f"cannot decode image {samples[i].id}: {e} (the sample is corrupt; re-write the "
+                            f"shard without it)") from e
+    return arrs

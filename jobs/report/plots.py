@@ -33,6 +33,14 @@ def _figure(w: float, h: float) -> Figure:
     return Figure(figsize=(w, h), dpi=100, layout="constrained")
 
 
+def _panel_grid(n: int):
+    """A figure of ``n`` panels, two a row: (figure, flat axes, the colour map of checkpoints)."""
+    ncol = min(2, n)
+    nrow = math.ceil(n / ncol)
+    fig = _figure(6.2 * ncol, 3.4 * nrow)
+    return fig, fig.subplots(nrow, ncol, squeeze=False).ravel(), matplotlib.colormaps["viridis"]
+
+
 def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
@@ -152,11 +160,7 @@ def _plot_drops(by_suite: dict[str, list[Result]], order) -> bytes | None:
             panels.append((suite, d, views, {l: [drop(by_label[l], v, d) for v in views] for l in shown}))
     if not panels:
         return None
-    ncol = min(2, len(panels))
-    nrow = math.ceil(len(panels) / ncol)
-    fig = _figure(6.2 * ncol, 3.4 * nrow)
-    axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
-    cmap = matplotlib.colormaps["viridis"]
+    fig, axes, cmap = _panel_grid(len(panels))
     for ax, (suite, d, views, vals) in zip(axes, panels):
         n = max(len(vals), 1)
         w = 0.8 / n
@@ -203,11 +207,7 @@ def _plot_severity(by_suite: dict[str, list[Result]], order) -> bytes | None:
         panels += [(suite, c, per) for c, per in sorted(curves.items())]
     if not panels:
         return None
-    ncol = min(2, len(panels))
-    nrow = math.ceil(len(panels) / ncol)
-    fig = _figure(6.2 * ncol, 3.4 * nrow)
-    axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
-    cmap = matplotlib.colormaps["viridis"]
+    fig, axes, cmap = _panel_grid(len(panels))
     for ax, (suite, corruption, per) in zip(axes, panels):
         shown = _sample([l for l in order if l in per])
         for j, label in enumerate(shown):
