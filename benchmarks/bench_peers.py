@@ -35,6 +35,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hardrank.jobs.bench.timing import timed
+
 # venv name -> what pip installs there (torch from the pinned local wheels, as our Makefile does). CLIP_benchmark
 # imports requests without declaring it and its zero-shot accuracy calls float() on a 1-element array (numpy 2.4
 # refuses); clip-retrieval's clip dependency imports pkg_resources (setuptools < 81);
@@ -136,10 +138,9 @@ def peer_python(venvs: Path, name: str) -> Path:
     return py
 
 
-def _timed(cmd: list, env=None, cwd=None) -> tuple[float, subprocess.CompletedProcess]:
-    t0 = time.perf_counter()
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=cwd)
-    sec = time.perf_counter() - t0
+def _run(cmd: list, env=None, cwd=None) -> tuple[float, subprocess.CompletedProcess]:
+    """(wall seconds, the finished process) of ``cmd``, timed by the one toolkit; a failure stops the benchmark."""
+    sec, p = timed(lambda: subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=cwd))
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))[:300]} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     return sec, p
@@ -189,7 +190,7 @@ main()
 def _cb(py: Path, work: Path, model_json: Path, args: list) -> float:
     driver = work / "cb_driver.py"
     driver.write_text(_CB_DRIVER)
-    sec, _ = _timed([py, driver, model_json, "eval", *args])
+    sec, _ = _run([py, driver, model_json, "eval", *args])
     return sec
 
 
@@ -224,7 +225,7 @@ def row_retrieval(k: int, toy: dict, venvs: Path, work: Path, repeat: int, neigh
               "--recall_k", "1", "5", "10", "--no_amp", "--num_workers", workers, "--batch_size", "64",
               "--output", f"{cb_out}/{{pretrained}}.json", "--quiet"]
         with Neighbour() if neighbour else _nothing():
-            row.ours.append(_timed(hr)[0])
+            row.ours.append(_run(hr)[0])
             row.theirs.append(_cb(py, work, toy["model"], cb))
     row.load["after"] = os.getloadavg()
     label = Path(ckpts[-1]).stem
@@ -298,7 +299,7 @@ def row_zeroshot(toy: dict, venvs: Path, work: Path, repeat: int) -> Row:
               "--task", "zeroshot_classification", "--custom_classname_file", work / "classnames.json",
               "--custom_template_file", work / "templates.json", "--no_amp", "--num_workers",
               str(os.cpu_count() or 1), "--batch_size", "64", "--output", f"{cb_out}/{{pretrained}}.json", "--quiet"]
-        row.ours.append(_timed(hr)[0])
+        row.ours.append(_run(hr)[0])
         row.theirs.append(_cb(py, work, toy["model"], cb))
     row.load["after"] = os.getloadavg()
 
@@ -366,13 +367,13 @@ def row_inference(venvs: Path, work: Path, toy: dict, n_images: int, repeat: int
     for i in range(repeat):
         store = work / f"store_inf_{i}"
         shutil.rmtree(store, ignore_errors=True)
-        sec, p = _timed([sys.executable, "-c", _HR_EMBED, json.dumps(paths), ckpt, store])
+        sec, p = _run([sys.executable, "-c", _HR_EMBED, json.dumps(paths), ckpt, store])
         st = json.loads(p.stdout.strip().splitlines()[-1])
         row.ours.append(len(paths) / st["stage_seconds"]["encode"])
         walls_ours.append(sec)
         out = work / f"cr_out_{i}"
         shutil.rmtree(out, ignore_errors=True)
-        sec, p = _timed([py, "-c", _CR_DRIVER, "inference", "--input_dataset", folder, "--output_folder", out,
+        sec, p = _run([py, "-c", _CR_DRIVER, "inference", "--input_dataset", folder, "--output_folder", out,
                          "--input_format", "files", "--enable_text", "False", "--enable_metadata", "False",
                          "--clip_model", f"open_clip:ViT-B-32/{ckpt}", "--batch_size", "64",
                          "--num_prepro_workers", str(os.cpu_count() or 1), "--enable_wandb", "False",
@@ -451,7 +452,7 @@ def row_ann(venvs: Path, work: Path, n: int, nq: int, dim: int, budget_mb: int, 
         row.ours.append(build + srch)
         row.metrics_ours = {"recall@10": 100 * _recall10(np.asarray(I), gt),
                             "search": str(getattr(search, "name", type(search).__name__))}
-        _, p = _timed([py, "-c", _AF_DRIVER, work / "xb.npy", work / "xq.npy", f"{budget_mb}MB", work / "af_I.npy"])
+        _, p = _run([py, "-c", _AF_DRIVER, work / "xb.npy", work / "xq.npy", f"{budget_mb}MB", work / "af_I.npy"])
         r = json.loads(p.stdout.strip().splitlines()[-1])
         theirs_parts.append((r["build"], r["search"]))
         row.theirs.append(r["build"] + r["search"])

@@ -117,6 +117,7 @@ def main() -> None:
     import torch
 
     import hardrank
+    from hardrank.jobs.bench.inputs import small_checkpoints
     from hardrank.toyworld import TOY_CHECKPOINTS, TOY_MODEL
 
     data = Path(args.data)
@@ -127,17 +128,15 @@ def main() -> None:
     if args.model == "toy":
         model, ckpts = str(TOY_MODEL), [str(p) for p in sorted(TOY_CHECKPOINTS.glob("*.safetensors"))[:args.k]]
     else:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        from helpers import save_random_checkpoint, write_tiny_config
-        model = str(write_tiny_config(data))
-        ckpts = [str(save_random_checkpoint(Path(model), data / f"tiny_{i}.safetensors", i)) for i in range(args.k)]
+        model, ckpts = small_checkpoints(data, args.k, "tiny")
     _install_cb(Path(args.cb_target))
     threads = os.cpu_count() or 1
     store, out = data / "store", data / "results"
     opts = dict(suites=["imagefolder"], images=str(root), classnames=str(data / "classnames.txt"),
                 templates=str(data / "templates.txt"), model=model, checkpoints=tuple(ckpts), store=str(store),
                 out=str(out), decode_threads=threads)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([args.cb_target, *sys.path[1:]])}
+    # the driver runs on this interpreter (its site-packages and the installed hardrank), plus CLIP_benchmark's folder
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [args.cb_target, os.environ.get("PYTHONPATH")]))}
     cb_args = {"model": model, "checkpoints": ckpts, "root": str(root), "classnames": str(data / "classnames.txt"),
                "templates": str(data / "templates.txt"), "batch": args.batch, "workers": args.workers,
                "threads": torch.get_num_threads()}
