@@ -410,7 +410,7 @@ def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites
         if cfg.rerank_spec is not None:
             e = cfg.embed
             scorer = (lambda m=model: ItmScorer(m, tables, batch_size=e.batch_size, decoder=e.decoder,
-                                                decode_threads=e.decode_threads))
+                                                decode_threads=e.decode_threads or cpus.decode_threads()))
         sources.append(_EmbeddingSource(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables), embed,
                                         scorer))
     return sources

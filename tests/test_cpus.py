@@ -128,6 +128,9 @@ def test_a_recent_look_at_the_idle_cores_is_reused(monkeypatch, tmp_path):
 
 def test_use_sizes_torch_and_registered_pools(monkeypatch, tmp_path):
     _fake_cgroup(monkeypatch, tmp_path, "0::/\n", {}, affinity=2)
+    # as in a fresh process: no budget applied yet by an earlier run in this one, and only this test's hook
+    monkeypatch.setattr(cpus, "_APPLIED", None)
+    monkeypatch.setattr(cpus, "_HOOKS", [])
     seen = []
     cpus.on_use(seen.append)
     b = cpus.use(1)
