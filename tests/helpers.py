@@ -217,3 +217,23 @@ def pillow_mode_image(folder, name: str):
     p = folder / f"mode-{name.replace(';', '_')}.{fmt.lower()}"
     img.save(p, fmt, **kw)
     return p, mode
+
+
+def empty_hf_cache_no_network(hub: Path, monkeypatch) -> dict:
+    """Point huggingface_hub at an empty cache ``hub`` (HF_HUB_OFFLINE unset: hardrank must stay offline without
+    it) and make every connection fail and be counted: {"hub": hub, "tries": [the refused calls' args]}."""
+    import socket
+
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    tries: list = []
+
+    def refuse(*args, **kwargs):
+        tries.append(args)
+        raise OSError("network disabled by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return {"hub": hub, "tries": tries}

@@ -9,14 +9,13 @@ ratios and modes, so the processor's resize, crop and RGB conversion all matter.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
-import huggingface_hub.constants as hf_constants
 import numpy as np
 import pytest
 import torch
+from helpers import empty_hf_cache_no_network
 from PIL import Image
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
@@ -189,17 +188,7 @@ def _close(a, b, tol=1e-5):
 @pytest.fixture()
 def offline(tmp_path, monkeypatch):
     """An empty Hugging Face cache and a network that refuses (and counts) every connection."""
-    hub = tmp_path / "hub"
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hub))
-    tries: list = []
-
-    def refuse(*args, **kwargs):
-        tries.append(args)
-        raise OSError("network disabled by the test")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    return {"hub": hub, "tries": tries}
+    return empty_hf_cache_no_network(tmp_path / "hub", monkeypatch)
 
 
 @pytest.mark.parametrize("make", [make_clip, make_siglip], ids=["clip", "siglip"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import numpy as np
 import open_clip
 import pytest
 import torch
-from helpers import make_karpathy_world
+from helpers import empty_hf_cache_no_network, make_karpathy_world
 from PIL import Image
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -63,18 +62,7 @@ def archs(tmp_path_factory):
 def cache(tmp_path, monkeypatch):
     """An empty Hugging Face cache, and a network that refuses (and counts) every connection: hardrank
     must not need HF_HUB_OFFLINE to stay offline."""
-    hub = tmp_path / "hub"
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hub))
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    tries: list = []
-
-    def refuse(*args, **kwargs):
-        tries.append(args)
-        raise OSError("network disabled by the test")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    return {"hub": hub, "tries": tries}
+    return empty_hf_cache_no_network(tmp_path / "hub", monkeypatch)
 
 
 def _snapshot(hub: Path, repo: str) -> Path:
