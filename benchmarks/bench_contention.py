@@ -6,10 +6,10 @@ Each timing is a fresh process (as a user's command is): the eval is `hardrank e
 4 toy checkpoints and a cold store (everything decoded and encoded); the mining search is exact top-10
 (kernels.topk, the `--search exact` searcher) of 5,000 queries over 50,000 512-d unit vectors, search only.
 Sizings: `--threads 2` (what every pool used before on this 2-core machine: all cores), `--threads 1`, and
-`auto` (no flag: hardrank.cpus's budget, which looks at the idle cores once at start). The neighbour is a
-spawned busy-loop process, started before the run (the case the start-up probe can see). Other processes
-share this machine too: the load average and CPU pressure before each timing are recorded, so "quiet" is
-only as quiet as the machine was. Writes benchmarks/results/bench_contention.json.
+`auto` (no flag: the default budget; eval looks at the idle cores once at start, mining keeps all cores).
+The neighbour is a spawned busy-loop process, started before the run (the case the start-up probe can see).
+Other processes share this machine too: the load average and CPU pressure before each timing are recorded,
+so "quiet" is only as quiet as the machine was. Writes benchmarks/results/bench_contention.json.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ import numpy as np
 from hardrank import cpus
 from hardrank.jobs.bench.timing import timed
 from hardrank.scoring.backends.exhaustive import KernelSearch
-b = cpus.use(None if sys.argv[1] == "auto" else int(sys.argv[1]))
+from hardrank.mining.run import use_threads
+b = use_threads(None if sys.argv[1] == "auto" else int(sys.argv[1]))  # auto: what `hardrank mine` chooses
 r = np.random.default_rng(0)
 xb = r.standard_normal((50_000, 512), dtype=np.float32); xb /= np.linalg.norm(xb, axis=1, keepdims=True)
 xq = r.standard_normal((5_000, 512), dtype=np.float32); xq /= np.linalg.norm(xq, axis=1, keepdims=True)

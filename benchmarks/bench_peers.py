@@ -205,28 +205,59 @@ def _cb_recalls(path: Path) -> dict:
             for k in (1, 5, 10)}
 
 
+def vit_inputs(toy: dict, work: Path, n_images: int, k: int = 4) -> dict:
+    """``toy`` narrowed to the first ``n_images`` test images (and their captions) with ``k`` random-init
+    ViT-B-32 weight files (seeds 0..k-1, written once): the encode-bound case of the retrieval row."""
+    import open_clip
+    import torch
+    from safetensors.torch import save_file
+
+    ann = json.loads((toy["world"] / "karpathy_test.json").read_text())[:n_images]
+    sub = work / f"karpathy_test_{n_images}.json"
+    sub.write_text(json.dumps(ann))
+    lines = ["image,caption"] + [f"{e['image']},{c}" for e in ann for c in e["caption"]]
+    flickr = work / f"flickr_test_{n_images}.txt"
+    flickr.write_text("\n".join(lines) + "\n")
+    ckpts = []
+    for seed in range(k):
+        f = work / f"vit_b32_seed{seed}.safetensors"
+        if not f.is_file():
+            torch.manual_seed(seed)
+            m = open_clip.create_model("ViT-B-32", pretrained=None)
+            save_file({n: v.contiguous() for n, v in m.state_dict().items()}, str(f))
+        ckpts.append(f)
+    return {**toy, "model": "ViT-B-32", "cb_model": "ViT-B-32", "cb_config": toy["model"], "annotations": sub,
+            "ann": flickr, "ckpts": ckpts,
+            "what": f"ViT-B-32 (random init, seeds 0-{k - 1}), {len(ann)} images, "
+                    f"{sum(len(e['caption']) for e in ann)} captions"}
+
+
 def row_retrieval(k: int, toy: dict, venvs: Path, work: Path, repeat: int, neighbour: bool = False) -> Row:
     py = peer_python(venvs, "clip_benchmark")
     ckpts = toy["ckpts"][-k:]
-    row = Row(f"retrieval K={k}" + (", beside a CPU-bound neighbour" if neighbour else ""), "CLIP_benchmark 1.6.2",
+    name = f"retrieval K={k}" + (f", {toy['what']}" if toy.get("what") else "")
+    row = Row(name + (", beside a CPU-bound neighbour" if neighbour else ""), "CLIP_benchmark 1.6.2",
               note="" if k > 1 else "wall of the whole command (start-up, model loads, decode, encode, scoring)")
     row.load["before"] = os.getloadavg()
     workers = str(os.cpu_count() or 1)
     for i in range(repeat):
-        out, store, cb_out = work / f"hr_k{k}_{i}", work / f"store_k{k}_{i}", work / f"cb_k{k}_{i}"
+        tag = f"k{k}{'_vit' if toy.get('what') else ''}_{i}"
+        out, store, cb_out = work / f"hr_{tag}", work / f"store_{tag}", work / f"cb_{tag}"
         for d in (out, store, cb_out):
             shutil.rmtree(d, ignore_errors=True)
         cb_out.mkdir(parents=True)
         hr = [*_hardrank_cli(), "eval", "--suite", "karpathy", "--model", toy["model"], "--checkpoint", *ckpts,
-              "--annotations", toy["world"] / "karpathy_test.json", "--images", toy["world"] / "images",
+              "--annotations", toy.get("annotations") or toy["world"] / "karpathy_test.json",
+              "--images", toy["world"] / "images",
               "--store", store, "--out", out, "--quiet"]
-        cb = ["--model", "toy-clip", "--pretrained", *ckpts, "--dataset", "flickr30k", "--dataset_root",
+        cb = ["--model", toy.get("cb_model", "toy-clip"), "--pretrained", *ckpts, "--dataset", "flickr30k",
+              "--dataset_root",
               toy["world"] / "images", "--annotation_file", toy["ann"], "--task", "zeroshot_retrieval",
               "--recall_k", "1", "5", "10", "--no_amp", "--num_workers", workers, "--batch_size", "64",
               "--output", f"{cb_out}/{{pretrained}}.json", "--quiet"]
         with Neighbour() if neighbour else _nothing():
             row.ours.append(_run(hr)[0])
-            row.theirs.append(_cb(py, work, toy["model"], cb))
+            row.theirs.append(_cb(py, work, toy.get("cb_config", toy["model"]), cb))
     row.load["after"] = os.getloadavg()
     label = Path(ckpts[-1]).stem
     row.metrics_ours = _hr_recalls(out, label)
@@ -466,7 +497,7 @@ def row_ann(venvs: Path, work: Path, n: int, nq: int, dim: int, budget_mb: int, 
     return row
 
 
-ROWS = ("k1", "k4", "k4-neighbour", "zeroshot", "inference", "ann")
+ROWS = ("k1", "k4", "k4-neighbour", "k4-vit", "zeroshot", "inference", "ann")
 
 
 def main() -> None:
@@ -479,6 +510,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     ap.add_argument("--images", type=int, default=200, help="images of the inference row")
+    ap.add_argument("--vit-images", type=int, default=200, help="images of the ViT-B-32 K=4 retrieval row")
     ap.add_argument("--ann-n", type=int, default=200_000)
     ap.add_argument("--ann-nq", type=int, default=10_000)
     ap.add_argument("--ann-dim", type=int, default=512)
@@ -492,6 +524,7 @@ def main() -> None:
     make = {"k1": lambda: row_retrieval(1, toy, venvs, work, args.repeat),
             "k4": lambda: row_retrieval(4, toy, venvs, work, args.repeat),
             "k4-neighbour": lambda: row_retrieval(4, toy, venvs, work, args.repeat, neighbour=True),
+            "k4-vit": lambda: row_retrieval(4, vit_inputs(toy, work, args.vit_images), venvs, work, args.repeat),
             "zeroshot": lambda: row_zeroshot(toy, venvs, work, args.repeat),
             "inference": lambda: row_inference(venvs, work, toy, args.images, args.repeat),
             "ann": lambda: row_ann(venvs, work, args.ann_n, args.ann_nq, args.ann_dim, budget, args.repeat)}

@@ -27,6 +27,7 @@ The public API (``help(hardrank)``). Options are the names of the command line's
   ``MissingExtra``.
 """
 from hardrank import cpus as cpus  # first: it sets OpenMP's wait policy, which must precede torch's import
+from hardrank import openclip_import as openclip_import  # second: open_clip without transformers (1.8 s)
 from hardrank.config import EmbedOptions, EvalConfig, MineConfig, MineOptions, SuiteOptions
 from hardrank.embed import EmbedPipeline
 from hardrank.errors import DataError, HardrankError, MissingExtra, TooManyFailures, UsageError

@@ -95,6 +95,8 @@ def test_function_level_imports_only_for_heavy_optional_dependencies():
     offenders = []
     for name in MODULES:
         for m in _imports(name)[1]:
+            if name == "hardrank.openclip_import" and m.split(".")[0] == "open_clip":
+                continue  # its one job: import open_clip with transformers hidden (a guard around the import)
             if not (_heavy(m) or m in holds_heavy or any(m.startswith(h + ".") for h in holds_heavy)):
                 offenders.append(f"{MODULES[name].relative_to(ROOT)}: {m}")
     assert not offenders, "function-level imports of core modules:\n" + "\n".join(offenders)
@@ -113,8 +115,9 @@ HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.embed.da
          # builds the Hugging Face tokenizers and towers with them), hf_models (transformers models themselves) and
          # blip (BLIP); tokenizers builds the tests' stand-in tokenizers
          # (and hardrank.jobs.bench.inputs, which saves random BLIP folders for the benchmarks)
+         # (and hardrank.openclip_import, which binds it into open_clip when a text tower needs it)
          "transformers": ("hardrank.models.hf_text", "hardrank.models.hf_models", "hardrank.models.blip",
-                          "hardrank.jobs.bench.inputs"),
+                          "hardrank.jobs.bench.inputs", "hardrank.openclip_import"),
          "sentencepiece": ("hardrank.models.hf_text",), "tokenizers": ()}
 
 

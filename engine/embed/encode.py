@@ -46,16 +46,26 @@ class TextEncoder:
     def __init__(self, models: list[LoadedModel]):
         self.models = models
 
+    def tokenize(self, texts: list[str], models=None) -> dict[tuple, torch.Tensor]:
+        """The tokens of ``texts`` for each distinct tokenizer of ``models`` (indices; all when None). The
+        in-process executor calls it in its prefetch thread, so batch i+1 tokenises (Python, under the GIL)
+        while batch i encodes (torch, outside it); pass the result as the batch's ``tokens``."""
+        out: dict[tuple, torch.Tensor] = {}
+        for i in models or range(len(self.models)):
+            tok = self.models[i].tokenizer
+            tid = _tokenizer_key(tok)
+            if tid not in out:
+                out[tid] = tok(texts)
+        return out
+
     @torch.inference_mode()
     def __call__(self, batch: dict) -> dict:
         out = dict(batch)
-        tokens_by_tok: dict[tuple, torch.Tensor] = {}
-        for i in batch.get("models") or range(len(self.models)):  # "models": the checkpoints to run
+        models = batch.get("models") or range(len(self.models))  # "models": the checkpoints to run
+        tokens_by_tok = batch.get("tokens") or self.tokenize(batch["text"], models)
+        for i in models:
             m = self.models[i]
-            tid = _tokenizer_key(m.tokenizer)
-            if tid not in tokens_by_tok:
-                tokens_by_tok[tid] = m.tokenizer(batch["text"])
-            tok = tokens_by_tok[tid].to(m.device)
+            tok = tokens_by_tok[_tokenizer_key(m.tokenizer)].to(m.device)
             emb = encode_text(m.model, tok).float()
             out[f"emb{i}"] = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
         return out

@@ -120,6 +120,21 @@ class EncodeStage:
         self.k = len(models)
         self.image, self.text = ImageEncoder(models), TextEncoder(models)
 
+    def prepare(self, batch: dict) -> dict:
+        """The batch with its texts tokenised (``tokens``) ahead of ``__call__``: an executor may run it in
+        the thread that reads the next batch. Image batches pass unchanged."""
+        if batch["modality"] == "image":
+            return batch
+        texts = self._texts(batch)
+        if not texts:
+            return batch
+        return {**batch, "tokens": self.text.tokenize(texts, tuple(batch.get("models") or range(self.k)))}
+
+    @staticmethod
+    def _texts(batch: dict) -> list[str]:
+        ok = batch.get("ok")
+        return list(batch["items"]) if ok is None else [t for t, good in zip(batch["items"], ok) if good]
+
     def __call__(self, batch: dict) -> dict:
         n = len(batch["rows"])
         ok = batch.get("ok")
@@ -136,8 +151,7 @@ class EncodeStage:
             enc = self.image({"pixels": pixels, "models": models})
             emb = [enc.get(f"emb{i}") for i in range(self.k)]
         elif len(sel):
-            enc = self.text({"text": batch["items"] if len(sel) == n else [batch["items"][i] for i in sel],
-                             "models": models})
+            enc = self.text({"text": self._texts(batch), "models": models, "tokens": batch.get("tokens")})
             emb = [enc.get(f"emb{i}") for i in range(self.k)]
         out = {"modality": batch["modality"], "rows": batch["rows"], "ok": ok, "error": error, "emb": emb}
         if batch.get("keys") is not None:

@@ -1,4 +1,5 @@
-"""The in-process executor: the decode stage in a prefetch thread, the encode stage on live models."""
+"""The in-process executor: the decode stage (and text tokenising) in a prefetch thread, the encode stage on
+live models."""
 from __future__ import annotations
 
 import time
@@ -11,8 +12,8 @@ __all__ = ["LocalRunner"]
 
 
 class LocalRunner:
-    """``runner(work)``: runs each ``(EmbedJob, EmbedSink)`` here, decoding batch i+1 in a thread
-    while batch i encodes. Uses the models the driver already loaded (no second load)."""
+    """``runner(work)``: runs each ``(EmbedJob, EmbedSink)`` here, decoding (or tokenising) batch i+1 in a
+    thread while batch i encodes. Uses the models the driver already loaded (no second load)."""
 
     def __init__(self, models: list[LoadedModel]):
         self.models = models
@@ -28,9 +29,9 @@ class LocalRunner:
         encode = EncodeStage(job, models=self.models)
         stage = "decode" if job.modality == "image" else "read"
 
-        def load(batch):
+        def load(batch):  # in the prefetch thread: decode images, or tokenise texts, of the next batch
             t = time.perf_counter()
-            return decode(batch), time.perf_counter() - t
+            return encode.prepare(decode(batch)), time.perf_counter() - t
 
         batches = list(job.batches())
         prefetch = ThreadPoolExecutor(1)

@@ -322,6 +322,15 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     return summary
 
 
+def use_threads(threads: int | None = None) -> cpus.ThreadBudget:
+    """Mining's thread budget: all the cores this process may use (or ``--threads``), no look at the idle
+    ones. Its time is a long GEMM-bound search, whose parallel regions are large: beside one busy process on
+    2 cores, exact search of 5,000 x 50,000 took 1.09x its quiet time with 2 threads and 1.76x with the 1
+    the idle look gives (``benchmarks/bench_contention.py``; OpenMP's waits are passive). An evaluation's
+    many small ops are another matter: it keeps the look (``evaluate``)."""
+    return cpus.use(threads, probe=False)
+
+
 def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None, **options) -> dict:
     """Load the corpus and queries, embed what the store lacks (or read a store folder), mine, write.
     ``cfg`` or the same options as keywords (the CLI flags' names): ``mine(corpus=..., queries=...,
@@ -336,7 +345,7 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
         cfg.embed.check_store()
     if cfg.export_training:
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
-    threads = cpus.use(cfg.embed.threads)
+    threads = use_threads(cfg.embed.threads)
     echo(f"threads: {threads.describe()}")
     t0 = time.perf_counter()
     start_rss = _rss()  # start-up (torch, FAISS, the CLI) before any input is read: the memory aim's base

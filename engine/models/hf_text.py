@@ -24,6 +24,7 @@ from huggingface_hub import snapshot_download
 from open_clip.tokenizer import DEFAULT_CONTEXT_LENGTH, HFTokenizer
 
 from hardrank.errors import DataError, MissingExtra
+from hardrank.openclip_import import bind_transformers
 
 __all__ = ["HFText", "hf_text", "snapshot"]
 
@@ -49,7 +50,7 @@ class HFText:
 
 def _require_transformers(what: str) -> None:
     try:
-        import transformers  # noqa: F401  (open_clip imports it again by name; here only its presence counts)
+        bind_transformers()  # open_clip was imported without it (hardrank.openclip_import)
     except ImportError as exc:
         raise MissingExtra(what, "hf", "transformers") from exc
 

@@ -1,0 +1,116 @@
+"""Start-up and exit of the `hardrank` command: open_clip without transformers until a model needs it,
+texts tokenised ahead of their encode, and a quick exit that still runs what exiting must."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hardrank
+from hardrank.embed.job import EmbedJob, EncodeStage
+from hardrank.models.load import load_model
+from tests.helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _python(code: str, *args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd or ROOT, timeout=300)
+
+
+def test_import_hardrank_leaves_transformers_until_a_text_tower_needs_it():
+    """`import hardrank` imports open_clip but not transformers; binding it afterwards gives open_clip's
+    transformers text tower the real classes: a tiny BERT tower builds and runs."""
+    pytest.importorskip("transformers")
+    p = _python("""
+        import sys
+        import hardrank
+        from open_clip import hf_model
+        before = "transformers" in sys.modules, hf_model.transformers is None
+        from hardrank.openclip_import import bind_transformers
+        bind_transformers()
+        import torch, transformers
+        cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=32, max_position_embeddings=16)
+        tower = hf_model.HFTextEncoder(None, output_dim=8, config=cfg, pooler_type="mean_pooler", proj_type="linear",
+                                      pretrained=False)
+        out = tower(torch.tensor([[1, 5, 7, 2, 0, 0]]))
+        print(before, hf_model.AutoConfig is transformers.AutoConfig, tuple(out.shape))
+    """)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "(False, True) True (1, 8)", p.stdout
+
+
+def test_a_process_that_imported_transformers_first_keeps_open_clip_as_usual():
+    pytest.importorskip("transformers")
+    p = _python("""
+        import transformers
+        import hardrank
+        from open_clip import hf_model
+        print(hf_model.transformers is transformers)
+    """)
+    assert p.returncode == 0 and p.stdout.strip() == "True", p.stderr[-2000:]
+
+
+def test_texts_tokenised_ahead_encode_as_tokenised_in_place(tmp_path):
+    """EncodeStage.prepare (the local executor's prefetch thread) gives the embeddings __call__ gives alone,
+    rows marked not ok left out alike; two checkpoints share one tokenisation."""
+    cfg = write_tiny_config(tmp_path)
+    ckpts = [save_random_checkpoint(cfg, tmp_path / f"{s}.safetensors", s) for s in (0, 1)]
+    models = [load_model(hardrank.ModelSpec(str(cfg), str(c), device="cpu")) for c in ckpts]
+    texts = ("a dog", "two cats on a red bus", "", "a tree", "a man and a woman riding horses by a boat")
+    job = EmbedJob("text", np.arange(len(texts)), texts, tuple(m.spec for m in models),
+                   tuple(m.fingerprint for m in models), models[0].preprocess_cfg, batch_size=8)
+    stage = EncodeStage(job, models=models)
+    for ok in (None, np.array([True, False, True, True, False])):
+        batch = {"modality": "text", "rows": job.rows, "items": list(texts), "models": (0, 1)}
+        if ok is not None:
+            batch["ok"] = ok
+        ready = stage.prepare(batch)
+        assert len(ready["tokens"]) == 1 and "tokens" not in batch  # one tokenizer for both checkpoints
+        a, b = stage(ready), stage(batch)
+        n = len(texts) if ok is None else int(ok.sum())
+        for ea, eb in zip(a["emb"], b["emb"]):
+            assert ea.shape == (n, 16) and np.array_equal(ea, eb)
+    image_batch = {"modality": "image", "rows": job.rows[:1], "pixels": torch.zeros(1, 3, 32, 32)}
+    assert stage.prepare(image_batch) is image_batch
+
+
+def test_the_command_exits_quickly_yet_flushes_and_runs_exit_handlers(tmp_path):
+    """`hardrank` (jobs.cli.entry) ends with os._exit after the command: its stdout arrives whole, the exit
+    code is the command's, and atexit handlers (Ray's shutdown, temporary folders) still run."""
+    w = make_karpathy_world(tmp_path / "w", n_images=3)
+    cfg = write_tiny_config(tmp_path)
+    ckpt = save_random_checkpoint(cfg, tmp_path / "c.safetensors", 0)
+    flag = tmp_path / "atexit.txt"
+    code = """
+        import atexit, sys
+        from pathlib import Path
+        flag = Path(sys.argv[1])
+        atexit.register(lambda: flag.write_text("ran"))
+        from hardrank.jobs.cli import entry
+        sys.argv = ["hardrank"] + sys.argv[2:]
+        entry()
+    """
+    args = ["eval", "--suite", "karpathy", "--model", cfg, "--checkpoint", ckpt, "--annotations",
+            w["annotations"], "--images", w["images"], "--out", tmp_path / "out", "--store", tmp_path / "s"]
+    p = _python(code, flag, *args)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert flag.read_text() == "ran"
+    assert "i2t R@1" in p.stdout and p.stdout.rstrip().splitlines()[-1].startswith("c ")  # the table's last line
+    assert json.loads((tmp_path / "out" / "c" / "karpathy.json").read_text())["counts"]
+    flag.unlink()
+    bad = _python(code, flag, *args[:-2], "--store", tmp_path / "s", "--tie-rule", "index", "--seeds", "x")
+    assert bad.returncode == 2 and "--seeds" in bad.stderr
+    missing = _python(code, flag, "eval", "--suite", "karpathy", "--model", cfg, "--checkpoint",
+                      tmp_path / "nope.pt", "--annotations", w["annotations"], "--images", w["images"],
+                      "--out", tmp_path / "o2")
+    assert missing.returncode not in (0, 1) and "nope.pt" in missing.stderr and "Traceback" not in missing.stderr
+    assert flag.read_text() == "ran"
