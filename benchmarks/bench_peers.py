@@ -138,9 +138,11 @@ def peer_python(venvs: Path, name: str) -> Path:
     return py
 
 
-def _run(cmd: list, env=None, cwd=None) -> tuple[float, subprocess.CompletedProcess]:
-    """(wall seconds, the finished process) of ``cmd``, timed by the one toolkit; a failure stops the benchmark."""
-    sec, p = timed(lambda: subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=cwd))
+def _run(cmd: list, env=None, cwd=None, timeout: float | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """(wall seconds, the finished process) of ``cmd``, timed by the one toolkit; a failure stops the benchmark
+    (``timeout``: seconds, then ``subprocess.TimeoutExpired``; the child is killed)."""
+    sec, p = timed(lambda: subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=cwd,
+                                          timeout=timeout))
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))[:300]} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     return sec, p
@@ -452,7 +454,8 @@ def _recall10(I, gt) -> float:
     return float(sum(len(set(a[a >= 0]) & set(g)) for a, g in zip(I, gt)) / gt.size)
 
 
-def row_ann(venvs: Path, work: Path, n: int, nq: int, dim: int, budget_mb: int, repeat: int) -> Row:
+def row_ann(venvs: Path, work: Path, n: int, nq: int, dim: int, budget_mb: int, repeat: int,
+            peer_timeout: float = 1800.0) -> Row:
     import numpy as np
 
     from hardrank.config import MineOptions
@@ -483,7 +486,13 @@ def row_ann(venvs: Path, work: Path, n: int, nq: int, dim: int, budget_mb: int, 
         row.ours.append(build + srch)
         row.metrics_ours = {"recall@10": 100 * _recall10(np.asarray(I), gt),
                             "search": str(getattr(search, "name", type(search).__name__))}
-        _, p = _run([py, "-c", _AF_DRIVER, work / "xb.npy", work / "xq.npy", f"{budget_mb}MB", work / "af_I.npy"])
+        try:
+            _, p = _run([py, "-c", _AF_DRIVER, work / "xb.npy", work / "xq.npy", f"{budget_mb}MB", work / "af_I.npy"],
+                        timeout=peer_timeout)
+        except subprocess.TimeoutExpired:  # its time is then "more than the limit": no recall, no ratio
+            row.metrics_theirs = {"unfinished": f"build_index still running after {peer_timeout:.0f} s; stopped"}
+            row.note += f"; autofaiss did not finish within --peer-timeout {peer_timeout:.0f} s"
+            continue
         r = json.loads(p.stdout.strip().splitlines()[-1])
         theirs_parts.append((r["build"], r["search"]))
         row.theirs.append(r["build"] + r["search"])
@@ -491,8 +500,9 @@ def row_ann(venvs: Path, work: Path, n: int, nq: int, dim: int, budget_mb: int, 
     row.load["after"] = os.getloadavg()
     row.metrics_ours["build_s"] = [round(b, 2) for b, _ in ours_parts]
     row.metrics_ours["search_s"] = [round(s, 2) for _, s in ours_parts]
-    row.metrics_theirs["build_s"] = [round(b, 2) for b, _ in theirs_parts]
-    row.metrics_theirs["search_s"] = [round(s, 2) for _, s in theirs_parts]
+    if theirs_parts:
+        row.metrics_theirs["build_s"] = [round(b, 2) for b, _ in theirs_parts]
+        row.metrics_theirs["search_s"] = [round(s, 2) for _, s in theirs_parts]
     row.agree = None
     return row
 
@@ -515,6 +525,8 @@ def main() -> None:
     ap.add_argument("--ann-nq", type=int, default=10_000)
     ap.add_argument("--ann-dim", type=int, default=512)
     ap.add_argument("--ann-budget-mb", type=int, default=None, help="default: the fp32 corpus's size")
+    ap.add_argument("--peer-timeout", type=float, default=1800.0,
+                    help="seconds autofaiss may take per repeat before it is stopped and reported unfinished")
     ap.add_argument("--json", default="benchmarks/results/bench_peers.json")
     args = ap.parse_args()
     venvs, work = Path(args.venvs), Path(args.work)
@@ -527,7 +539,8 @@ def main() -> None:
             "k4-vit": lambda: row_retrieval(4, vit_inputs(toy, work, args.vit_images), venvs, work, args.repeat),
             "zeroshot": lambda: row_zeroshot(toy, venvs, work, args.repeat),
             "inference": lambda: row_inference(venvs, work, toy, args.images, args.repeat),
-            "ann": lambda: row_ann(venvs, work, args.ann_n, args.ann_nq, args.ann_dim, budget, args.repeat)}
+            "ann": lambda: row_ann(venvs, work, args.ann_n, args.ann_nq, args.ann_dim, budget, args.repeat,
+                                   args.peer_timeout)}
     run_rows(args.rows, make, Path(args.json), vars(args))
 
 

@@ -58,3 +58,20 @@ def test_metrics_disagree_beyond_the_tolerance(bp):
     assert bp.agree({"i2t_R@1": 85.7}, {"t2i_R@1": 85.7}) is None  # nothing in common: nothing compared
     row = bp.Row("x", "p", ours=[1.0], theirs=[1.0], agree=False)
     assert "| **no** |" in bp.table([row])
+
+
+def test_a_peer_past_its_time_limit_is_reported_unfinished(bp, tmp_path, monkeypatch):
+    """The ANN row stops autofaiss at --peer-timeout: our side is timed, theirs says unfinished, no ratio."""
+    import subprocess
+
+    monkeypatch.setattr(bp, "peer_python", lambda venvs, name: Path(sys.executable))
+
+    def too_slow(cmd, env=None, cwd=None, timeout=None):
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(bp, "_run", too_slow)
+    row = bp.row_ann(tmp_path, tmp_path, n=2_000, nq=50, dim=16, budget_mb=1, repeat=1, peer_timeout=3)
+    assert len(row.ours) == 1 and row.theirs == [] and row.ratio() is None
+    assert row.metrics_ours["recall@10"] > 0 and "after 3 s" in row.metrics_theirs["unfinished"]
+    assert "did not finish within --peer-timeout 3 s" in row.note
+    assert "| - |" in bp.table([row])
