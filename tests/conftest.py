@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import urllib.request
 from pathlib import Path
 
@@ -11,6 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("HARDRANK_SHARED", ROOT.parent / "shared"))
 ROCOCO_DIR = SHARED / "data" / "rococo"
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # A suite launched in the background by a script (`cmd &`, no job control) inherits SIGINT ignored: Python
+    # then installs no KeyboardInterrupt handler, here or in the commands the tests start (an ignored signal
+    # stays ignored across exec). The Ctrl-C tests need both; a Python handler here resets to default in children.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -272,17 +272,9 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _default_sigint() -> None:
-    """In the child before Python starts: SIGINT back to its default. A suite launched in the background
-    (`cmd &` from a script without job control) inherits SIGINT ignored, and Python then installs no
-    KeyboardInterrupt handler: the Ctrl-C test would wait on a signal its child never sees."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _spawn(args, log: Path, **env) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", _WRAPPER, *map(str, args)], stdout=subprocess.DEVNULL,
-                            stderr=open(log, "w"), env={**os.environ, **{k: str(v) for k, v in env.items()}},
-                            preexec_fn=_default_sigint)
+                            stderr=open(log, "w"), env={**os.environ, **{k: str(v) for k, v in env.items()}})
 
 
 def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
