@@ -34,13 +34,16 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    # the long chaos loops run only when asked for (-m chaos); the default suite runs their short version
-    if "chaos" in (config.getoption("markexpr") or ""):
-        return
-    skip = pytest.mark.skip(reason="long chaos loop: run with -m chaos")
-    for item in items:
-        if "chaos" in item.keywords:
-            item.add_marker(skip)
+    # the long chaos loops (-m chaos) and the whole cross products of parametrized equality tests (-m matrix) run
+    # only when asked for; the default suite runs their short version, or a subset covering every value
+    asked = config.getoption("markexpr") or ""
+    for mark, why in (("chaos", "long chaos loop: run with -m chaos"),
+                      ("matrix", "outside the covering subset: run the whole product with -m matrix")):
+        if mark in asked:
+            continue
+        for item in items:
+            if mark in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=why))
 
 
 # -- an S3-compatible server on 127.0.0.1 (moto's server mode), used through s3fs as any user would ----------
