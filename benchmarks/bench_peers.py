@@ -170,11 +170,16 @@ def toy_inputs(work: Path) -> dict:
     from hardrank.toyworld import TOY_MODEL, build_world
 
     world = build_world(work / "toy_world")
-    ann = json.loads((world / "karpathy_test.json").read_text())
-    lines = ["image,caption"] + [f"{e['image']},{c}" for e in ann for c in e["caption"]]
-    (work / "flickr_test.txt").write_text("\n".join(lines) + "\n")  # CLIP_benchmark splits lines at ".jpg,"
+    _flickr_file(json.loads((world / "karpathy_test.json").read_text()), work / "flickr_test.txt")
     return {"world": world, "model": TOY_MODEL, "ann": work / "flickr_test.txt",
             "ckpts": [CKPT_DIR / f"{c}.safetensors" for c in TOY_CHECKPOINTS]}
+
+
+def _flickr_file(ann: list, path: Path) -> Path:
+    """Karpathy entries as CLIP_benchmark's flickr30k ``image,caption`` file (it splits lines at ".jpg,")."""
+    lines = ["image,caption"] + [f"{e['image']},{c}" for e in ann for c in e["caption"]]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def _hardrank_cli() -> list:
@@ -217,9 +222,7 @@ def vit_inputs(toy: dict, work: Path, n_images: int, k: int = 4) -> dict:
     ann = json.loads((toy["world"] / "karpathy_test.json").read_text())[:n_images]
     sub = work / f"karpathy_test_{n_images}.json"
     sub.write_text(json.dumps(ann))
-    lines = ["image,caption"] + [f"{e['image']},{c}" for e in ann for c in e["caption"]]
-    flickr = work / f"flickr_test_{n_images}.txt"
-    flickr.write_text("\n".join(lines) + "\n")
+    flickr = _flickr_file(ann, work / f"flickr_test_{n_images}.txt")
     ckpts = []
     for seed in range(k):
         f = work / f"vit_b32_seed{seed}.safetensors"

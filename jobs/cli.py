@@ -180,8 +180,6 @@ def entry() -> None:
     without tearing down every module: Python's finalisation of torch, torchvision and open_clip takes
     0.5-1.2 s on a 2-core CPU, a tenth of a short evaluation. A crash (a bug's traceback) exits as usual."""
     rc = main()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
     shutdown_threads = getattr(threading, "_shutdown", None)  # what the interpreter's exit does first: thread
     if shutdown_threads is not None:                          # pools told to stop, non-daemon threads joined
         shutdown_threads()
