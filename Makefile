@@ -13,7 +13,7 @@ help:  ## this list
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# Pinned torch: resolves from the local wheel cache on our machines (see README).
+	# Pinned torch: resolves from the local wheel cache on our machines (see README, "Two commands").
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
 	$(PIP) install -q -e '.[all,dev]'
 	touch $(STAMP)

@@ -1,6 +1,6 @@
 """ImageNet-C corruption speed: each of the 15 corruptions at severities 1..5 on one photo-like 224 px image,
-one core (the figure README's "Common corruptions" section quotes: images/s through all 75 pairs, and the
-fastest and slowest corruption).
+one core (the figure docs/classification.md's "Common corruptions" section quotes: images/s through all 75
+pairs, and the fastest and slowest corruption).
 
 Usage: python benchmarks/bench_corruptions.py [--side 224] [--repeat 3] [--json benchmarks/results/corruptions.json]
 frost needs its photographs (the `hardrank[corrupt]` extra or --frost-dir); without them it is left out and said.

@@ -467,7 +467,7 @@ class MineOptions:
     min_sim: float | None = opt(None, "drop candidates scoring below this with the query")
     search: str = opt("auto", backends.search_help(TOPK))
     budget_mb: int = opt(1024, "memory budget of the search, MiB: its index (exact search: the fp32 corpus it "
-                         "scores) and work tiles; the vectors read from the inputs come on top (README: Mining)",
+                         "scores) and work tiles; the vectors read from the inputs come on top (docs/mining.md)",
                          minimum=1)
     block_size: int = opt(8192, "queries per output shard (the unit of resumption)", minimum=1)
     nprobe: int | None = opt(None, "IVF lists (HNSW efSearch) per query (default: tuned to recall@10 >= "

@@ -7,7 +7,7 @@ import numpy as np
 
 __all__ = ["RankingTask", "ChoiceTask", "MaskTask", "ClassifyTask", "Suite", "CHOICE_RULES"]
 
-# Choice rules (BENCHMARKS.md): how a row's (A, B) score grid becomes a verdict.
+# Choice rules (docs/choice.md, "The choice task"): how a row's (A, B) score grid becomes a verdict.
 CHOICE_RULES = (
     "first_strict",   # candidate 0 is correct; correct iff it scores strictly above every other (ties wrong)
     "first_ties_win", # candidate 0 is correct; correct iff no other scores strictly above it (ARO order)

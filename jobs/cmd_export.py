@@ -50,7 +50,7 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
                     "them. Retrieval suites become zeroshot_retrieval (image_retrieval_recall@K = text->image), "
                     "choice suites image_caption_selection (acc, text_acc, image_acc), classification suites "
                     "zeroshot_classification (acc1, acc5, mean_per_class_recall); mask suites have no "
-                    "counterpart and are skipped (listed). The mapping is in the README.",
+                    "counterpart and are skipped (listed). The mapping is in docs/results.md.",
         epilog="examples:\n  hardrank export results/demo --format clip_benchmark --out results/demo_cb\n"
                "  clip_benchmark build results/demo_cb/*.json --output benchmark.csv")
     add_options(p, ExportConfig, required=("results", "format", "out"))

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 __all__ = ["mask_iou_stats", "giou_ciou", "PRED_KINDS"]
 
-# How a prediction becomes a binary mask (BENCHMARKS.md section 6):
+# How a prediction becomes a binary mask (docs/masks.md, "Metrics"):
 PRED_KINDS = (
     "binary",  # any dtype, foreground = value > 0 (0/1 or 0/255 masks); resized with nearest-exact
     "logit",   # float, resized bilinearly to the GT size, then foreground = value > 0

@@ -35,7 +35,7 @@ from ._levels import (
 
 __all__ = ["TIE_RULES", "GroupedRanks", "grouped_ranks", "best_positives"]
 
-# How an item with exactly the best positive's score is counted (BENCHMARKS.md, "Tie rules"):
+# How an item with exactly the best positive's score is counted (docs/retrieval.md, "Ties"):
 TIE_RULES = (
     "index",        # it beats the positive iff it comes first in gallery order (default)
     "optimistic",   # it never beats the positive (only strictly greater scores do)

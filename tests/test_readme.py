@@ -1,4 +1,5 @@
-"""The README's Python API example runs as written (on the toy world) and prints real numbers."""
+"""The documentation's examples run as written: the Python API page's notebook (on the toy world), every command
+README and docs/*.md show that needs no data of your own, and the local S3 walk-through."""
 from __future__ import annotations
 
 import re
@@ -9,12 +10,20 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+PAGES = [README, *sorted((README.parent / "docs").glob("*.md"))]  # the front door and every docs page
+
+
+def _page_with(marker: str) -> str:
+    """The text of the one page (README or docs/*.md) that holds ``marker``."""
+    found = [p for p in PAGES if marker in p.read_text()]
+    assert len(found) == 1, f"{marker!r} is on {[p.name for p in found]}, expected exactly one page"
+    return found[0].read_text()
 
 
 @pytest.mark.slow
 def test_python_api_example_runs(tmp_path):
-    text = README.read_text()
-    section = text[text.index("## Python API"):]
+    text = _page_with("# Python API (a notebook")
+    section = text[text.index("# Python API (a notebook"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                          env={"HARDRANK_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"})
@@ -25,7 +34,7 @@ def test_python_api_example_runs(tmp_path):
     assert sum("per-query outcomes" in l for l in lines) == 8    # 2 checkpoints x 4 toy suites read back
 
 
-# -- every command the README and --help show, that needs no data of your own, runs as written after the demo --
+# -- every command README, docs/*.md and --help show, that needs no data of your own, runs as written after the demo --
 EXTERNAL = (" /data", "logs/", "a.pt", "ckpt/", ".toml", "data/rococo", "amodal/", "preds/", "~", "coco_karpathy", "s3://",
             "my_model", "b32.parquet", "finetuned/", "captions.json", "images/ ", "STORE/", "<", "$")
 
@@ -82,11 +91,10 @@ def test_readme_and_help_commands_run_as_written_after_the_demo(tmp_path, monkey
     assert "where things are:" in demo and "store      results/demo/store" in demo
     suggested = [l.strip() for l in demo.splitlines() if l.startswith("  hardrank ")]
     assert len(suggested) == 3 and all(_runnable(c) for c in suggested)
-    text = README.read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    blocks = [b for p in PAGES for b in re.findall(r"```bash\n(.*?)```", p.read_text(), re.S)]
     readme = [c for b in blocks for c in _command_lines(b) if _runnable(c)]
     helps = [c for c in _help_examples() if _runnable(c) and not c.startswith("hardrank demo --out results/demo")]
-    assert len(readme) >= 8 and len(helps) >= 8
+    assert len(readme) >= 20 and len(helps) >= 8
     ran = set()
     for cmd in suggested + readme + helps:
         if cmd not in ran:
@@ -99,12 +107,12 @@ def test_readme_and_help_commands_run_as_written_after_the_demo(tmp_path, monkey
 
 
 def test_local_s3_example_runs_as_written_and_matches_the_folder(tmp_path, monkeypatch, capsys, s3):
-    """The README's "Try it on this machine" block, line by line: the server and the exports are the s3
+    """The "Try it on this machine" block (docs/inputs.md), line by line: the server and the exports are the s3
     fixture's (a moto server on 127.0.0.1, on a free port), the rest runs as written; its last line prints
     True (the s3:// shards' metrics equal the folder's)."""
     from hardrank.toyworld import WorldConfig, build_world
 
-    text = README.read_text()
+    text = _page_with("**Try it on this machine**")
     block = re.search(r"\*\*Try it on this machine\*\*.*?```bash\n(.*?)```", text, re.S).group(1)
     lines = [line.strip() for line in re.sub(r"\\\n\s*", " ", block).splitlines() if line.strip()]
     assert lines[0].startswith("pip install") and lines[1].startswith("moto_server -H 127.0.0.1")

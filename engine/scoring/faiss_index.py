@@ -120,7 +120,8 @@ def _resolve_gpu(gpu) -> bool:
     if gpu not in (True, False):
         raise UsageError(f"gpu must be 'auto', True or False, got {gpu!r}")
     if gpu and not _gpu_available():
-        raise UsageError("gpu=True but this faiss build sees no GPU; install faiss-gpu (README) or pass gpu='auto'")
+        raise UsageError("gpu=True but this faiss build sees no GPU; install faiss-gpu (docs/search.md) or pass "
+                         "gpu='auto'")
     return gpu
 
 

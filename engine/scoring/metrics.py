@@ -1,4 +1,4 @@
-"""Retrieval, choice and classification-variant metrics from kernel outputs, exactly as BENCHMARKS.md defines them."""
+"""Retrieval, choice and classification-variant metrics from kernel outputs, as docs/retrieval.md, choice.md say."""
 from __future__ import annotations
 
 import re

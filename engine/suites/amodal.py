@@ -49,7 +49,7 @@ from hardrank.tasks import MaskTask, Suite
 #     * COCO RLE: {"size": [h, w], "counts": "<compressed string>"} or {"size": [h, w], "counts":
 #       [n0, n1, ...]} (uncompressed: column-major runs, starting with a run of zeros);
 #     * a PNG path (str ending in .png) relative to the annotation file's folder: a single-channel
-#       image, 0 background, 1..254 foreground, 255 ignored (BENCHMARKS.md section 6). A GT PNG
+#       image, 0 background, 1..254 foreground, 255 ignored (docs/masks.md, "Annotations"). A GT PNG
 #       holding only 0 and 255 is refused: it would be all "ignored"; save the foreground as 1.
 #
 # Predictions (a folder, keyed by question id):
@@ -172,7 +172,7 @@ def _decode(spec: MaskSpec, h: int, w: int, where: str, *, gt: bool) -> np.ndarr
     m = np.clip(m, 0, 255).astype(np.uint8)
     if gt and m.any() and not ((m > 0) & (m != IGNORE)).any():
         raise SuiteFormatError(f"{where}: PNG {spec.value} holds only 0 and 255, and 255 means 'ignored' "
-                               f"(BENCHMARKS.md section 6); save the foreground as 1")
+                               f"(docs/masks.md, \"Annotations\"); save the foreground as 1")
     return m
 
 

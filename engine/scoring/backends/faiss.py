@@ -51,7 +51,7 @@ class Faiss(Backend):
     syntax = "faiss:<factory>"
     examples = _EXAMPLES
     hint = _HINT
-    ops = {RANKS: "per-group FAISS top-k (" + _HINT + "); mean/median rank become lower bounds (README)",
+    ops = {RANKS: "per-group FAISS top-k (" + _HINT + "); mean/median rank become lower bounds (docs/search.md)",
            TOPK: "a FAISS index (e.g. faiss:IVF4096,SQ8, faiss:HNSW32, faiss:Flat); approximate candidates are "
                  "re-scored exactly"}
 
