@@ -1049,20 +1049,21 @@ def _load_zs(**opts):
 
 
 def test_class_names_differing_only_by_spaces_are_refused_naming_both_lines(tmp_path, capsys):
-    """' cat' and 'cat' were two classes of one prompt: the folder's images took the later label and lost every
-    tie to the earlier one (a right answer scored wrong). Stripped first, a repeat names both lines."""
+    """A JSON list's ' cat' and 'cat' were two classes of one prompt: the folder's images took the later label
+    and lost every tie to the earlier one (a right answer scored wrong). Stripped first, a repeat names both
+    entries (a text file's: both lines)."""
     from hardrank.suites.classification import read_classnames
 
     root = _class_folder(tmp_path / "if")
-    names = tmp_path / "names.txt"
-    names.write_text("cat\ndog\nbird\n cat \n")
+    names = tmp_path / "names.json"
+    names.write_text(json.dumps(["bird", "cat", "dog", " cat"]))
     assert main(_zs(root, tmp_path, "--classnames", str(names))) == 3
     err = capsys.readouterr().err
-    assert f"{names}: class name 'cat' is listed twice (lines 1 and 4, surrounding spaces ignored)" in err
+    assert f"{names}: class name 'cat' is listed twice (entries 2 and 4, surrounding spaces ignored)" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    (tmp_path / "names.json").write_text(json.dumps(["cat", "dog\t", "dog"]))
-    with pytest.raises(DataError, match=r"'dog' is listed twice \(entries 2 and 3"):
-        read_classnames(str(tmp_path / "names.json"))
+    (tmp_path / "names.txt").write_text("cat\ndog\t\n\tdog\n")
+    with pytest.raises(DataError, match=r"'dog' is listed twice \(lines 2 and 3"):
+        read_classnames(str(tmp_path / "names.txt"))
     # 100,000 names (CLIP_benchmark's largest sets have 21k): one pass, a repeat far apart still named by both lines
     lines = [f"class {i}" for i in range(100_000)]
     big = tmp_path / "big.txt"
