@@ -92,8 +92,8 @@ class PerturbImagesConfig:
     out: str = opt("", "altered images go to <out>/<variant>_s<seed>/<image path> (shards: "
                    "<out>/<variant>_s<seed>/<shard>), <variant> = <method>_<lam> or <corruption>_<severity>; "
                    "`hardrank eval --images` finds them there when <out> is its image root (the shards' folder), "
-                   "else with --variants-dir <out>; an ImageFolder tree (no --annotations) needs an <out> outside "
-                   "it, e.g. <images>-variants (inside, its subfolders would count as classes)", path=True)
+                   "else with `eval --variants-dir <out>`; an ImageFolder tree (no --annotations) needs an <out> "
+                   "outside it, e.g. <images>-variants (inside, its subfolders would count as classes)", path=True)
 
     def __post_init__(self):
         object.__setattr__(self, "severity", tuple(dict.fromkeys(self.severity)))
@@ -238,12 +238,12 @@ def _corrupt(cfg: PerturbImagesConfig, say) -> dict:
         if cfg.annotations:
             paths = [im for im, _ in merge_repeated_images(cfg.annotations, read_karpathy(cfg.annotations))[0]]
         else:
-            _refuse_out_inside(images_root, Path(cfg.out))
             paths = walk_images(images_root)
             if not paths:
                 raise DataError(f"--images {images_root} holds no image files ({', '.join(IMAGE_SUFFIXES)}); "
                                 + (_cb_root_hint(images_root) or "point it at the image root, or name the images "
                                    "with --annotations"))
+            _refuse_out_inside(images_root, Path(cfg.out))
         report = corrupt_images(images_root, paths, Path(cfg.out), corruptions=cfg.corruptions,
                                 severities=cfg.severity, seed=cfg.seed, quality=quality, frost_dir=cfg.frost_dir)
         where = _folder_eval(cfg.images, cfg.out)
