@@ -138,7 +138,11 @@ def check_options(obj) -> None:
                 raise UsageError(f"option {_named(f)} takes values of {list(choices)}, got {bad[0]!r}")
         elif choices is not None and v is not None and v not in choices:
             raise UsageError(f"option {_named(f)} must be one of {list(choices)}, got {v!r}")
-        if minimum is not None and v is not None and not (isinstance(v, (int, float)) and v >= minimum):
+        if minimum is not None and isinstance(v, tuple):  # a list option: each of its values
+            bad = [x for x in v if isinstance(x, bool) or not isinstance(x, (int, float)) or x < minimum]
+            if bad:
+                raise UsageError(f"option {_named(f)} takes numbers >= {minimum}, got {bad[0]!r}")
+        elif minimum is not None and v is not None and not (isinstance(v, (int, float)) and v >= minimum):
             raise UsageError(f"option {_named(f)} must be a number >= {minimum}, got {v!r}")
 
 
@@ -336,10 +340,13 @@ class SuiteOptions:
                              "tar shards ('dir/{00000..00099}.tar'), an img2dataset folder or .parquet files",
                              path=True)
     annotations: str | None = opt(None, "Karpathy/RoCOCO annotation file or folder", path=True)
-    image_variants: tuple[str, ...] = opt((), "image variant folders <images>/<variant>_s<seed>: RoCOCO's altered "
-                                          "galleries (mix_0.9 patch_0.9) and ImageNet-C corruptions "
+    image_variants: tuple[str, ...] = opt((), "image variant folders <variants-dir>/<variant>_s<seed>: RoCOCO's "
+                                          "altered galleries (mix_0.9 patch_0.9) and ImageNet-C corruptions "
                                           "(gaussian_noise_3 ...: also queries, task i2t@<variant>_s<seed>)")
-    seeds: tuple[int, ...] = opt((1,), "seeds of the image variants (results averaged over them)")
+    seeds: tuple[int, ...] = opt((1,), "seeds of the image variants (results averaged over them)", minimum=0)
+    variants_dir: str | None = opt(None, "the folder holding the image variant folders <variant>_s<seed>/ (tar "
+                                   "shards: the variant shard folders), where `perturb images --out` wrote them; "
+                                   "default: --images (shards: their folder)", path=True)
     text_variants: tuple[str, ...] | None = opt(None, "RoCOCO caption files to use (default: all present)")
     tie_rule: str = opt("index", "ranking tie rule: index (an equal score beats the positive iff it comes "
                         "first in gallery order), optimistic, pessimistic", choices=TIE_RULES)

@@ -52,10 +52,20 @@ class EvalReport:
     embed_stats: dict = field(default_factory=dict)        # modality -> EmbedStats.as_dict()
 
     def table_rows(self) -> list[tuple[str, dict]]:
-        rows: dict[str, dict] = {}
+        """One row per checkpoint (its suites' columns side by side), or, where two of its results share a column
+        (xm3600's languages, karpathy beside wds), one row per (checkpoint, suite) labelled with both: a shared
+        column would otherwise hold only the last suite's number."""
+        parts: dict[str, list[tuple[str, dict]]] = {}
         for r in self.results:
-            rows.setdefault(r["checkpoint"], {}).update(summary_row(r))
-        return list(rows.items())
+            parts.setdefault(r["checkpoint"], []).append((r["suite"], summary_row(r)))
+        rows = []
+        for ckpt, ps in parts.items():
+            cols = [c for _, row in ps for c in row]
+            if len(cols) == len(set(cols)):
+                rows.append((ckpt, {c: v for _, row in ps for c, v in row.items()}))
+            else:
+                rows.extend((f"{ckpt} {suite}", row) for suite, row in ps)
+        return rows
 
 
 @dataclass

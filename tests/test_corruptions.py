@@ -157,15 +157,18 @@ def test_walk_skips_variant_folders(tmp_path):
 
 
 def test_perturb_images_command_on_an_image_folder(tmp_path, capsys):
-    rels = _folder(tmp_path)
+    (tmp_path / "if").mkdir()
+    rels = _folder(tmp_path / "if")
+    out_dir = tmp_path / "if-variants"  # beside the ImageFolder root (tests/test_faults.py: not inside it)
     args = ["perturb", "images", "--method", "corrupt:jpeg_compression,pixelate", "--severity", "1", "5",
-            "--seed", "0", "--images", str(tmp_path), "--out", str(tmp_path)]
+            "--seed", "0", "--images", str(tmp_path / "if"), "--out", str(out_dir)]
     assert main(args) == 0
     out, err = capsys.readouterr()
     report = json.loads(out)
     assert report["written"] == 16 and report["images"] == 4 and report["seconds"] >= 0
-    assert "--image-variants jpeg_compression_1 jpeg_compression_5 pixelate_1 pixelate_5 --seeds 0" in err
-    assert sorted(_bytes(tmp_path / "pixelate_5_s0")) == rels
+    assert (f"--variants-dir {out_dir} --image-variants jpeg_compression_1 jpeg_compression_5 pixelate_1 pixelate_5 "
+            f"--seeds 0") in err
+    assert sorted(_bytes(out_dir / "pixelate_5_s0")) == rels
     assert main(args) == 0 and json.loads(capsys.readouterr()[0])["skipped"] == 16
 
 
@@ -185,8 +188,10 @@ def test_bad_inputs_are_clear_errors(tmp_path, capsys, monkeypatch):
         corrupt(_image(40, 31), "fog", 1, np.random.RandomState(0))
     with pytest.raises(UsageError, match=r"\(H, W, 3\) uint8"):
         corrupt(_image().astype(np.float32), "fog", 1, np.random.RandomState(0))
-    _folder(tmp_path)
-    base = ["perturb", "images", "--images", str(tmp_path), "--out", str(tmp_path)]
+    images, out = tmp_path / "if", tmp_path / "v"
+    images.mkdir()
+    _folder(images)
+    base = ["perturb", "images", "--images", str(images), "--out", str(out)]
     assert main([*base, "--method", "corrupt:nope"]) == 2
     assert "the 15 ImageNet-C corruptions are: gaussian_noise" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:  # argparse's own choices check
@@ -197,16 +202,16 @@ def test_bad_inputs_are_clear_errors(tmp_path, capsys, monkeypatch):
     # frost without the extra (and no --frost-dir): exit 1 naming the install line, before any image is written
     monkeypatch.setattr(C.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(MissingExtra, match=r"pip install 'hardrank\[corrupt\]'"):
-        perturb_images(method="corrupt:frost", images=str(tmp_path), out=str(tmp_path))
+        perturb_images(method="corrupt:frost", images=str(images), out=str(out))
     assert main([*base, "--method", "corrupt:fog,frost"]) == 1
     assert "pip install 'hardrank[corrupt]'" in capsys.readouterr().err
-    assert not (tmp_path / "fog_1_s1").exists()
+    assert not out.exists()
     with pytest.raises(DataError, match="frost1.png not found; --frost-dir must hold"):
-        perturb_images(method="corrupt:frost", images=str(tmp_path), out=str(tmp_path), frost_dir=str(tmp_path))
+        perturb_images(method="corrupt:frost", images=str(images), out=str(out), frost_dir=str(images))
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(DataError, match="holds no image files"):
-        perturb_images(method="corrupt:fog", images=str(empty), out=str(empty))
+        perturb_images(method="corrupt:fog", images=str(empty), out=str(out))
 
 
 def test_corrupt_shards_keep_keys_texts_and_resume(tmp_path):

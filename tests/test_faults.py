@@ -28,8 +28,9 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
+from helpers import make_karpathy_world, save_random_checkpoint, write_image, write_tiny_config
 
+from hardrank.errors import DataError
 from hardrank.jobs.cli import main
 
 N_IMAGES = 10
@@ -267,6 +268,7 @@ if gate:  # the at-th encoder batch waits until the test creates the gate file
                 time.sleep(0.02)
         return call(self, batch)
     job.EncodeStage.__call__ = gated
+from hardrank.errors import DataError
 from hardrank.jobs.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -1001,3 +1003,226 @@ def test_bad_xm3600_files_exit_with_one_line_naming_line_key_and_language(tmp_pa
     assert main([*base, "--language", "de"]) == 3
     err = capsys.readouterr().err
     assert "line 2 (image k1), language 'de'" in err and "'caption' = 'ein Hund'" in err and "Traceback" not in err
+
+
+# -- classification, corruption and xm3600 inputs (round four) -----------------------------------------
+CLASSES3 = ("bird", "cat", "dog")
+
+
+def _class_folder(root: Path, per_class: int = 2) -> Path:
+    """An ImageFolder tree root/<class>/<n>.jpg, as torchvision reads it."""
+    rng = np.random.default_rng(0)
+    for c in CLASSES3:
+        for i in range(per_class):
+            write_image(root / c / f"{i}.jpg", rng, size=(36, 36))
+    return root
+
+
+def _cb_root(root: Path, folder: Path) -> Path:
+    """CLIP_benchmark's WebDataset root as its converter writes it (webdataset's TarWriter): classnames.txt,
+    zeroshot_classification_templates.txt, test/nshards.txt and test/0.tar of <key>.jpg + <key>.cls."""
+    import webdataset as wds
+
+    (root / "test").mkdir(parents=True)
+    (root / "classnames.txt").write_text("\n".join(CLASSES3) + "\n")
+    (root / "zeroshot_classification_templates.txt").write_text("a photo of a {c}.\n")
+    (root / "test" / "nshards.txt").write_text("1")
+    with wds.TarWriter(str(root / "test" / "0.tar")) as w:
+        for i, f in enumerate(sorted(folder.rglob("*.jpg"))):
+            w.write({"__key__": f"s{i:07d}", "jpg": f.read_bytes(), "cls": CLASSES3.index(f.parent.name)})
+    return root
+
+
+def _zs(images, tmp_path, *extra) -> list[str]:
+    """eval --suite classification scoring embeddings from a file (the suite is read before the file)."""
+    return ["eval", "--suite", "classification", "--images", str(images), "--embeddings",
+            str(tmp_path / "e.parquet"), "--out", str(tmp_path / "res"), "--quiet", *extra]
+
+
+def _load_zs(**opts):
+    from hardrank import SuiteOptions, Tables
+    from hardrank.suites import load_suites
+
+    tables = Tables.empty()
+    (suite,) = load_suites(["classification"], tables, SuiteOptions(**opts))
+    return suite, tables
+
+
+def test_class_names_differing_only_by_spaces_are_refused_naming_both_lines(tmp_path, capsys):
+    """A JSON list's ' cat' and 'cat' were two classes of one prompt: the folder's images took the later label
+    and lost every tie to the earlier one (a right answer scored wrong). Stripped first, a repeat names both
+    entries (a text file's: both lines)."""
+    from hardrank.suites.classification import read_classnames
+
+    root = _class_folder(tmp_path / "if")
+    names = tmp_path / "names.json"
+    names.write_text(json.dumps(["bird", "cat", "dog", " cat"]))
+    assert main(_zs(root, tmp_path, "--classnames", str(names))) == 3
+    err = capsys.readouterr().err
+    assert f"{names}: class name 'cat' is listed twice (entries 2 and 4, surrounding spaces ignored)" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    (tmp_path / "names.txt").write_text("cat\ndog\t\n\tdog\n")
+    with pytest.raises(DataError, match=r"'dog' is listed twice \(lines 2 and 3"):
+        read_classnames(str(tmp_path / "names.txt"))
+    # 100,000 names (CLIP_benchmark's largest sets have 21k): one pass, a repeat far apart still named by both lines
+    lines = [f"class {i}" for i in range(100_000)]
+    big = tmp_path / "big.txt"
+    big.write_text("\n".join(lines[:99_998] + [" class 2"] + lines[99_999:]) + "\n")
+    with pytest.raises(DataError, match=r"'class 2' is listed twice \(lines 3 and 99999,"):
+        read_classnames(str(big))
+    big.write_text("\n".join(lines) + "\n\n")
+    assert read_classnames(str(big)) == lines
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_label_that_is_not_a_whole_number_is_refused_naming_file_row_and_value(tmp_path, capsys, fmt):
+    """A Parquet float label 1.7 was truncated to class 1 and scored."""
+    root = _class_folder(tmp_path / "if", per_class=1)
+    (tmp_path / "names.txt").write_text("\n".join(CLASSES3))
+    images = ["bird/0.jpg", "cat/0.jpg", "dog/0.jpg"]
+    table = tmp_path / f"labels.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.table({"image": images, "label": [0.0, 1.7, 2.0]}), table)
+    else:
+        table.write_text("image,label\n" + "".join(f"{i},{v}\n" for i, v in zip(images, ("0", "1.7", "2.0"))))
+    assert main(_zs(root, tmp_path, "--annotations", str(table), "--classnames", str(tmp_path / "names.txt"))) == 3
+    err = capsys.readouterr().err
+    value = "1.7" if fmt == "parquet" else "'1.7'"
+    assert f"{table}: row 1 label {value} is not a whole number" in err and "Traceback" not in err
+    # whole numbers written as floats (a Parquet float column) are the classes they name
+    if fmt == "parquet":
+        pq.write_table(pa.table({"image": images, "label": [0.0, 1.0, 2.0]}), table)
+    else:
+        table.write_text("image,label\n" + "".join(f"{i},{v}\n" for i, v in zip(images, ("0", "1.0", "2"))))
+    suite, _ = _load_zs(images=str(root), annotations=str(table), classnames=str(tmp_path / "names.txt"))
+    assert suite.classify[0].labels.tolist() == [0, 1, 2]
+
+
+def test_a_byte_order_mark_never_reaches_the_prompts(tmp_path):
+    """Windows editors start a UTF-8 file with U+FEFF: it was kept in the first class name and template."""
+    bom = "\ufeff"
+    root = _class_folder(tmp_path / "if", per_class=1)
+    (tmp_path / "names.txt").write_text(bom + "bird\ncat\ndog\n", encoding="utf-8")
+    (tmp_path / "names.json").write_text(bom + json.dumps(list(CLASSES3)), encoding="utf-8")
+    (tmp_path / "t.txt").write_text(bom + "a photo of a {c}.\n", encoding="utf-8")
+    (tmp_path / "labels.csv").write_text(bom + "image,label\nbird/0.jpg,bird\ncat/0.jpg,1\ndog/0.jpg,dog\n",
+                                         encoding="utf-8")
+    cb = _cb_root(tmp_path / "cb", root)
+    for f in ("classnames.txt", "zeroshot_classification_templates.txt"):
+        (cb / f).write_text(bom + (cb / f).read_text(), encoding="utf-8")
+    want = [f"a photo of a {c}." for c in CLASSES3]
+    for opts in (dict(images=str(root), classnames=str(tmp_path / "names.txt"), templates=str(tmp_path / "t.txt")),
+                 dict(images=str(root), classnames=str(tmp_path / "names.json"), templates=str(tmp_path / "t.txt")),
+                 dict(images=str(root), annotations=str(tmp_path / "labels.csv"),
+                      classnames=str(tmp_path / "names.txt"), templates=str(tmp_path / "t.txt")),
+                 dict(images=str(cb))):
+        suite, tables = _load_zs(**opts)
+        assert suite.classify[0].classnames == list(CLASSES3), opts
+        assert list(tables.texts.entries) == want, opts
+        assert suite.classify[0].labels.tolist() == [0, 1, 2] * (len(suite.classify[0].labels) // 3)
+
+
+def test_a_negative_seed_is_refused_before_anything_is_written(tmp_path, capsys):
+    """--seed -1 wrote <corruption>_1_s-1/, which the next run did not skip as a variant folder and corrupted."""
+    root = _class_folder(tmp_path / "if", per_class=1)
+    out = tmp_path / "if-variants"
+    assert main(["perturb", "images", "--method", "corrupt:fog", "--severity", "1", "--seed", "-1", "--images",
+                 str(root), "--out", str(out)]) == 2
+    assert "option seed (--seed) must be a number >= 0, got -1" in capsys.readouterr().err
+    assert not out.exists()
+    assert main([*_zs(root, tmp_path), "--image-variants", "fog_1", "--seeds", "1", "-1"]) == 2
+    assert "option seeds (--seeds) takes numbers >= 0, got -1" in capsys.readouterr().err
+
+
+def test_image_folder_variants_go_beside_the_root_where_eval_finds_them(tmp_path, capsys):
+    """Variant folders inside an ImageFolder root are classes to torchvision and CLIP_benchmark, and an --out below
+    --images was walked (and corrupted) again by the next run: both refused; beside the root, eval's
+    --variants-dir finds them, a rerun writes nothing, the root's classes stay its classes."""
+    from torchvision.datasets import ImageFolder
+
+    root = _class_folder(tmp_path / "if")
+    base = ["perturb", "images", "--method", "corrupt:fog", "--severity", "1", "--seed", "1", "--images", str(root)]
+    beside = tmp_path / "if-variants"
+    for out in (root, root / "out"):
+        assert main([*base, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out} is inside --images {root}" in err and f"--out {beside} (then eval --images {root} " \
+            f"--variants-dir {beside})" in err
+    assert sorted(os.listdir(root)) == list(CLASSES3)
+    assert main([*base, "--out", str(beside)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["written"] == 6
+    assert f"evaluate with --images {root} --variants-dir {beside} --image-variants fog_1 --seeds 1" in err
+    assert main([*base, "--out", str(beside)]) == 0 and json.loads(capsys.readouterr()[0])["skipped"] == 6
+    assert ImageFolder(str(root)).classes == list(CLASSES3)
+    assert ImageFolder(str(beside / "fog_1_s1")).classes == list(CLASSES3)  # each variant an ImageFolder root too
+    suite, tables = _load_zs(images=str(root), variants_dir=str(beside), image_variants=("fog_1",), seeds=(1,))
+    t = suite.classify[0]
+    assert t.groups == ["clean", "fog_1_s1"] and suite.check_images() is None
+    assert [tables.images.entries[r].uri for r in t.query_items[1]] == [str(beside / "fog_1_s1" / i)
+                                                                         for i in t.query_ids]
+    suite, _ = _load_zs(images=str(root), image_variants=("fog_1",), seeds=(1,))
+    with pytest.raises(FileNotFoundError, match=rf"--out {beside}` and pass --variants-dir {beside}"):
+        suite.check_images()
+
+
+@pytest.mark.parametrize("text", ["abc", "-3", "0"])
+def test_a_bad_nshards_file_is_one_line_naming_it(tmp_path, capsys, text):
+    cb = _cb_root(tmp_path / "cb", _class_folder(tmp_path / "if", per_class=1))
+    (cb / "test" / "nshards.txt").write_text(text + "\n")
+    assert main(_zs(cb, tmp_path)) == 3
+    err = capsys.readouterr().err
+    assert f"{cb / 'test' / 'nshards.txt'}: expected the number of shards" in err and repr(text) in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_one_pixel_image_to_corrupt_is_named(tmp_path, capsys):
+    from PIL import Image
+
+    root = _class_folder(tmp_path / "if", per_class=1)
+    Image.new("RGB", (1, 1)).save(root / "cat" / "tiny.png")
+    assert main(["perturb", "images", "--method", "corrupt:fog", "--severity", "1", "--images", str(root), "--out",
+                 str(tmp_path / "v")]) == 3
+    err = capsys.readouterr().err
+    assert f"{root / 'cat' / 'tiny.png'}: image of 1x1 px is too small to corrupt" in err and "Traceback" not in err
+    import io
+
+    import webdataset as wds
+
+    (tmp_path / "shards").mkdir()
+    buf = io.BytesIO()
+    Image.new("RGB", (1, 1)).save(buf, format="PNG")
+    with wds.TarWriter(str(tmp_path / "shards" / "00000.tar")) as w:
+        w.write({"__key__": "big", "jpg": (root / "cat" / "0.jpg").read_bytes(), "txt": "a cat"})
+        w.write({"__key__": "tiny", "png": buf.getvalue(), "txt": "a dot"})
+    assert main(["perturb", "images", "--method", "corrupt:fog", "--severity", "1", "--images",
+                 str(tmp_path / "shards" / "00000.tar"), "--out", str(tmp_path / "shards")]) == 3
+    err = capsys.readouterr().err
+    assert "00000.tar" in err and "(sample 00000.tar#tiny): image of 1x1 px is too small" in err
+    assert "Traceback" not in err
+
+
+def test_perturbing_clip_benchmark_shards_prints_the_classification_command(tmp_path, capsys):
+    """The next command was --suite wds, which fails on classification shards ("no caption")."""
+    cb = _cb_root(tmp_path / "cb", _class_folder(tmp_path / "if"))
+    shards = str(cb / "test" / "0.tar")
+    assert main(["perturb", "images", "--method", "corrupt:fog", "--severity", "1", "--seed", "0", "--images", shards,
+                 "--out", str(cb / "test")]) == 0
+    err = capsys.readouterr().err
+    assert f"evaluate with --suite classification --images {cb} --image-variants fog_1 --seeds 0" in err
+    assert "--suite wds" not in err
+    suite, _ = _load_zs(images=str(cb), image_variants=("fog_1",), seeds=(0,))  # what it says finds the variant
+    assert suite.classify[0].groups == ["clean", "fog_1_s0"]
+    # elsewhere: the command names the folder
+    assert main(["perturb", "images", "--method", "corrupt:fog", "--severity", "2", "--seed", "0", "--images", shards,
+                 "--out", str(tmp_path / "elsewhere")]) == 0
+    err = capsys.readouterr().err
+    assert (f"--suite classification --images {cb} --variants-dir {tmp_path / 'elsewhere'} --image-variants fog_2 "
+            f"--seeds 0") in err
+    suite, _ = _load_zs(images=str(cb), image_variants=("fog_2",), seeds=(0,), variants_dir=str(tmp_path / "elsewhere"))
+    assert suite.classify[0].groups == ["clean", "fog_2_s0"]
+    # CLIP_benchmark's root given as the folder: its shards named
+    assert main(["perturb", "images", "--method", "corrupt:fog", "--severity", "1", "--images", str(cb), "--out",
+                 str(cb)]) == 3
+    assert f"it is CLIP_benchmark's WebDataset root: corrupt its shards, --images '{cb / 'test'}/{{0..0}}.tar'" \
+        in capsys.readouterr().err

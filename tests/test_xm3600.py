@@ -168,6 +168,29 @@ def test_cli_language_flag(xm, tmp_path):
                  "--out", str(tmp_path / "o2"), "--quiet"]) == 2
 
 
+def test_the_table_shows_one_row_per_language(xm, tmp_path, capsys):
+    """The terminal table had one row per checkpoint, without the language, holding the last language's numbers
+    (the JSON files were right): now one row per (checkpoint, language), the language in its label."""
+    _, ann = xm
+    assert main(["eval", "--suite", "xm3600", "--annotations", ann, "--language", "en", "de", "--embeddings",
+                 str(_byo(xm, tmp_path)), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["checkpoint", "i2t", "R@1"]
+    rows = {line.split()[1]: line.split()[2:] for line in lines[1:] if line.strip()}
+    assert set(rows) == {"xm3600-en", "xm3600-de"}
+    assert rows["xm3600-de"] == ["100.0", "100.0"] and rows["xm3600-en"][1] == "0.0"  # i2t R@1, t2i R@1
+
+
+def test_a_byte_order_mark_is_not_json(tmp_path):
+    """A captions.jsonl re-saved by a Windows editor starts with U+FEFF: read as the file it is."""
+    ann = tmp_path / "captions.jsonl"
+    ann.write_text("\ufeff" + "".join(json.dumps(_line(i), ensure_ascii=False) + "\n" for i in range(2)),
+                   encoding="utf-8")
+    (suite, *_), tables = _load(annotations=str(ann), images=str(tmp_path), languages=["en"])
+    assert suite.ranking[0].query_ids == [f"{k}.jpg" for k in KEYS[:2]]
+    assert registry.open_input(str(ann)).kind == "xm3600"
+
+
 def test_input_kind_reads_every_language_as_written(xm):
     root, ann = xm
     src = registry.open_input(ann)

@@ -57,7 +57,8 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")  # the 
 _TEXT_EXTS = ("txt", "json", "cls", "caption")
 _MAX_TEXT = 1 << 20
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # WebDataset's key/extension split: first dot of the basename
-_SCAN_VERSION = 2  # 2: a file name repeated within a sample starts another sample (then refused by key)
+_SCAN_VERSION = 3  # 2: a file name repeated within a sample starts another sample (then refused by key); 3: a
+# text member's byte-order mark dropped (a caption or cls written by a Windows editor)
 _scanner: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("hardrank_wds_scanner", default=None)
 
 
@@ -184,7 +185,7 @@ def _scan(shard: str, hash_images: bool, size: int) -> ShardScan:
                         ikey = bytes_key(data) if data else None
                     cur["members"][ext] = (urls.member_uri(shard, off, msize, base), ikey)
                 elif ext in _TEXT_EXTS and msize <= _MAX_TEXT:
-                    cur["texts"][ext] = tr.data().decode("utf-8", "replace")
+                    cur["texts"][ext] = tr.data().decode("utf-8-sig", "replace")
     except (tarfile.TarError, EOFError, OSError, ValueError, DataError) as exc:
         if isinstance(exc, (FileNotFoundError, UsageError)) or (isinstance(exc, DataError) and not samples
                                                                   and cur is None):
@@ -416,7 +417,7 @@ def _files_samples(folder: str) -> SampleSet:
         texts = {}
         for e in _TEXT_EXTS:
             if e in g:
-                texts[e] = urls.read_bytes(g[e]).decode("utf-8", "replace")
+                texts[e] = urls.read_bytes(g[e]).decode("utf-8-sig", "replace")
         samples.append(Sample(id=f"{stem}.{img_ext}", key=stem.rsplit("/", 1)[-1], image=g[img_ext], texts=texts))
     if not samples:
         raise DataError(f"{folder}: holds no images ({', '.join(IMAGE_EXTS)}); expected img2dataset's files "

@@ -113,7 +113,7 @@ class AttackImagesConfig(AttackConfig):
                       choices=METHODS)
     lam: float = opt(0.9, "weight of the original image (RoCOCO: 0.9)")
     k: int = opt(8, "nearest images tried as partners", minimum=1, flag="-k")
-    seed: int = opt(1, "patch boxes' seed; the folder's _s<seed> suffix")
+    seed: int = opt(1, "patch boxes' seed; the folder's _s<seed> suffix (>= 0)", minimum=0)
     size: int = opt(384, "side the images are resized to (RoCOCO: 384)", minimum=1)
     quality: int = opt(75, "JPEG quality (75, as perturb images)")
 

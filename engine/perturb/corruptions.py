@@ -20,8 +20,8 @@ from hardrank.atomic import atomic_path
 from hardrank.errors import DataError, MissingExtra, UsageError
 from hardrank.perturb.images import check_relative
 
-__all__ = ["CORRUPTIONS", "SEVERITIES", "IMAGE_SUFFIXES", "JPEG_QUALITY", "corrupt", "corrupt_images", "encode_like",
-           "frost_textures", "image_rng", "parse_corruptions", "variant_name", "walk_images"]
+__all__ = ["CORRUPTIONS", "SEVERITIES", "IMAGE_SUFFIXES", "JPEG_QUALITY", "corrupt", "corrupt_images", "corrupt_named",
+           "encode_like", "frost_textures", "image_rng", "parse_corruptions", "variant_name", "walk_images"]
 
 # Parameters and arithmetic follow `imagecorruptions` 1.1.2 (bethgelab; the ImageNet-C code made to take any image
 # size, motion blur without ImageMagick), which no longer runs on numpy 2 / scikit-image >= 0.19 (fog, glass_blur)
@@ -428,6 +428,15 @@ def corrupt(x: np.ndarray, name: str, severity: int, rs: np.random.RandomState,
     return np.uint8(_FUNCS[name](x, int(severity), rs, frost_dir))  # truncation, as ImageNet-C saved them
 
 
+def corrupt_named(where, x: np.ndarray, name: str, severity: int, rs: np.random.RandomState,
+                  frost_dir: str | Path | None = None) -> np.ndarray:
+    """``corrupt``, its refusal of the image (too small) naming ``where`` (the file, or the shard's sample)."""
+    try:
+        return corrupt(x, name, severity, rs, frost_dir)
+    except DataError as exc:
+        raise DataError(f"{where}: {exc}") from None
+
+
 def image_rng(seed: int, name: str, severity: int, rel: str) -> np.random.RandomState:
     """The private RNG of one output: a function of (seed, corruption, severity, image path) only, so a rerun, a
     resumed run or a different image order writes the same bytes."""
@@ -491,8 +500,8 @@ def corrupt_images(images_root: str | Path, image_paths: Iterable[str], out_root
             _check(n, s)
     if not corruptions or not severities:
         raise UsageError("name at least one corruption and one severity")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise UsageError(f"seed must be an int, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UsageError(f"seed must be an int >= 0 (it names the folders <variant>_s<seed>), got {seed!r}")
     if not isinstance(quality, int) or not 1 <= quality <= 100:
         raise UsageError(f"quality must be an int in [1, 100], got {quality!r}")
     if "frost" in corruptions:
@@ -509,7 +518,7 @@ def corrupt_images(images_root: str | Path, image_paths: Iterable[str], out_root
             return 0
         x = _load_rgb(images_root / rel)
         for n, s, out in todo:
-            y = corrupt(x, n, s, image_rng(seed, n, s, rel), frost_dir)
+            y = corrupt_named(images_root / rel, x, n, s, image_rng(seed, n, s, rel), frost_dir)
             data = encode_like(y, out.suffix, quality)
             out.parent.mkdir(parents=True, exist_ok=True)
             with atomic_path(out) as tmp:

@@ -63,8 +63,9 @@ def _check_args(method: str, lam: float, seed: int) -> None:
         raise UsageError(f"method must be one of {METHODS}, got {method!r}")
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= float(lam) <= 1.0:
         raise UsageError(f"lam must be a number in [0, 1] (RoCOCO uses 0.9), got {lam!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise UsageError(f"seed must be an int (RoCOCO uses 1, 10, 100), got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UsageError(f"seed must be an int >= 0, naming the folder <variant>_s<seed> (RoCOCO uses 1, 10, 100), "
+                         f"got {seed!r}")
 
 
 def _rand_box(rs: np.random.RandomState, rows: int, cols: int, lam: float) -> tuple[int, int, int, int]:

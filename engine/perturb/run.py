@@ -1,10 +1,12 @@
 """`perturb texts` and `perturb images` as one call each: their configs and entry points (folders or tar shards)."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hardrank import urls
 from hardrank.atomic import copy_into
 from hardrank.config import PRECISIONS, build, check_options, opt
 from hardrank.errors import DataError, UsageError
@@ -23,9 +25,12 @@ from hardrank.perturb.corruptions import (
 from hardrank.perturb.images import METHODS, alter_images, variant_name
 from hardrank.perturb.shards import alter_shards, corrupt_shards, perturb_shard_texts
 from hardrank.perturb.texts import KINDS, embedding_influence, load_vocab, write_variant_file
+from hardrank.suites._common import variants_beside
 from hardrank.suites.karpathy import N_PERTURBED, merge_repeated_images, read_karpathy
 
 __all__ = ["PerturbTextsConfig", "PerturbImagesConfig", "perturb_texts", "perturb_images"]
+
+CB_CLASSNAMES = "classnames.txt"  # beside test/*.tar: CLIP_benchmark's classification root (suites.classification's)
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ class PerturbImagesConfig:
     severity: tuple[int, ...] = opt(SEVERITIES, "corrupt: the severities to write (1..5, ImageNet-C's levels); "
                                     "one folder per corruption and severity", choices=SEVERITIES)
     seed: int = opt(1, "seed of the partners and patch boxes, or of the corruptions' noise; the folder's "
-                    "_s<seed> suffix")
+                    "_s<seed> suffix (>= 0: a folder <variant>_s-1 would not read as a variant folder)", minimum=0)
     quality: int | None = opt(None, "JPEG quality of the written images (default: 75 for mix/patch, PIL's default "
                               "as RoCOCO; 85 for corrupt, as ImageNet-C); corrupt keeps a PNG input PNG")
     frost_dir: str | None = opt(None, "corrupt:frost: folder of ImageNet-C's frost1.png..frost6.jpg (default: the "
@@ -85,9 +90,10 @@ class PerturbImagesConfig:
     annotations: str | None = opt(None, "Karpathy-format JSON naming the images (not for shards); corrupt without "
                                   "it: every image file under --images (an ImageFolder tree)", path=True)
     out: str = opt("", "altered images go to <out>/<variant>_s<seed>/<image path> (shards: "
-                   "<out>/<variant>_s<seed>/<shard>), <variant> = <method>_<lam> or <corruption>_<severity>; use "
-                   "the image root of `hardrank eval --images` (the shards' folder) so `--image-variants` finds them",
-                   path=True)
+                   "<out>/<variant>_s<seed>/<shard>), <variant> = <method>_<lam> or <corruption>_<severity>; "
+                   "`hardrank eval --images` finds them there when <out> is its image root (the shards' folder), "
+                   "else with `eval --variants-dir <out>`; an ImageFolder tree (no --annotations) needs an <out> "
+                   "outside it, e.g. <images>-variants (inside, its subfolders would count as classes)", path=True)
 
     def __post_init__(self):
         object.__setattr__(self, "severity", tuple(dict.fromkeys(self.severity)))
@@ -197,7 +203,7 @@ def perturb_images(cfg: PerturbImagesConfig | None = None, *, echo=None, **optio
         report = alter_shards(cfg.images, cfg.out, method=cfg.method, lam=cfg.lam, seed=cfg.seed,
                               quality=quality)
         say(f"{report['images']} images in {len(report['shards'])} shard(s), {report['self_pairs']} mixed with "
-            f"themselves; evaluate with --suite wds --images '{cfg.images}' --image-variants "
+            f"themselves; evaluate with {_shards_eval(cfg.images, cfg.out)} --image-variants "
             f"{cfg.method}_{cfg.lam:g} --seeds {cfg.seed}")
         return report
     if not cfg.annotations:
@@ -211,7 +217,8 @@ def perturb_images(cfg: PerturbImagesConfig | None = None, *, echo=None, **optio
     report = alter_images(images_root, paths, Path(cfg.out), method=cfg.method, lam=cfg.lam, seed=cfg.seed,
                           quality=quality)
     say(f"{variant_name(cfg.method, cfg.lam, cfg.seed)}: {report.get('self_pairs')} images were mixed with "
-        f"themselves (RoCOCO keeps these); evaluate with --image-variants {cfg.method}_{cfg.lam:g} --seeds {cfg.seed}")
+        f"themselves (RoCOCO keeps these); evaluate with {_folder_eval(cfg.images, cfg.out)} --image-variants "
+        f"{cfg.method}_{cfg.lam:g} --seeds {cfg.seed}")
     return report
 
 
@@ -223,7 +230,7 @@ def _corrupt(cfg: PerturbImagesConfig, say) -> dict:
     if is_sample_source(cfg.images):
         report = corrupt_shards(cfg.images, cfg.out, corruptions=cfg.corruptions, severities=cfg.severity,
                                 seed=cfg.seed, quality=quality, frost_dir=cfg.frost_dir)
-        where = f"--suite wds --images '{cfg.images}'"
+        where = _shards_eval(cfg.images, cfg.out)
     else:
         images_root = Path(cfg.images)
         if not images_root.is_dir():
@@ -234,16 +241,65 @@ def _corrupt(cfg: PerturbImagesConfig, say) -> dict:
             paths = walk_images(images_root)
             if not paths:
                 raise DataError(f"--images {images_root} holds no image files ({', '.join(IMAGE_SUFFIXES)}); "
-                                f"point it at the image root, or name the images with --annotations")
+                                + (_cb_root_hint(images_root) or "point it at the image root, or name the images "
+                                   "with --annotations"))
+            _refuse_out_inside(images_root, Path(cfg.out))
         report = corrupt_images(images_root, paths, Path(cfg.out), corruptions=cfg.corruptions,
                                 severities=cfg.severity, seed=cfg.seed, quality=quality, frost_dir=cfg.frost_dir)
-        where = f"--images {cfg.images}"
+        where = _folder_eval(cfg.images, cfg.out)
     dt = time.perf_counter() - t0
     report["seconds"] = round(dt, 3)
     say(f"{report['written']} corrupted images written, {report['skipped']} kept, {len(names)} variant(s) of "
         f"{report['images']} images in {dt:.1f} s ({report['written'] / max(dt, 1e-9):.1f} images/s); evaluate with "
         f"{where} --image-variants {' '.join(names)} --seeds {cfg.seed}")
     return report
+
+
+def _same_dir(a: str, b: str) -> bool:
+    if urls.is_url(a) or urls.is_url(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _folder_eval(images: str, out: str) -> str:
+    """The `eval` flags that find variant folders written to ``out`` for images under ``images``."""
+    return f"--images {images}" + ("" if _same_dir(images, out) else f" --variants-dir {out}")
+
+
+def _shards_eval(spec: str, out: str) -> str:
+    """The `eval` flags that read the variants of tar shards ``spec`` written to ``out``: CLIP_benchmark's
+    classification layout (``ROOT/classnames.txt`` beside ``ROOT/test/*.tar``, samples labelled by ``cls``) is
+    evaluated as --suite classification --images ROOT; any other shards as --suite wds."""
+    first = urls.brace_expand(spec)[0] if "{" in spec else spec
+    folder = first.rsplit("/", 1)[0] if "/" in first else "."
+    here = "" if _same_dir(folder, out) else f" --variants-dir {out}"
+    root = folder.rsplit("/", 1)[0] if "/" in folder.rstrip("/") else "."
+    if urls.exists(urls.join(root, CB_CLASSNAMES)):
+        return f"--suite classification --images {root}{here}"
+    return f"--suite wds --images '{spec}'{here}"
+
+
+def _cb_root_hint(folder: Path) -> str | None:
+    """For CLIP_benchmark's WebDataset root given as a folder of images: its shards are the input."""
+    test = folder / "test"
+    if not (folder / CB_CLASSNAMES).is_file() or not test.is_dir():
+        return None
+    n = len(list(test.glob("*.tar")))
+    return (f"it is CLIP_benchmark's WebDataset root: corrupt its shards, --images '{test}/{{0..{max(n - 1, 0)}}}.tar' "
+            f"--out {test} (then eval --suite classification --images {folder} finds them)")
+
+
+def _refuse_out_inside(images: Path, out: Path) -> None:
+    """An ImageFolder tree (every image file under ``images``) cannot take its variants inside: torchvision and
+    CLIP_benchmark would count each variant folder as a class, and a later run would walk (and corrupt) an
+    ``--out`` below ``images`` again."""
+    ri, ro = images.resolve(), out.resolve()
+    if ro == ri or ri in ro.parents:
+        beside = variants_beside(str(images))
+        raise UsageError(f"--out {out} is inside --images {images}: without --annotations every image file there is "
+                         f"corrupted, and variant folders inside an ImageFolder tree count as classes (torchvision, "
+                         f"CLIP_benchmark) and are walked again by the next run; write them beside it: --out {beside} "
+                         f"(then eval --images {images} --variants-dir {beside})")
 
 
 def _config(cls, cfg, options: dict):

@@ -35,7 +35,7 @@ from hardrank.inputs.webdataset import (
     sample_captions,
     write_shard,
 )
-from hardrank.perturb.corruptions import JPEG_QUALITY, corrupt, encode_like, frost_textures, image_rng
+from hardrank.perturb.corruptions import JPEG_QUALITY, corrupt_named, encode_like, frost_textures, image_rng
 from hardrank.perturb.corruptions import variant_name as corruption_variant
 from hardrank.perturb.images import _altered_batches, _check_args, _plan, variant_name
 from hardrank.perturb.texts import _check_kind, _perturb
@@ -111,6 +111,8 @@ def corrupt_shards(spec: str, out: str | None, *, corruptions, severities, seed:
     names = [(c, s, corruption_variant(c, s, seed)) for c in corruptions for s in severities]
     if not names:
         raise UsageError("name at least one corruption and one severity")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UsageError(f"seed must be an int >= 0 (it names the shard folders <variant>_s<seed>), got {seed!r}")
     if "frost" in corruptions:
         frost_textures(frost_dir)  # a missing extra fails before any work
     ss = read_samples(spec, hash_images=False)
@@ -130,7 +132,8 @@ def corrupt_shards(spec: str, out: str | None, *, corruptions, severities, seed:
             for i, x in zip(group, images):
                 member = urls.parse_member_uri(samples[i].image)[3]
                 ext = member[len(samples[i].key) + 1:] if member.startswith(samples[i].key + ".") else "jpg"
-                y = corrupt(x, c, sev, image_rng(seed, c, sev, samples[i].key), frost_dir)
+                y = corrupt_named(f"{samples[i].image} (sample {samples[i].id})", x, c, sev,
+                                  image_rng(seed, c, sev, samples[i].key), frost_dir)
                 rows.append((samples[i].key, {ext: encode_like(y, ext.rsplit(".", 1)[-1], quality),
                                               **_texts(samples[i])}))
             write_shard(targets[v][si], rows)

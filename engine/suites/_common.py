@@ -10,7 +10,7 @@ from hardrank.errors import DataError, UsageError
 from hardrank.text import caption_normaliser
 
 __all__ = ["SuiteOptions", "read_json", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS",
-           "caption_protocol", "IMAGE_CORRUPTIONS", "is_corruption_variant", "variant_hint"]
+           "caption_protocol", "IMAGE_CORRUPTIONS", "is_corruption_variant", "variant_hint", "variants_beside"]
 
 # The ImageNet-C corruptions `hardrank perturb images --method corrupt:...` writes as <name>_<severity>_s<seed>
 # (hardrank.perturb.corruptions.CORRUPTIONS, which a test pins equal: suites cannot import perturb, which imports
@@ -42,6 +42,12 @@ def variant_hint(variant: str) -> str:
     return f"hardrank perturb images --method {method} --lam {lam} --seed {seed} ..."
 
 
+def variants_beside(images: str) -> str:
+    """Where the variant folders of a folder of images go when they must not go inside it (an ImageFolder root,
+    whose every subfolder torchvision and CLIP_benchmark count as a class): ``<images>-variants`` beside it."""
+    return str(images).rstrip("/") + "-variants"
+
+
 class SuiteFormatError(DataError):
     """An annotation file does not have the published format."""
 
@@ -51,7 +57,7 @@ def read_json(path: str | Path):
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is not JSON
     except UnicodeDecodeError as exc:
         line = path.read_bytes()[:exc.start].count(b"\n") + 1
         raise SuiteFormatError(

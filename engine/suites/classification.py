@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -16,7 +17,7 @@ from hardrank.inputs import read_shards
 from hardrank.inputs.kinds.image_folder import IMAGE_EXTENSIONS
 from hardrank.items import ImageRef, Tables
 from hardrank.perturb.shards import variant_shards
-from hardrank.suites._common import SuiteFormatError, SuiteOptions
+from hardrank.suites._common import SuiteFormatError, SuiteOptions, variant_hint, variants_beside
 from hardrank.suites.imagenet import (
     IMAGENET_WNIDS,
     TEMPLATE_SETS,
@@ -57,8 +58,9 @@ def _imagenet_classes(shift: str) -> tuple[list[str], list[int]]:
 
 
 def _read_text(path: str) -> str:
+    """A text file (local or a URL) as UTF-8; a byte-order mark (Windows editors write one) is not text."""
     try:
-        return urls.read_bytes(path).decode("utf-8") if urls.is_url(path) else Path(path).read_text("utf-8")
+        return urls.read_bytes(path).decode("utf-8-sig") if urls.is_url(path) else Path(path).read_text("utf-8-sig")
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} does not exist") from None
     except UnicodeDecodeError:
@@ -89,21 +91,30 @@ def read_classnames(spec: str) -> list[str]:
     JSON file: a list, or CLIP_benchmark's ``{dataset: [names]}`` (``FILE.json#<dataset>`` picks one)."""
     path, key = _split_key(spec)
     if path.endswith(".json"):
-        names = _json_entry(path, _loads(path), key)
+        names, unit = _json_entry(path, _loads(path), key), ("entry", "entries")
         if isinstance(names, dict):
             raise SuiteFormatError(f"{path}: holds class names of {len(names)} datasets ({sorted(names)[:5]} ...); "
                                    f"name one: --classnames {path}#<dataset>")
     else:
-        names = [line.strip() for line in _read_text(path).splitlines()]
-        while names and not names[-1]:
+        names, unit = _read_text(path).splitlines(), ("line", "lines")
+        while names and not names[-1].strip():
             names.pop()
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n.strip() for n in names):
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise SuiteFormatError(f"{path}: expected a non-empty list of class names (one a line, or a JSON list of "
                                f"strings), none empty")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise SuiteFormatError(f"{path}: class name(s) {dup[:5]} listed more than once; each class needs one name")
-    return [n.strip() for n in names]
+    # stripped before the duplicate check: ' cat' and 'cat' are one name, and two classes of one name would split
+    # its images' votes (the one listed first wins every tie)
+    names = [n.strip() for n in names]
+    first: dict[str, int] = {}
+    for i, n in enumerate(names, start=1):
+        if not n:
+            raise SuiteFormatError(f"{path}: {unit[0]} {i} is an empty class name; every class needs a name "
+                                   f"(one a line, in label order)")
+        if n in first:
+            raise SuiteFormatError(f"{path}: class name {n!r} is listed twice ({unit[1]} {first[n]} and {i}, "
+                                   f"surrounding spaces ignored); each class needs one name: drop or rename one")
+        first[n] = i
+    return names
 
 
 def _loads(path: str):
@@ -269,14 +280,21 @@ def _direct_images(folder: str, files: list[str]) -> bool:
 
 
 def _label(where: str, value, classnames: list[str], index: dict[str, int]) -> int:
-    """A label (a table's cell, a sample's ``cls``): a class index 0..C-1 or a class name. ``where`` names it."""
+    """A label (a table's cell, a sample's ``cls``): a class index 0..C-1 or a class name. ``where`` names it.
+    A number must be whole (``3``, ``3.0``): ``1.7`` is refused, never truncated to class 1."""
     if isinstance(value, str) and value.strip() in index:
         return index[value.strip()]
     try:
-        lab = int(value)
-    except (TypeError, ValueError):
+        num = float(value.strip() if isinstance(value, str) else value)
+        if isinstance(value, bool) or not math.isfinite(num):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
         raise DataError(f"{where} label {value!r} is neither a class index nor one of the {len(classnames)} "
                         f"class names (e.g. {classnames[:3]}); fix the row or the --classnames file") from None
+    if not num.is_integer():
+        raise DataError(f"{where} label {value!r} is not a whole number: a label is a class index 0.."
+                        f"{len(classnames) - 1} (or a class name); fix the row (a float column rounded elsewhere?)")
+    lab = int(value) if isinstance(value, int) else int(num)  # an int as it is: float() rounds past 2**53
     if not 0 <= lab < len(classnames):
         raise DataError(f"{where} label {lab} is out of range for {len(classnames)} classes (0.."
                         f"{len(classnames) - 1}); fix the label or pass the --classnames file it indexes")
@@ -308,8 +326,12 @@ def _wds(root: str, split: str = "test") -> tuple[list[str], str]:
     folder = urls.join(root, split)
     n_file = urls.join(folder, "nshards.txt")
     if urls.exists(n_file):
-        n = int(_read_text(n_file).strip())
-        return [urls.join(folder, f"{i}.tar") for i in range(n)], folder
+        text = _read_text(n_file).strip()
+        if not text.isascii() or not text.isdigit() or int(text) < 1:
+            raise SuiteFormatError(f"{n_file}: expected the number of shards ({folder}/0.tar .. <n-1>.tar) as a "
+                                   f"positive whole number, got {text[:40]!r}; write it (e.g. 4), or delete the file "
+                                   f"to read every .tar in {folder}")
+        return [urls.join(folder, f"{i}.tar") for i in range(int(text))], folder
     shards = [f for f in urls.list_files(folder) if f.endswith(".tar")] if urls.is_dir(folder) else []
     if not shards:
         raise FileNotFoundError(f"{folder}: no tar shards (CLIP_benchmark's layout: {root}/{split}/0.tar ..., "
@@ -337,6 +359,7 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
     else:
         classnames = read_classnames(opts.classnames) if opts.classnames else None
     variants = image_variant_names(opts.image_variants, opts.seeds)
+    vroot = opts.variants_dir or root  # where perturb images --out wrote the variant folders
     default_templates, keys, meta = None, None, {}
     if opts.annotations:
         paths, raw = _table(opts.annotations)
@@ -348,7 +371,7 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
                           dtype=np.int64)
         ids = paths
         refs = [ImageRef(p if os.path.isabs(p) or urls.is_url(p) else urls.join(root, p)) for p in paths]
-        vrefs = {v: [ImageRef(urls.join(root, v, p)) for p in paths] for v in variants}
+        vrefs = {v: [ImageRef(urls.join(vroot, v, p)) for p in paths] for v in variants}
         meta["layout"] = "table"
     elif urls.exists(urls.join(root, CB_CLASSNAMES)):
         shards, folder = _wds(root)
@@ -370,7 +393,7 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
         refs, keys = [ImageRef(s.image) for s in kept], [s.image_key for s in kept]
         vrefs = {}
         for v in variants:
-            vs = read_shards(variant_shards(ss, "", v), source=v)
+            vs = read_shards(variant_shards(ss, opts.variants_dir or "", v), source=v)
             by_id = {s.id: s for s in vs.samples if s.image is not None}
             missing = [i for i in ids if i not in by_id]
             if missing:
@@ -388,7 +411,7 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
         rels, labels, classnames, ignored = _image_folder(root, classnames, set(variants), cn_source, imagenet)
         ids = rels
         refs = [ImageRef(urls.join(root, r)) for r in rels]
-        vrefs = {v: [ImageRef(urls.join(root, v, r)) for r in rels] for v in variants}
+        vrefs = {v: [ImageRef(urls.join(vroot, v, r)) for r in rels] for v in variants}
         meta["layout"] = "imagefolder"
         if ignored:
             meta["variant_folders_ignored"] = ignored
@@ -397,11 +420,15 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
                                 f"WebDataset root holding {CB_CLASSNAMES})")
     errors = []
     if meta["layout"] != "clip_benchmark_wds":
+        beside = variants_beside(root)
         for v in variants:
-            d = urls.join(root, v)
+            d = urls.join(vroot, v)
             if not urls.is_dir(d):
-                errors.append(FileNotFoundError(f"image variant folder {d} does not exist; make it with `hardrank "
-                                                f"perturb images --images {root} --method ...`"))
+                make = f"{variant_hint(v).removesuffix(' ...')} --images {root} --out {opts.variants_dir or beside}"
+                errors.append(FileNotFoundError(
+                    f"image variant folder {d} does not exist; make it with `{make}`" + (
+                        "" if opts.variants_dir else f" and pass --variants-dir {beside} (variant folders inside "
+                        f"an ImageFolder root would count as classes)")))
     if imagenet is not None and opts.templates is None and default_templates is None:
         default_templates = builtin_templates("openai")  # CLIP_benchmark's default for ImageNet and its shifts
     prompts, template_source = read_templates(opts.templates, classnames, default_templates)

@@ -91,7 +91,7 @@ def _mapping_dir(root: Path) -> Path:
 
 def _read_mapping(path: Path, kind: type):
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DataError(f"{path}: not a UTF-8 JSON file ({exc}); use the file from ObjectNet's mappings/") from None
     if not isinstance(data, kind):
@@ -119,7 +119,7 @@ def objectnet_classes(root: str | Path) -> list[ObjectNetClass]:
     # line i of imagenet_to_label_2012_v2 names ImageNet 2012 id i; pytorch_to_imagenet_2012_id.json maps the
     # usual (sorted-wnid) index to that id, so label -> usual index goes through both
     labels_path = folder / "imagenet_to_label_2012_v2"
-    labels = [line.strip() for line in labels_path.read_text(encoding="utf-8").splitlines()]
+    labels = [line.strip() for line in labels_path.read_text(encoding="utf-8-sig").splitlines()]
     from_2012 = {}
     for k, v in pytorch_to_2012.items():
         if not (str(k).isdigit() and isinstance(v, int) and 0 <= int(k) < len(IMAGENET_WNIDS)):

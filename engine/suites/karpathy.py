@@ -117,12 +117,13 @@ def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[
                     image_variants: list[str] = (), normalise=pre_caption,
                     refs: list[ImageRef] | None = None, image_keys: list[str | None] | None = None,
                     variant_refs: dict[str, list[tuple[ImageRef, str | None]]] | None = None,
-                    query_variants: list[str] = (),
+                    query_variants: list[str] = (), variants_root: str | Path | None = None,
                     ) -> list[RankingTask]:
     """i2t and t2i ranking tasks. Gallery groups: ``original`` then one per variant; views:
     ``original`` and ``original + variant``. Ground truth = originals only: every perturbed caption
     or altered image is a distractor. Images are ``images_root/<path>`` (a folder or a URL), or
-    ``refs`` (one per entry of ``clean``; ``image_keys``: their content keys when already known).
+    ``refs`` (one per entry of ``clean``; ``image_keys``: their content keys when already known); an image
+    variant's are ``variants_root/<variant>/<path>`` (default ``images_root``) unless ``variant_refs`` names them.
     Each of ``query_variants`` (among ``image_variants``) also replaces the query images: a task
     ``i2t@<variant>`` whose queries are that variant's images, against the original captions (the
     same image rows as its gallery group: embedded once, in the same pass)."""
@@ -164,7 +165,8 @@ def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[
             gal_rows.append(np.array([tables.images.add(r, i, k) for (r, k), i in zip(variant_refs[v], v_ids)],
                                      dtype=np.int64))
         else:
-            gal_rows.append(tables.images.add_many((ImageRef(urls.join(images_root, v, im)) for im in image_ids),
+            vroot = images_root if variants_root is None else variants_root
+            gal_rows.append(tables.images.add_many((ImageRef(urls.join(vroot, v, im)) for im in image_ids),
                                                    v_ids))
         gal_ids.extend(v_ids)
     unknown = [v for v in query_variants if v not in image_variants]
@@ -201,7 +203,8 @@ def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") ->
     protocol, normalise = caption_protocol(opts)
     # no --images: paths as written (ids only)
     tasks = build_retrieval(tables, opts.images or "", clean, image_variants=img_variants,
-                            query_variants=[v for v in img_variants if is_corruption_variant(v)], normalise=normalise)
+                            query_variants=[v for v in img_variants if is_corruption_variant(v)], normalise=normalise,
+                            variants_root=opts.variants_dir)
     return Suite(name=name, ranking=tasks, tie_rule=opts.tie_rule, view_average=_seed_averages(opts),
                  image_errors=errors,
                  meta={"annotations": str(ann), "images": len(clean), "captions": int(tasks[0].pos_ptr[-1]),
@@ -213,7 +216,8 @@ def load_karpathy(tables: Tables, opts: SuiteOptions, name: str = "karpathy") ->
 def _missing_variants(opts: SuiteOptions, img_variants: list[str]) -> list[Exception]:
     errors = []
     for v in img_variants:
-        d = urls.join(opts.images, v) if opts.images is not None else None
+        root = opts.variants_dir or opts.images
+        d = urls.join(root, v) if root is not None else None
         if d is not None and not urls.is_dir(d):
             errors.append(FileNotFoundError(f"altered images {d} do not exist; make them with "
                                             f"`{variant_hint(v)}`"))
@@ -247,7 +251,8 @@ def load_rococo(tables: Tables, opts: SuiteOptions, name: str = "rococo") -> Sui
     protocol, normalise = caption_protocol(opts)
     tasks = build_retrieval(tables, opts.images or "", clean, text_variants=text_variants,
                             image_variants=img_variants,
-                            query_variants=[v for v in img_variants if is_corruption_variant(v)], normalise=normalise)
+                            query_variants=[v for v in img_variants if is_corruption_variant(v)], normalise=normalise,
+                            variants_root=opts.variants_dir)
     return Suite(name=name, ranking=tasks, tie_rule=opts.tie_rule, view_average=_seed_averages(opts),
                  image_errors=errors,
                  meta={"annotations": str(ann), "images": len(clean), "captions": int(tasks[0].pos_ptr[-1]),

@@ -51,7 +51,7 @@ def load_wds(tables: Tables, opts: SuiteOptions, name: str = "wds") -> Suite:
     if ss.layout == "webdataset":
         text_variants = _text_variants(ss, kept, clean, opts, how)
         img_variants = image_variant_names(opts.image_variants, opts.seeds)
-        variant_refs = {v: _image_variant(ss, kept, v) for v in img_variants}
+        variant_refs = {v: _image_variant(ss, kept, v, opts.variants_dir or "") for v in img_variants}
     elif opts.image_variants or opts.text_variants:
         raise UsageError(f"suite {name}: --image-variants / --text-variants need tar shard inputs (written back by "
                          f"hardrank perturb images|texts); {opts.images} is {ss.layout}")
@@ -66,14 +66,16 @@ def load_wds(tables: Tables, opts: SuiteOptions, name: str = "wds") -> Suite:
                        "text_variants": list(text_variants), "image_variants": img_variants})
 
 
-def _variant(ss: SampleSet, v: str, required: bool) -> SampleSet | None:
-    shards = variant_shards(ss, "", v)
+def _variant(ss: SampleSet, v: str, required: bool, folder: str = "") -> SampleSet | None:
+    """The variant shards ``<folder>/<v>/<shard>`` (``folder``: default the shards' own folder)."""
+    shards = variant_shards(ss, folder, v)
     missing = [s for s in shards if not urls.exists(s)]
     if missing:
         if required:
             raise FileNotFoundError(f"variant {v}: shard {missing[0]} does not exist ({len(missing)} of {len(shards)} "
                                     f"missing); make them with `hardrank perturb texts|images --images "
-                                    f"<the shards> ...` (they are written to <shard folder>/{v}/)")
+                                    f"<the shards> ...` (written to <--out>/{v}/; eval reads <shard folder>/{v}/ "
+                                    f"unless --variants-dir names that --out)")
         return None
     return read_shards(shards, source=v)
 
@@ -99,8 +101,8 @@ def _text_variants(ss, kept, clean, opts, how) -> dict[str, list[list[str]]]:
     return out
 
 
-def _image_variant(ss, kept, v) -> list[tuple[ImageRef, str | None]]:
-    vs = _variant(ss, v, required=True)
+def _image_variant(ss, kept, v, folder: str) -> list[tuple[ImageRef, str | None]]:
+    vs = _variant(ss, v, required=True, folder=folder)
     by_id = {s.id: s for s in vs.samples if s.image is not None}  # <shard>#<key>: keys may repeat across shards
     missing = [s.id for s in kept if s.id not in by_id]
     if missing:

@@ -29,7 +29,7 @@ def read_xm3600(path: str | Path) -> tuple[list[tuple[str, dict]], dict[str, int
     holding ``caption`` (a list; also ``caption/tokenized`` and ``caption/tokenized/lowercase``, unused)."""
     path = Path(path)
     out = []
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # a byte-order mark is not JSON
         try:
             lines = list(enumerate(f, start=1))
         except UnicodeDecodeError as exc:

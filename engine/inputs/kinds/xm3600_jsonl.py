@@ -23,7 +23,7 @@ class _Xm3600Jsonl(InputKind):
         p = Path(path)
         if p.suffix != ".jsonl" or not p.is_file():
             return False
-        with p.open(encoding="utf-8", errors="replace") as f:
+        with p.open(encoding="utf-8-sig", errors="replace") as f:
             first = next((line for line in f if line.strip()), "")
         try:
             return isinstance(item := json.loads(first), dict) and "image/key" in item
