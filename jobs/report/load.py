@@ -5,23 +5,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from hardrank.models.runs import checkpoint_step
 from hardrank.scoring.results import read_results
 
 __all__ = ["Result", "Axis", "parse_step", "load_results", "checkpoint_axis"]
 
-# "step0200", "epoch_3", "iter-1000", "global_step5": the unit and the number. Checkpoint names
-# without one are listed after those with one, in name order.
-_STEP = re.compile(r"(?<![a-z])(global_step|step|epoch|iteration|iter|it|ckpt|checkpoint)[_\-]?(\d+)", re.I)
-
 
 def parse_step(name: str) -> tuple[str, int] | None:
     """``("step", 200)`` for ``toy-clip_step0200``, ``("epoch", 3)`` for ``epoch_3``; None if the name
-    holds no step (the last match wins: ``run2_epoch_3`` is epoch 3)."""
-    found = _STEP.findall(name)
-    if not found:
-        return None
-    unit, num = found[-1]
-    return unit.lower(), int(num)
+    holds no step (``hardrank.models.runs.checkpoint_step``: the one parser of steps in names). Checkpoint
+    names without one are listed after those with one, in name order."""
+    return checkpoint_step(name)
 
 
 def _natural(s: str):
