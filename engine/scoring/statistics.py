@@ -25,7 +25,7 @@ from hardrank.errors import DataError
 from hardrank.scoring.metrics import CLASSIFY_SUMMARY_KEYS, corruption_severity
 
 __all__ = ["Estimand", "UnitStats", "unit_stats", "intervals", "annotate", "compare", "Difference", "mcnemar",
-           "holm", "stratified_sample", "get_path", "LEVEL", "RESAMPLES", "UNITS", "METHOD"]
+           "add_mean", "holm", "stratified_sample", "get_path", "LEVEL", "RESAMPLES", "UNITS", "METHOD"]
 
 LEVEL = 0.95       # the intervals' coverage
 RESAMPLES = 1000   # default number of bootstrap resamples (and of permutations for a paired test)
@@ -610,15 +610,32 @@ def _check_same(sa: UnitStats, sb: UnitStats, ra: dict, rb: dict) -> None:
                     f"{show(only_b) or '-'}); compare results of the same suite files (and the same --subset/--seed)")
 
 
+def add_mean(stats: UnitStats, path: tuple[str, ...], members: list[tuple[str, ...]]) -> bool:
+    """In place: a derived estimand at ``path``, the mean of the estimands ``members`` (the report's main metric:
+    the mean of i2t and t2i R@1, of a suite's task accuracies). A lone member keeps its per-row outcomes (so it
+    is still compared by McNemar). False when a member has no estimand."""
+    have = {e.path: e for e in stats.estimands}
+    if not members or any(m not in have for m in members):
+        return False
+    rows = have[members[0]].rows if len(members) == 1 else None
+    stats.estimands.append(Estimand(path, _mean_of([have[m].fn for m in members]), rows))
+    return True
+
+
 def compare(ra: dict, ta: pa.Table, rb: dict, tb: pa.Table, *, paths: list[tuple[str, ...]] | None = None,
-            resamples: int = RESAMPLES, seed: int = 0) -> list[Difference]:
+            resamples: int = RESAMPLES, seed: int = 0,
+            means: dict[tuple[str, ...], list[tuple[str, ...]]] | None = None) -> list[Difference]:
     """Paired comparison of two results of one suite (dicts and their outcome tables) on ``paths`` (default:
     every estimand both have): b - a, its percentile-bootstrap interval over the shared units (one draw for
     both), and p: exact McNemar on the rows for right/wrong metrics, else a paired permutation test (each
     unit's two outcomes swapped with probability 1/2, ``resamples`` times: p = (1 + #|d*| >= |d|) / (R + 1)).
-    No multiple-testing adjustment here: ``holm`` over the list. Raises DataError when the items differ."""
+    No multiple-testing adjustment here: ``holm`` over the list. ``means``: derived estimands to add first
+    (``add_mean``). Raises DataError when the items differ."""
     sa, sb = unit_stats(ra, ta), unit_stats(rb, tb)
     _check_same(sa, sb, ra, rb)
+    for path, members in (means or {}).items():
+        add_mean(sa, path, members)
+        add_mean(sb, path, members)
     ea, eb = {e.path: e for e in sa.estimands}, {e.path: e for e in sb.estimands}
     wanted = [p for p in (paths if paths is not None else list(ea)) if p in ea and p in eb]
     if not wanted:
