@@ -214,6 +214,6 @@ def format_table(rows: list[tuple[str, dict]], max_width: int = 11,
         for (label, _), row in zip(rows, cells):
             lines.append("  ".join([label.ljust(label_w)] + [v.rjust(w) for v, w in zip(row, widths)]))
         lines.append("")
-    if intervals:
+    if any(v for v in intervals.values()):
         lines.append("±: half the width of the 95% bootstrap interval (result field ci95)")
     return "\n".join(lines).rstrip()
