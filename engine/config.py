@@ -446,7 +446,7 @@ class EvalConfig:
                              "evaluates it: itm:256 for COCO); needs a model with an image-text matching head "
                              "(--model blip:<folder>)", metavar="itm:K")
     bootstrap: int = opt(RESAMPLES, "resamples of the seeded bootstrap over each suite's units that gives every "
-                         "metric its 95% interval (result field ci95); 0: no intervals", minimum=0)
+                         "metric its 95 percent interval (result field ci95); 0: no intervals", minimum=0)
     subset: int = opt(0, "a lite run: evaluate a stratified sample of N units per suite (retrieval: images with "
                       "their captions; choice: items, by task and subset; classification: images, by class); 0: "
                       "all", minimum=0, metavar="N")

@@ -67,7 +67,7 @@ def add_compare_parser(subparsers) -> argparse.ArgumentParser:
                     "permutation test for the others), Holm-adjusted over all the metrics compared; then which "
                     "checkpoint is better where. One results folder: its last two checkpoints by step, or the two "
                     "named; two folders: one checkpoint from each. Both must have been evaluated on the same items "
-                    "(the same files, the same --subset and --seed).",
+                    "(the same files, the same lite subset).",
         formatter_class=Formatter,
         epilog="examples:\n  hardrank compare results/demo\n"
                "  hardrank compare results/demo --a toy-clip_step0200 --b toy-clip_step0700 --suite toy-rococo\n"
