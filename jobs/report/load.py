@@ -27,6 +27,7 @@ class Result:
     path: Path            # the result JSON
     data: dict            # its content
     label: str            # checkpoint label shown in the report
+    run: str = ""         # the training run: the folder holding its checkpoint's folder ("" for the top)
 
     @property
     def suite(self) -> str:
@@ -44,7 +45,8 @@ class Result:
 def load_results(results_dir: Path, skip: Path | None) -> list[Result]:
     """Every result below ``results_dir`` (not below ``skip``, the report's own folder). Labels are
     the checkpoint names, or the folders below ``results_dir`` when one name repeats for a suite."""
-    found = [Result(r.path, r.data, str(r.data["checkpoint"])) for r in read_results(results_dir, skip=skip)]
+    found = [Result(r.path, r.data, str(r.data["checkpoint"]), _run(r.path, results_dir))
+             for r in read_results(results_dir, skip=skip)]
     seen: dict[tuple[str, str], int] = {}
     for r in found:
         seen[(r.label, r.suite)] = seen.get((r.label, r.suite), 0) + 1
@@ -52,6 +54,13 @@ def load_results(results_dir: Path, skip: Path | None) -> list[Result]:
         for r in found:
             r.label = r.path.parent.relative_to(results_dir).as_posix()
     return found
+
+
+def _run(path: Path, root: Path) -> str:
+    """The run a result belongs to: the folder above its checkpoint folder, relative to the results folder
+    (``run1`` for ``run1/epoch_3/suite.json``; "" for ``epoch_3/suite.json``)."""
+    rel = path.parent.parent.relative_to(root).as_posix()
+    return "" if rel == "." else rel
 
 
 @dataclass
