@@ -102,7 +102,7 @@ def _find(found: dict[str, Checkpoint], name: str, where: Path) -> Checkpoint:
 def pick(results: str | Path, other: str | Path | None = None, a: str | None = None,
          b: str | None = None) -> tuple[Checkpoint, Checkpoint]:
     """The two checkpoints to compare: from one results folder ``a`` and ``b`` by name (default: the last two
-    in step order, A the earlier); with ``other``, A from ``results`` and B from ``other`` (each folder's only
+    with a step in their name, A the earlier); with ``other``, A from ``results`` and B from ``other`` (each folder's only
     checkpoint unless named)."""
     root = Path(results)
     found = _checkpoints(root)
@@ -110,6 +110,9 @@ def pick(results: str | Path, other: str | Path | None = None, a: str | None = N
         root_b = Path(other)
         return _only(found, a, root, "--a"), _only(_checkpoints(root_b), b, root_b, "--b")
     order = _order(list(found))
+    stepped = [n for n in order if checkpoint_step(n) is not None]
+    if len(stepped) >= 2 and a is None and b is None:  # the last two steps (a predictions folder is no step)
+        order = stepped
     if len(order) < 2:
         raise UsageError(f"{root} holds {len(order)} checkpoint ({', '.join(order)}); compare needs two: pass a "
                          f"second results folder, or evaluate another checkpoint into this one")
