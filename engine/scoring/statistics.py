@@ -204,16 +204,27 @@ def _unique_keys(keys: list[str]) -> np.ndarray:
     return np.array(out, dtype=object)
 
 
+def _codes(col) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values (object array), (n,) int64 index of each row's value): ``np.unique(...,
+    return_inverse=True)`` of a string column, by Arrow's dictionary encoding (no Python sort of every row)."""
+    d = pc.dictionary_encode(col).combine_chunks() if len(col) else pa.array([], pa.string()).dictionary_encode()
+    values = np.array(d.dictionary.to_pylist(), dtype=object)
+    order = np.argsort(values, kind="stable")
+    position = np.empty(len(values), dtype=np.int64)
+    position[order] = np.arange(len(values))
+    return values[order], position[d.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
+
+
 def _ranking(result: dict, t: pa.Table) -> UnitStats:
     _require(t, ("unit",), result)
     m = result["metrics"]
-    units, unit_idx = np.unique(np.array(t.column("unit").to_pylist(), dtype=object), return_inverse=True)
+    units, unit_idx = _codes(t.column("unit"))
     b = _Builder("ranking", units)
     task = np.array(t.column("task").to_pylist(), dtype=object)
     view = np.array(t.column("view").to_pylist(), dtype=object)
     rank = t.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
     group = np.array(t.column("top1_group").to_pylist(), dtype=object)
-    qid = t.column("query_id").to_pylist()
+    qid = np.array(t.column("query_id").to_pylist(), dtype=object)
     recall: dict[tuple[str, str], dict[str, Callable]] = {}
     keys = sorted(set(zip(task.tolist(), view.tolist())))
     for d, v in keys:
@@ -222,7 +233,7 @@ def _ranking(result: dict, t: pa.Table) -> UnitStats:
         if not isinstance(vm, dict):
             continue
         u, r = unit_idx[sel], rank[sel]
-        row_keys = _unique_keys([qid[i] for i in sel])
+        row_keys = qid[sel]  # (paired by position when both results list the same queries, else by key)
         k = f"{d}|{v}"
         n = b.add(f"{k}|n", u, 1.0)
         recall[(d, v)] = {}
@@ -506,15 +517,16 @@ def _draws(seed: int, resamples: int, n_units: int):
     done = 0
     while done < resamples:
         r = min(block, resamples - done)
-        yield rng.integers(0, n_units, size=(r, n_units))
+        yield rng.integers(0, n_units, size=(r, n_units), dtype=np.int64)
         done += r
 
 
 def _counts(idx: np.ndarray, n_units: int) -> np.ndarray:
     """(r, U) index matrix -> (r, U) float64 counts: how often each unit was drawn in each resample."""
     r = len(idx)
-    flat = (idx + (np.arange(r) * n_units)[:, None]).ravel()
-    return np.bincount(flat, minlength=r * n_units).reshape(r, n_units).astype(np.float64)
+    flat = idx + (np.arange(r, dtype=np.int64) * n_units)[:, None]
+    counts = np.bincount(flat.reshape(-1), minlength=r * n_units).reshape(r, n_units)
+    return counts.astype(np.float64, copy=False)
 
 
 def _quantiles(values: np.ndarray) -> tuple[float, float]:
@@ -558,9 +570,8 @@ def mcnemar(a: np.ndarray, b: np.ndarray) -> tuple[float, int, int]:
     n, k = n01 + n10, min(n01, n10)
     if n == 0:
         return 1.0, n01, n10
-    i = np.arange(k + 1)
-    logs = (math.lgamma(n + 1) - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in i])
-            - n * math.log(2.0))
+    i = np.arange(k, dtype=np.float64)  # log C(n, x) for x = 0..k by the ratio C(n, x+1) / C(n, x) = (n-x)/(x+1)
+    logs = np.concatenate([[0.0], np.cumsum(np.log(n - i) - np.log(i + 1.0))]) - n * math.log(2.0)
     top = logs.max()
     tail = math.exp(top) * float(np.sum(np.exp(logs - top)))
     return min(1.0, 2.0 * tail), n01, n10
@@ -674,7 +685,11 @@ def compare(ra: dict, ta: pa.Table, rb: dict, tb: pa.Table, *, paths: list[tuple
         else:
             keys_a, ya = sa.rows[ea[p].rows]
             keys_b, yb = sb.rows[eb[p].rows]
-            oa, ob = np.argsort(keys_a, kind="stable"), np.argsort(keys_b, kind="stable")
+            if len(keys_a) == len(keys_b) and np.array_equal(keys_a, keys_b):  # the same rows in the same order
+                oa = ob = slice(None)
+            else:  # rows in another order: pair by key (repeats in order of appearance)
+                keys_a, keys_b = _unique_keys(list(keys_a)), _unique_keys(list(keys_b))
+                oa, ob = np.argsort(keys_a, kind="stable"), np.argsort(keys_b, kind="stable")
             if len(keys_a) != len(keys_b) or not np.array_equal(keys_a[oa], keys_b[ob]):
                 raise DataError(f"{_name(ra)} and {_name(rb)} were evaluated on different queries of "
                                 f"{'/'.join(p[:-1])}: {len(np.setdiff1d(keys_a, keys_b))} only in the first, "
