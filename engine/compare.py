@@ -102,8 +102,8 @@ def _find(found: dict[str, Checkpoint], name: str, where: Path) -> Checkpoint:
 def pick(results: str | Path, other: str | Path | None = None, a: str | None = None,
          b: str | None = None) -> tuple[Checkpoint, Checkpoint]:
     """The two checkpoints to compare: from one results folder ``a`` and ``b`` by name (default: the last two
-    with a step in their name, A the earlier); with ``other``, A from ``results`` and B from ``other`` (each folder's only
-    checkpoint unless named)."""
+    with a step in their name, A the earlier); with ``other``, A from ``results`` and B from ``other`` (each
+    folder's only checkpoint unless named)."""
     root = Path(results)
     found = _checkpoints(root)
     if other is not None:
