@@ -27,13 +27,15 @@ from hardrank.kernels import PRECISIONS as RANK_PRECISIONS
 from hardrank.kernels import TIE_RULES
 from hardrank.scoring import backends, rerank
 from hardrank.scoring.backends import RANKS, TOPK, SearchSpec
+from hardrank.scoring.statistics import RESAMPLES
 from hardrank.text import CAPTION_PROTOCOLS
 
 __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES",
            "DIRECTIONS", "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
            "default_store",
            "resolve_device", "check_writable_dir", "check_store_root",
-           "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig"]
+           "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig", "LOGGERS", "LogTarget",
+           "parse_log_to"]
 
 DATA_DIR = Path(__file__).resolve().parent / "assets"  # bundled model configs, toy checkpoints, vocabularies
 
@@ -47,15 +49,17 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
 def opt(default, help: str, *, choices=None, minimum=None, path: bool = False, flag: str | None = None,
-        metavar: str | None = None, cli: bool = True, positional: bool = False, listing: str | None = None):
+        metavar: str | None = None, cli: bool = True, positional: bool = False, listing: str | None = None,
+        repeat: bool = False):
     """A config field: its default and its one help text; ``choices``/``minimum`` are checked on
     construction; ``path`` values in job files are relative to the file; ``flag`` overrides the
     ``--name`` on the command line; ``positional`` makes it a positional argument there (shown as
     ``metavar``); ``cli=False`` keeps it off the command line; ``listing`` names a registry whose
-    names the command line's help lists after the help text (``suites``: the suite registry)."""
+    names the command line's help lists after the help text (``suites``: the suite registry); ``repeat``: a
+    list option whose flag may be given several times, each adding its values."""
     return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "path": path,
                                             "flag": flag, "metavar": metavar, "cli": cli, "positional": positional,
-                                            "listing": listing})
+                                            "listing": listing, "repeat": repeat})
 
 
 def cache_dir() -> Path:
@@ -117,6 +121,31 @@ def check_store_root(path: str | os.PathLike, option: str = "store (--store)") -
     if not urls.is_url(os.fspath(path)) and Path(urls.local_path(path)).expanduser().is_dir():
         return
     check_writable_dir(path, option)
+
+
+# -- training dashboards (hardrank.dashboards logs to them) --------------------------------------------
+# logger -> (what follows the colon, the extra and package that provide it)
+LOGGERS = {"tensorboard": ("DIR", "tensorboard"), "wandb": ("PROJECT", "wandb"), "mlflow": ("URI", "mlflow")}
+_SPELLING = ", ".join(f"{k}:{v[0]}" for k, v in LOGGERS.items())
+
+
+@dataclass(frozen=True)
+class LogTarget:
+    """One ``--log-to KIND:WHERE``."""
+
+    kind: str    # tensorboard | wandb | mlflow
+    where: str   # the folder, project or tracking URI
+
+
+def parse_log_to(spec: str) -> LogTarget:
+    """``tensorboard:runs/exp1`` -> LogTarget; UsageError naming the spelling for anything else."""
+    kind, sep, where = str(spec).partition(":")
+    if kind not in LOGGERS:
+        raise UsageError(f"--log-to {spec!r}: unknown logger {kind!r}; use one of {_SPELLING}")
+    if not sep or not where:
+        raise UsageError(f"--log-to {spec!r}: {kind} needs its {LOGGERS[kind][0]} after the colon, e.g. "
+                         f"{kind}:{ {'tensorboard': 'runs/exp1', 'wandb': 'my-project', 'mlflow': 'mlruns'}[kind]}")
+    return LogTarget(kind, where)
 
 
 # -- validation shared by every options dataclass --------------------------------------------------
@@ -423,6 +452,16 @@ class EvalConfig:
                              "itm_logit[:, 1] + similarity, every other item -100 (BLIP's protocol as RoCOCO "
                              "evaluates it: itm:256 for COCO); needs a model with an image-text matching head "
                              "(--model blip:<folder>)", metavar="itm:K")
+    bootstrap: int = opt(RESAMPLES, "resamples of the seeded bootstrap over each suite's units that gives every "
+                         "metric its 95 percent interval (result field ci95); 0: no intervals", minimum=0)
+    subset: int = opt(0, "a lite run: evaluate a stratified sample of N units per suite (retrieval: images with "
+                      "their captions; choice: items, by task and subset; classification: images, by class); 0: "
+                      "all", minimum=0, metavar="N")
+    seed: int = opt(0, "seed of the --subset draw and of the bootstrap", minimum=0)
+    log_to: tuple[str, ...] = opt((), "log each checkpoint's headline metrics at its step to a training dashboard: "
+                                  "tensorboard:DIR (event files), wandb:PROJECT (offline unless WANDB_MODE says "
+                                  "otherwise) or mlflow:URI (a folder: a local file store); repeatable",
+                                  metavar="KIND:WHERE", repeat=True)
 
     def __post_init__(self):
         check_options(self)
@@ -443,6 +482,9 @@ class EvalConfig:
             split = " or ".join(b.name for b in backends.registered(RANKS) if b.gallery_shards)
             raise UsageError(f"--shard-gallery splits the {split} ranking pass over actors; search {self.search!r} "
                              f"cannot be split: drop --shard-gallery or use --search {split}")
+        for spec_ in self.log_to:
+            parse_log_to(spec_)
+        object.__setattr__(self, "log_to", tuple(self.log_to))
         if rerank.parse(self.rerank) is not None:
             if self.embeddings is not None:
                 raise UsageError(f"--rerank {self.rerank} re-scores with the model's cross-encoder; precomputed "

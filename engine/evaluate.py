@@ -16,6 +16,7 @@ import torch
 
 from hardrank import cpus, urls
 from hardrank.config import EvalConfig, build, check_writable_dir, resolve_device
+from hardrank.dashboards import Dashboards
 from hardrank.embed import EmbedPipeline, make_scan_mapper
 from hardrank.embed.itm import ItmScorer
 from hardrank.errors import DataError, UsageError
@@ -35,7 +36,9 @@ from hardrank.scoring.metrics import add_drops, average_views, choice_metrics, r
 from hardrank.scoring.rank import score_choice, score_ranking
 from hardrank.scoring.rerank import CANDIDATE_RULE, FILL, rerank_ranks
 from hardrank.scoring.rerank import PROTOCOL as RERANK_PROTOCOL
-from hardrank.scoring.results import outcome_schema, summary_row, write_result
+from hardrank.scoring.results import outcome_schema, summary_intervals, summary_row, verdict_map, write_result
+from hardrank.scoring.statistics import annotate
+from hardrank.subsets import subset_suites
 from hardrank.suites import expand_suites, load_suites
 from hardrank.suites.toy import TOY_SUITES, pending_world
 from hardrank.tasks import MaskTask, Suite
@@ -50,6 +53,7 @@ class EvalReport:
     results: list[dict] = field(default_factory=list)      # the written result dicts
     files: list[Path] = field(default_factory=list)
     embed_stats: dict = field(default_factory=dict)        # modality -> EmbedStats.as_dict()
+    subsets: dict = field(default_factory=dict)            # suite -> its --subset record (results' "subset")
 
     def table_rows(self) -> list[tuple[str, dict]]:
         """One row per checkpoint (its suites' columns side by side), or, where two of its results share a column
@@ -66,6 +70,13 @@ class EvalReport:
             else:
                 rows.extend((f"{ckpt} {suite}", row) for suite, row in ps)
         return rows
+
+    def table_intervals(self) -> dict[str, dict[str, tuple[float, float]]]:
+        """{checkpoint: {column: (low, high)}}: the 95% interval of each of ``table_rows``' numbers."""
+        out: dict[str, dict] = {}
+        for r in self.results:
+            out.setdefault(r["checkpoint"], {}).update(summary_intervals(r))
+        return out
 
 
 @dataclass
@@ -137,6 +148,7 @@ def _score_ranking(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: E
                 "top1_id": [task.gallery_ids[i] for i in o["top1"]],
                 "top1_group": [task.groups[g] for g in o["top1_group"]],
                 "subset": [None] * n, "scores": [None] * n, "correct": (o["rank"] == 0).tolist(),
+                "unit": task.query_unit_ids(), "verdicts": [None] * n,
             }, schema=outcome_schema()))
         counts.setdefault("skipped", {})[task.name] = task.skipped
     if "original" in metrics and {"i2t", "t2i"} <= set(metrics["original"]):
@@ -176,6 +188,7 @@ def _score_choice(suite: Suite, device: str, emb: dict[str, np.ndarray]) -> dict
             "rank": [None] * n, "top1_id": [None] * n, "top1_group": [None] * n,
             "subset": task.subset if task.subset is not None else [None] * n,
             "scores": scores.reshape(n, -1).tolist(), "correct": main.tolist(),
+            "unit": task.ids, "verdicts": verdict_map(verdicts, n),
         }, schema=outcome_schema()))
     for avg, members in suite.view_average.items():  # e.g. REPLACE = mean(attribute, relation)
         if all(mb in metrics for mb in members):
@@ -251,18 +264,29 @@ def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dic
     return result
 
 
-def _write(report: EvalReport, cfg: EvalConfig, label: str, suite_name: str, result: dict, outcomes) -> None:
-    report.files.extend(write_result(Path(cfg.out) / label, suite_name, result, outcomes))
+def _write(report: EvalReport, cfg: EvalConfig, label: str, suite_name: str, result: dict, outcomes,
+           dashboards: Dashboards | None = None) -> None:
+    table = pa.concat_tables(outcomes) if outcomes else outcome_schema().empty_table()
+    if cfg.subset:
+        result["subset"] = report.subsets.get(suite_name)
+    if cfg.bootstrap and table.num_rows:  # the metrics' 95% intervals, from the outcomes written beside them
+        annotate(result, table, resamples=cfg.bootstrap, seed=cfg.seed)
+    report.files.extend(write_result(Path(cfg.out) / label, suite_name, result, [table]))
     report.results.append(result)
+    if dashboards is not None:
+        dashboards.log(result)
 
 
-def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=None, **options) -> EvalReport:
+def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=None, dashboards=None,
+             **options) -> EvalReport:
     """Run every checkpoint on every suite and write one result per (checkpoint, suite).
 
     ``cfg`` or the same options as keywords (the flat names of the CLI flags / job-file keys):
     ``evaluate(model="ViT-B-32", checkpoints=["a.pt"], suites=["rococo"], annotations=..., out=...)``.
     K checkpoints of one architecture share one decode; mask suites scoring predictions need no
-    model. ``runner``: an executor object to use instead of the one ``cfg.embed.executor`` names."""
+    model. ``runner``: an executor object to use instead of the one ``cfg.embed.executor`` names.
+    ``dashboards``: open ``hardrank.dashboards.Dashboards`` to log to (``watch`` keeps one run open over
+    its evaluations); by default those ``log_to`` names are opened here and closed at the end."""
     cfg = _config(cfg, options)
     echo = echo or (lambda s: None)
     if not cfg.out:
@@ -270,8 +294,15 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     _check_usage(cfg)
     threads = cpus.use(cfg.embed.threads)
     echo(f"threads: {threads.describe()}")
-    with urls.staged_dir(cfg.out) as local_out:
-        report = _evaluate(replace(cfg, out=local_out), progress, echo, runner)
+    own = dashboards is None and bool(cfg.log_to)
+    if own:  # a missing logger package fails here, before any work
+        dashboards = Dashboards(cfg.log_to, run=cfg.out)
+    try:
+        with urls.staged_dir(cfg.out) as local_out:
+            report = _evaluate(replace(cfg, out=local_out), progress, echo, runner, dashboards)
+    finally:
+        if own:
+            dashboards.close()
     if local_out != cfg.out:
         echo(f"results uploaded to {cfg.out}")
     return report
@@ -290,7 +321,7 @@ def local_inputs(cfg: EvalConfig) -> EvalConfig:
     return cfg
 
 
-def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
+def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards) -> EvalReport:
     cfg = local_inputs(cfg)
     t_start = time.perf_counter()
     pipe = None  # the models first: a bad checkpoint or tag fails before any data is read
@@ -310,10 +341,14 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
         if hasattr(mapper, "close"):
             mapper.close()
     _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
+    report = EvalReport()
+    if cfg.subset:  # a lite run: a stratified sample of each suite's units, and only their items in the tables
+        suites, tables, report.subsets = subset_suites(suites, tables, cfg.subset, cfg.seed)
+        echo("lite subset: " + "; ".join(f"{n}: {r['units']} of {r['of']} {r['unit']}s"
+                                          for n, r in report.subsets.items()))
     t_load = time.perf_counter() - t0
     echo(f"loaded {len(suites)} suite(s): {len(tables.images)} images (distinct paths), {len(tables.texts)} texts "
          f"(distinct normalised captions) ({t_load:.1f}s)")
-    report = EvalReport()
     common = {"failures": [], "versions": _versions(), "embed": {}, "t_load": t_load,
               "threads": cpus.current().record()}
     for suite in suites:  # answers that need no model: scored once, under the predictions' folder name
@@ -321,7 +356,7 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
             scored = _score_mask(task, resolve_device(cfg.embed.device), None, 0)
             label = Path(task.predictions).resolve().name or "predictions"
             _write(report, cfg, label, suite.name, _result(suite, label, scored, cfg, common, None),
-                   scored["outcomes"])
+                   scored["outcomes"], dashboards)
     if any(s.needs_embeddings for s in suites):
         sources = _sources(cfg, pipe, tables, suites, report, common, progress, echo)
         backend = for_ranking(backends.get(cfg.search_spec), executor(cfg.embed), cfg.shard_gallery,
@@ -335,7 +370,7 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
                                                scorer):
                         _write(report, cfg, src.label, suite.name,
                                _result(suite, src.label, scored, cfg, common, src.ident, src.embed),
-                               scored["outcomes"])
+                               scored["outcomes"], dashboards)
         finally:
             backend.close()
     echo(f"done in {time.perf_counter() - t_start:.1f}s; results in {cfg.out}")
@@ -470,10 +505,15 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
         names = [n for n in names if n not in TOY_SUITES]
     suites = load_suites(names, tables, cfg.suite_options)
     _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
+    subsets = {}
+    if cfg.subset:
+        suites, tables, subsets = subset_suites(suites, tables, cfg.subset, cfg.seed)
     out = {"suites": {}, "images": len(tables.images), "texts": len(tables.texts), "checkpoints": [],
            "store": cfg.embed.store_root()}
     if world is not None:
         out["would_build"] = {"toy world": str(world), "suites": list(TOY_SUITES)}
+    if subsets:
+        out["subsets"] = subsets
     for s in suites:
         tasks = [f"{t.name}: {t.num_queries} queries x {len(t.gallery_items)} gallery items, "
                  f"{len(t.views)} views ({', '.join(t.views)})" for t in s.ranking]

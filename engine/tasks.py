@@ -38,6 +38,12 @@ class RankingTask:
     pos_idx: np.ndarray            # (npos,) int64
     views: dict[str, list[str]]    # view name -> groups it contains (each includes groups[0])
     skipped: dict[str, int] = field(default_factory=dict)
+    # the independent units (images of a retrieval suite) each query and gallery item belongs to: indices into
+    # ``unit_ids``, -1 for an item of no unit; None when the loader records none (a query's unit is then its
+    # first positive for t2i, itself for i2t: ``query_unit_ids``)
+    unit_ids: list[str] | None = None          # (U,)
+    query_units: np.ndarray | None = None      # (nq,) int64
+    gallery_units: np.ndarray | None = None    # (nb,) int64
 
     @property
     def gallery_modality(self) -> str:
@@ -46,6 +52,15 @@ class RankingTask:
     @property
     def num_queries(self) -> int:
         return len(self.query_items)
+
+    def query_unit_ids(self) -> list[str]:
+        """(nq,) the unit of each query: the image of an image query, the positive image of a caption."""
+        if self.unit_ids is not None and self.query_units is not None:
+            return [self.unit_ids[u] for u in self.query_units]
+        if self.query_modality == "image":
+            return list(self.query_ids)
+        return [self.gallery_ids[self.pos_idx[a]] if b > a else q
+                for q, a, b in zip(self.query_ids, self.pos_ptr[:-1], self.pos_ptr[1:])]
 
     def view_size(self, view: str) -> int:
         gi = [self.groups.index(g) for g in self.views[view]]
@@ -74,10 +89,6 @@ class RankingTask:
             return self
         keep_g = ~bad_gallery
         new_pos = np.cumsum(keep_g) - 1
-        gid = np.repeat(np.arange(len(self.groups)), np.diff(self.group_bounds))
-        bounds = np.zeros(len(self.groups) + 1, dtype=np.int64)
-        np.add.at(bounds, gid[keep_g] + 1, 1)
-        bounds = np.cumsum(bounds)
         ptr, idx, keep_q = [0], [], np.zeros(self.num_queries, dtype=bool)
         for q in range(self.num_queries):
             p = self.pos_idx[self.pos_ptr[q]:self.pos_ptr[q + 1]]
@@ -90,12 +101,37 @@ class RankingTask:
         skipped = dict(self.skipped)
         skipped["queries"] = skipped.get("queries", 0) + int((~keep_q).sum())
         skipped["gallery"] = skipped.get("gallery", 0) + int(bad_gallery.sum())
+        return self._keep(keep_q, keep_g, np.array(ptr, dtype=np.int64), np.array(idx, dtype=np.int64), skipped)
+
+    def keep_units(self, keep: np.ndarray) -> RankingTask:
+        """The task restricted to the units ``keep`` (U,) bool marks (a lite subset): their queries, and the
+        gallery items of those units or of none; positives renumbered. Needs ``unit_ids``."""
+        if self.query_units is None or self.gallery_units is None:
+            raise ValueError(f"task {self.name} records no units")
+        keep_q = keep[self.query_units]
+        keep_g = (self.gallery_units < 0) | keep[np.maximum(self.gallery_units, 0)]
+        new_pos = np.cumsum(keep_g) - 1
+        ptr, idx = [0], []
+        for q in np.nonzero(keep_q)[0]:
+            p = self.pos_idx[self.pos_ptr[q]:self.pos_ptr[q + 1]]
+            idx.extend(new_pos[p[keep_g[p]]].tolist())
+            ptr.append(len(idx))
+        return self._keep(keep_q, keep_g, np.array(ptr, dtype=np.int64), np.array(idx, dtype=np.int64),
+                          dict(self.skipped))
+
+    def _keep(self, keep_q: np.ndarray, keep_g: np.ndarray, pos_ptr: np.ndarray, pos_idx: np.ndarray,
+              skipped: dict) -> RankingTask:
+        gid = np.repeat(np.arange(len(self.groups)), np.diff(self.group_bounds))
+        bounds = np.zeros(len(self.groups) + 1, dtype=np.int64)
+        np.add.at(bounds, gid[keep_g] + 1, 1)
+        bounds = np.cumsum(bounds)
         return replace(self, query_items=self.query_items[keep_q],
                        query_ids=[i for i, k in zip(self.query_ids, keep_q) if k],
                        group_bounds=bounds, gallery_items=self.gallery_items[keep_g],
                        gallery_ids=[i for i, k in zip(self.gallery_ids, keep_g) if k],
-                       pos_ptr=np.array(ptr, dtype=np.int64), pos_idx=np.array(idx, dtype=np.int64),
-                       skipped=skipped)
+                       pos_ptr=pos_ptr, pos_idx=pos_idx, skipped=skipped,
+                       query_units=None if self.query_units is None else self.query_units[keep_q],
+                       gallery_units=None if self.gallery_units is None else self.gallery_units[keep_g])
 
 
 @dataclass

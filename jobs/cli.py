@@ -27,6 +27,7 @@ from hardrank.evaluate import evaluate, plan
 from hardrank.inputs import registry
 from hardrank.jobs.bench import add_bench_parser
 from hardrank.jobs.cmd_attack import add_attack_parser
+from hardrank.jobs.cmd_compare import add_compare_parser
 from hardrank.jobs.cmd_demo import add_demo_parser
 from hardrank.jobs.cmd_export import add_export_parser
 from hardrank.jobs.cmd_mine import add_mine_parser
@@ -53,7 +54,7 @@ def _run_eval(cfg: EvalConfig, args, title: str | None = None) -> None:
     report = evaluate(cfg, progress=make_progress(args.quiet), echo=_echo(args))
     if title:
         print(title)
-    print(format_table(report.table_rows()))
+    print(format_table(report.table_rows(), intervals=report.table_intervals()))
 
 
 def _cmd_eval(args) -> int:
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_attack_parser(sub)
     add_run_parser(sub)
     add_report_parser(sub)
+    add_compare_parser(sub)
     add_store_parser(sub)
     add_export_parser(sub)
     add_bench_parser(sub)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hardrank.config import EvalConfig, check_options, opt
+from hardrank.dashboards import Dashboards
 from hardrank.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, MissingExtra, Terminated, UsageError
 from hardrank.evaluate import evaluate
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
@@ -39,8 +40,15 @@ def watch(cfg: EvalConfig, *, interval: float = 60.0, settle: float = 10.0, unti
     not yet in ``cfg.out`` (all of them in one pass when several wait), then rebuild the report.
     Returns the labels evaluated. Stops after epoch ``until`` is evaluated, after one look with
     ``once``, or on Ctrl-C or SIGTERM (KeyboardInterrupt propagates after the current checkpoint's results
-    are written: they are written atomically, so nothing is half done)."""
+    are written: they are written atomically, so nothing is half done). ``cfg.log_to``'s dashboards stay
+    open over the whole watch: each checkpoint is logged at its epoch as it is evaluated."""
     read_params(cfg.run)  # a folder that is no run fails now, not at the first checkpoint
+    with Dashboards(cfg.log_to, run=cfg.out) as dashboards:  # one dashboard run for the whole watch
+        return _watch(cfg, interval, settle, until, once, report, echo, progress, dashboards)
+
+
+def _watch(cfg: EvalConfig, interval: float, settle: float, until: int | None, once: bool, report: bool, echo,
+           progress, dashboards: Dashboards) -> list[str]:
     done: list[str] = []
     while True:
         now = time.time()
@@ -48,9 +56,10 @@ def watch(cfg: EvalConfig, *, interval: float = 60.0, settle: float = 10.0, unti
         ready = [p for p in waiting if _ready(p, settle, now)]
         if ready:
             echo(f"watch: evaluating {', '.join(p.stem for p in ready)}")
-            rep = evaluate(replace(cfg, checkpoints=tuple(str(p) for p in ready)), progress=progress, echo=echo)
+            rep = evaluate(replace(cfg, checkpoints=tuple(str(p) for p in ready)), progress=progress, echo=echo,
+                           dashboards=dashboards)
             done.extend(p.stem for p in ready)
-            echo(format_table(rep.table_rows()))
+            echo(format_table(rep.table_rows(), intervals=rep.table_intervals()))
             if report:
                 try:
                     paths = build_report(cfg.out)

@@ -92,6 +92,8 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, req
                 kw.pop("metavar")
             if is_list:
                 kw["nargs"] = "+" if name in required or default not in ((), None) else "*"
+                if f.metadata.get("repeat"):  # --log-to a --log-to b: both (the default must be empty)
+                    kw["action"], kw["nargs"] = "extend", "+"
         if f.metadata.get("positional") or name in positional:
             kw.pop("dest")  # argparse names a positional's destination by its first argument
             kw.setdefault("metavar", f.metadata.get("metavar") or name.upper())

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"engine": "hardrank", "kernels": "hardrank.kernels", "jobs": "hardrank.jobs"}
 HEAVY = ("ray", "nvidia.dali", "faiss", "matplotlib", "spacy", "nltk",  # optional or heavy: imported where needed
          "fsspec", "s3fs", "gcsfs", "adlfs", "webdataset", "moto", "boto3", "botocore", "transformers", "sentencepiece",
-         "tokenizers")
+         "tokenizers", "tensorboard", "torch.utils.tensorboard", "wandb", "mlflow")
 
 
 def _modules() -> dict[str, Path]:
@@ -118,7 +118,10 @@ HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.embed.da
          # (and hardrank.openclip_import, which binds it into open_clip when a text tower needs it)
          "transformers": ("hardrank.models.hf_text", "hardrank.models.hf_models", "hardrank.models.blip",
                           "hardrank.jobs.bench.inputs", "hardrank.openclip_import"),
-         "sentencepiece": ("hardrank.models.hf_text",), "tokenizers": ()}
+         "sentencepiece": ("hardrank.models.hf_text",), "tokenizers": (),
+         # the training dashboards (--log-to): each imported inside hardrank.dashboards' functions, when asked for
+         "tensorboard": ("hardrank.dashboards",), "torch.utils.tensorboard": ("hardrank.dashboards",),
+         "wandb": ("hardrank.dashboards",), "mlflow": ("hardrank.dashboards",)}
 
 
 def test_remote_backends_are_imported_only_inside_functions_of_their_home():
@@ -195,7 +198,8 @@ def test_one_executor_factory_reads_the_executor_option():
 def test_core_imports_without_the_extras():
     """`import hardrank` and the CLI's parser work with ray, DALI, matplotlib and transformers absent."""
     script = ("import sys\n"
-              "for m in ('ray', 'nvidia.dali', 'matplotlib', 's3fs', 'webdataset', 'moto', 'transformers'):\n"
+              "for m in ('ray', 'nvidia.dali', 'matplotlib', 's3fs', 'webdataset', 'moto', 'transformers',\n"
+              "          'tensorboard', 'torch.utils.tensorboard', 'wandb', 'mlflow'):\n"
               "    sys.modules[m] = None\n"
               "import hardrank, hardrank.jobs.cli\n"
               "hardrank.jobs.cli.build_parser()\n"

@@ -431,3 +431,29 @@ def test_low_precision_text_tower_runs_sequence_first_with_the_same_embeddings(a
     assert np.allclose(seq, batch_first, atol=2e-2)  # bf16 rounding; bit-identical where both GEMMs agree
     assert (seq * batch_first).sum(1).min() > 0.999
     assert _text_sequence_first(torch.nn.Linear(2, 2)) is False  # not an open_clip text tower: untouched
+
+
+def test_watch_and_the_api_log_each_epoch_to_tensorboard(arch, tmp_path):
+    """`watch --log-to tensorboard:DIR` logs every epoch's headline metrics at its epoch, one writer for the
+    whole watch; the Python API's evaluate(log_to=...) does the same for its checkpoints."""
+    pytest.importorskip("torch.utils.tensorboard")
+    from helpers import make_karpathy_world
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    w = make_karpathy_world(tmp_path / "w", n_images=4)
+    run = _run(tmp_path / "exp")
+    out = tmp_path / "res"
+    rc = main(["watch", str(run), "--suite", "karpathy", "--annotations", str(w["annotations"]), "--images",
+               str(w["images"]), "--out", str(out), "--store", str(tmp_path / "s"), "--once", "--settle", "0",
+               "--no-report", "--log-to", f"tensorboard:{tmp_path / 'tb'}", "--quiet"])
+    assert rc == 0
+    ea = EventAccumulator(str(tmp_path / "tb"))
+    ea.Reload()
+    want = {e: json.loads((out / f"epoch_{e}" / "karpathy.json").read_text())["metrics"]["original"]["i2t"]["R@1"]
+            for e in (1, 2)}
+    assert {s.step: s.value for s in ea.Scalars("karpathy/i2t R@1")} == pytest.approx(want)
+    hardrank.evaluate(run=str(run), suites=["karpathy"], annotations=str(w["annotations"]), images=str(w["images"]),
+                      out=str(tmp_path / "api"), store=str(tmp_path / "s"), log_to=[f"tensorboard:{tmp_path / 'tb2'}"])
+    ea = EventAccumulator(str(tmp_path / "tb2"))
+    ea.Reload()
+    assert sorted(s.step for s in ea.Scalars("karpathy/t2i R@1")) == [1, 2]

@@ -277,3 +277,40 @@ def test_progress_modes():
     assert type(bar).__name__ == "_Bar" and type(bar.bar).__name__ == "tqdm"
     bar.update(3)
     bar.close()
+
+
+def test_several_runs_one_line_each_in_their_colour_and_marked_differences(world, tmp_path):
+    """Two training runs in one results folder: every plot against step draws a line per run (runs named by
+    their folder, never one sawtooth through both), each run in one colour in every plot; the leaderboard
+    gives the main metric's interval and whether its gap to the suite's best holds."""
+    from hardrank.jobs.report.load import checkpoint_axis, load_results
+    from hardrank.jobs.report.plots import _label_colours, run_colours, vs_step_lines
+
+    for run in ("runA", "runB"):
+        _eval(world, tmp_path / "res" / run, ("toy_step0100", "toy_step0200", "toy_step0300"), tmp_path)
+    results = load_results(tmp_path / "res", None)
+    assert {r.run for r in results} == {"runA", "runB"}
+    axis = checkpoint_axis(sorted({r.label for r in results}))
+    rococo = [r for r in results if r.suite == "rococo"]
+    lines = vs_step_lines(rococo, axis)
+    assert {run for run, _ in lines} == {"runA", "runB"}
+    for (run, name), line in lines.items():
+        xs = [x for x, _ in line["stepped"]]
+        assert xs == [100.0, 200.0, 300.0], (run, name, xs)  # its own steps, in order: no sawtooth
+    colours = run_colours(results)
+    assert colours == run_colours(list(reversed(results))) and colours["runA"] != colours["runB"]
+    by_suite = {s: [r for r in results if r.suite == s] for s in {r.suite for r in results}}
+    colour = _label_colours(by_suite, axis.order, None)
+    a_last, b_last = colour("runA/toy_step0300", 0, 1), colour("runB/toy_step0300", 0, 1)
+    assert np.allclose(a_last[:3], colours["runA"][:3]) and np.allclose(b_last[:3], colours["runB"][:3])
+    paths = build_report(tmp_path / "res")
+    rows = list(csv.DictReader(paths["csv"].open()))
+    ranked = [r for r in rows if r["suite"] == "rococo"]
+    for r in ranked:
+        assert float(r["main_ci95_low"]) <= float(r["main"]) <= float(r["main_ci95_high"])
+    best = [r for r in ranked if float(r["vs_best"]) == 0]
+    others = [r for r in ranked if float(r["vs_best"]) < 0]
+    assert best and others and all(r["vs_best_holds"] in ("True", "False") for r in others)
+    assert any(r["vs_best_holds"] == "True" for r in others)  # step 100 is far below the best
+    page = paths["html"].read_text()
+    assert "no difference from the best that holds" in page and re.search(r"\[\d+\.\d, \d+\.\d\]", page)

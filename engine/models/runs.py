@@ -23,9 +23,23 @@ from hardrank.errors import DataError, UsageError
 from hardrank.models.openclip import ModelSpec, resolve_arch
 
 __all__ = ["read_params", "run_checkpoints", "run_spec", "model_specs", "user_specs", "folder_arch",
-           "checkpoint_complete"]
+           "checkpoint_complete", "checkpoint_step"]
 
 _EPOCH = re.compile(r"^epoch_(\d+)\.(pt|pth|safetensors)$")
+# "step0200", "epoch_3", "iter-1000", "global_step5", "checkpoint-500" (transformers' Trainer): the unit and
+# the number
+_STEP = re.compile(r"(?<![a-z])(global_step|step|epoch|iteration|iter|it|ckpt|checkpoint)[_\-]?(\d+)", re.I)
+
+
+def checkpoint_step(name: str) -> tuple[str, int] | None:
+    """``("step", 200)`` for ``toy-clip_step0200``, ``("epoch", 3)`` for ``epoch_3`` (open_clip's trainer),
+    ``("checkpoint", 500)`` for ``checkpoint-500`` (transformers' Trainer); None if the name holds no step
+    (the last match wins: ``run2_epoch_3`` is epoch 3)."""
+    found = _STEP.findall(name)
+    if not found:
+        return None
+    unit, num = found[-1]
+    return unit.lower(), int(num)
 # params.txt name -> the preprocessing key it overrides
 _PREPROCESS = {"image_mean": "mean", "image_std": "std", "image_interpolation": "interpolation",
                "image_resize_mode": "resize_mode"}

@@ -131,4 +131,5 @@ def classify_outcomes(task: ClassifyTask, ranks: dict) -> pa.Table:
         "top1_id": [names[t] if t >= 0 else None for t in ranks["top1"]], "top1_group": [None] * n,
         "subset": [names[lab] for lab in ranks["label"]], "scores": [None] * n,
         "correct": (ranks["rank"] == 0).tolist(),
+        "unit": [task.query_ids[i] for i in ranks["image"]], "verdicts": [None] * n,
     }, schema=outcome_schema())

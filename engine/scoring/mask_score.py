@@ -134,5 +134,5 @@ def mask_outcomes(res: dict, answers: dict | None = None) -> list[pa.Table]:
         "kind": ["mask"] * n, "task": [role] * n, "view": [None] * n, "query_id": o["question_id"],
         "rank": [None] * n, "top1_id": top, "top1_group": [None] * n, "subset": [None] * n,
         "scores": np.stack([o[f"{role}_iou"], o[f"{role}_inter"], o[f"{role}_union"]], 1).astype(np.float32).tolist(),
-        "correct": [None] * n,
+        "correct": [None] * n, "unit": o["question_id"], "verdicts": [None] * n,
     }, schema=outcome_schema()) for role in ROLES]

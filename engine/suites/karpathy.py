@@ -148,16 +148,22 @@ def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[
             text_ids.extend(caps)
         bounds.append(len(texts))
     groups = ["original", *text_variants]
+    # units: the images; a caption, perturbed or not, belongs to its image, an altered image to its original
+    n_img = len(clean)
+    owner = np.repeat(np.arange(n_img), [len(c) for _, c in clean])
+    caption_units = [owner] + [np.repeat(np.arange(n_img), [len(c) for c in per_image])
+                               for per_image in text_variants.values()]
+    units = {"unit_ids": image_ids, "query_units": np.arange(n_img, dtype=np.int64)}
     i2t = RankingTask(
         name="i2t", query_modality="image", query_items=img_rows, query_ids=image_ids,
         groups=groups, group_bounds=np.array(bounds, dtype=np.int64),
         gallery_items=tables.texts.add_many(texts, text_ids), gallery_ids=text_ids,
         pos_ptr=np.array(pos_ptr, dtype=np.int64), pos_idx=np.array(pos_idx, dtype=np.int64),
-        views={"original": ["original"], **{v: ["original", v] for v in text_variants}})
+        views={"original": ["original"], **{v: ["original", v] for v in text_variants}},
+        gallery_units=np.concatenate(caption_units).astype(np.int64), **units)
     # -- t2i: captions -> images
     n_orig = bounds[1]
     caption_rows = i2t.gallery_items[:n_orig]
-    owner = np.repeat(np.arange(len(clean)), [len(c) for _, c in clean])
     gal_rows, gal_ids = [img_rows], list(image_ids)
     for v in image_variants:
         v_ids = [f"{v}/{im}" for im in image_ids]
@@ -177,15 +183,17 @@ def build_retrieval(tables: Tables, images_root: str | Path | None, clean: list[
         query_ids=[f"{v}/{im}" for im in image_ids],
         groups=["original"], group_bounds=np.array(bounds[:2], dtype=np.int64),
         gallery_items=i2t.gallery_items[:bounds[1]], gallery_ids=text_ids[:bounds[1]],
-        pos_ptr=i2t.pos_ptr, pos_idx=i2t.pos_idx, views={"original": ["original"]}) for v in query_variants]
-    n_img = len(clean)
+        pos_ptr=i2t.pos_ptr, pos_idx=i2t.pos_idx, views={"original": ["original"]},
+        gallery_units=owner.astype(np.int64), **units) for v in query_variants]
     t2i = RankingTask(
         name="t2i", query_modality="text", query_items=caption_rows, query_ids=text_ids[:n_orig],
         groups=["original", *image_variants],
         group_bounds=np.arange(len(image_variants) + 2, dtype=np.int64) * n_img,
         gallery_items=np.concatenate(gal_rows), gallery_ids=gal_ids,
         pos_ptr=np.arange(n_orig + 1, dtype=np.int64), pos_idx=owner.astype(np.int64),
-        views={"original": ["original"], **{v: ["original", v] for v in image_variants}})
+        views={"original": ["original"], **{v: ["original", v] for v in image_variants}},
+        unit_ids=image_ids, query_units=owner.astype(np.int64),
+        gallery_units=np.tile(np.arange(n_img, dtype=np.int64), len(image_variants) + 1))
     for t in (i2t, t2i, *query_tasks):
         t.validate()
     return [i2t, t2i, *query_tasks]

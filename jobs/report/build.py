@@ -11,6 +11,7 @@ from hardrank.errors import MissingExtra, UsageError
 from hardrank.jobs.report.failures import Thumbs, worst_failures
 from hardrank.jobs.report.load import checkpoint_axis, load_results
 from hardrank.jobs.report.render import render_html, render_md
+from hardrank.jobs.report.significance import main_marks
 from hardrank.jobs.report.tables import leaderboard, write_csv
 from hardrank.perturb.attack_run import TRANSFER_KIND
 
@@ -62,7 +63,8 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *, top:
     suites = sorted({r.suite for r in results},
                     key=lambda s: (min(kinds.get(r.data["task_type"], 3) for r in results if r.suite == s), s))
     by_suite = {s: [r for r in results if r.suite == s] for s in suites}
-    rows = leaderboard(results, axis, suites)
+    marks = main_marks(by_suite)  # the main metric's interval and whether its gap to the best holds
+    rows = leaderboard(results, axis, suites, marks)
     write_csv(rows, out / "leaderboard.csv")
     pngs = plots.report_plots(results, by_suite, axis, suites)
     for name, doc in _transfers(results_dir, out).items():
@@ -78,6 +80,7 @@ def build_report(results_dir: str | Path, out: str | Path | None = None, *, top:
     for r in rows:
         columns.extend(k for k in r if k not in columns)
     ctx = {"results": results, "order": order, "axis": axis, "suites": suites, "plots": pngs, "rows": rows,
+           "marks": marks,
            "columns": columns,
            "failures": worst_failures(by_suite, order, top), "results_dir": str(results_dir),
            "results_dir_path": results_dir, "generated": time.strftime("%Y-%m-%d %H:%M:%S")}

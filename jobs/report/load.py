@@ -5,23 +5,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from hardrank.models.runs import checkpoint_step
 from hardrank.scoring.results import read_results
 
 __all__ = ["Result", "Axis", "parse_step", "load_results", "checkpoint_axis"]
 
-# "step0200", "epoch_3", "iter-1000", "global_step5": the unit and the number. Checkpoint names
-# without one are listed after those with one, in name order.
-_STEP = re.compile(r"(?<![a-z])(global_step|step|epoch|iteration|iter|it|ckpt|checkpoint)[_\-]?(\d+)", re.I)
-
 
 def parse_step(name: str) -> tuple[str, int] | None:
     """``("step", 200)`` for ``toy-clip_step0200``, ``("epoch", 3)`` for ``epoch_3``; None if the name
-    holds no step (the last match wins: ``run2_epoch_3`` is epoch 3)."""
-    found = _STEP.findall(name)
-    if not found:
-        return None
-    unit, num = found[-1]
-    return unit.lower(), int(num)
+    holds no step (``hardrank.models.runs.checkpoint_step``: the one parser of steps in names). Checkpoint
+    names without one are listed after those with one, in name order."""
+    return checkpoint_step(name)
 
 
 def _natural(s: str):
@@ -33,6 +27,7 @@ class Result:
     path: Path            # the result JSON
     data: dict            # its content
     label: str            # checkpoint label shown in the report
+    run: str = ""         # the training run: the folder holding its checkpoint's folder ("" for the top)
 
     @property
     def suite(self) -> str:
@@ -50,7 +45,8 @@ class Result:
 def load_results(results_dir: Path, skip: Path | None) -> list[Result]:
     """Every result below ``results_dir`` (not below ``skip``, the report's own folder). Labels are
     the checkpoint names, or the folders below ``results_dir`` when one name repeats for a suite."""
-    found = [Result(r.path, r.data, str(r.data["checkpoint"])) for r in read_results(results_dir, skip=skip)]
+    found = [Result(r.path, r.data, str(r.data["checkpoint"]), _run(r.path, results_dir))
+             for r in read_results(results_dir, skip=skip)]
     seen: dict[tuple[str, str], int] = {}
     for r in found:
         seen[(r.label, r.suite)] = seen.get((r.label, r.suite), 0) + 1
@@ -58,6 +54,13 @@ def load_results(results_dir: Path, skip: Path | None) -> list[Result]:
         for r in found:
             r.label = r.path.parent.relative_to(results_dir).as_posix()
     return found
+
+
+def _run(path: Path, root: Path) -> str:
+    """The run a result belongs to: the folder above its checkpoint folder, relative to the results folder
+    (``run1`` for ``run1/epoch_3/suite.json``; "" for ``epoch_3/suite.json``)."""
+    rel = path.parent.parent.relative_to(root).as_posix()
+    return "" if rel == "." else rel
 
 
 @dataclass

@@ -14,7 +14,7 @@ from hardrank.jobs.report.load import Axis, Result
 from hardrank.jobs.report.tables import MASK_ROLES, directions, drop, main_metric, num, top_level
 from hardrank.scoring.metrics import corruption_severity, variant_entries
 
-__all__ = ["report_plots", "plot_bench", "plot_transfer"]
+__all__ = ["report_plots", "plot_bench", "plot_transfer", "run_colours", "vs_step_lines"]
 
 _CHOICE_KEYS = ("accuracy", "original_accuracy", "augmented_accuracy", "group_score", "text_score", "image_score")
 
@@ -83,32 +83,57 @@ def _series(r: Result) -> list[tuple[str, float | None, dict]]:
 _YLABEL = {"ranking": "R@1 (%)", "choice": "accuracy / score (%)", "mask": "IoU (%)", "classification": "top-1 (%)"}
 
 
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
+
+
+def run_colours(results: list[Result]) -> dict[str, tuple]:
+    """One colour per training run (``Result.run``), the same in every plot: tab10's, in run-name order."""
+    runs = sorted({r.run for r in results})
+    cmap = matplotlib.colormaps["tab10"]
+    return {run: cmap(i % 10) for i, run in enumerate(runs)}
+
+
+def vs_step_lines(rs: list[Result], axis: Axis) -> dict[tuple[str, str], dict]:
+    """The lines of one suite's panel: {(run, series name): {"style", "stepped": [(x, y)], "other": [(x, y)]}},
+    one line per run and series, points in checkpoint order (a run's steps never join another run's)."""
+    lines: dict[tuple[str, str], dict] = {}
+    for r in sorted(rs, key=lambda r: axis.order.index(r.label)):
+        part = "stepped" if axis.step[r.label] is not None or axis.unit == "order" else "other"
+        for name, value, style in _series(r):
+            sr = lines.setdefault((r.run, name), {"style": style, "stepped": [], "other": []})
+            if value is not None:
+                sr[part].append((axis.x[r.label], value))
+    return lines
+
+
 def _plot_vs_step(by_suite: dict[str, list[Result]], axis: Axis) -> bytes:
     """One panel per suite: its metrics along the checkpoints' steps, joined by lines; checkpoints
-    without a step (a predictions folder, ``final``) as separate markers to the right of a divider."""
+    without a step (a predictions folder, ``final``) as separate markers to the right of a divider.
+    Several runs (results in several run folders): one line per run and metric, each run in its colour
+    (the same in every plot), each metric with its marker."""
     suites = list(by_suite)
+    colours = run_colours([r for rs in by_suite.values() for r in rs])
+    multi = len(colours) > 1
     ncol = 2 if len(suites) > 1 else 1
     nrow = math.ceil(len(suites) / ncol)
     fig = _figure(6.2 * ncol, 3.6 * nrow)
     axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
     for ax, suite in zip(axes, suites):
         rs = sorted(by_suite[suite], key=lambda r: axis.order.index(r.label))
-        series: dict[str, dict] = {}  # name -> {"style", "stepped": [(x, y)], "other": [(x, y)]}
-        for r in rs:
-            part = "stepped" if axis.step[r.label] is not None or axis.unit == "order" else "other"
-            for name, value, style in _series(r):
-                sr = series.setdefault(name, {"style": style, "stepped": [], "other": []})
-                if value is not None:
-                    sr[part].append((axis.x[r.label], value))
+        series = vs_step_lines(rs, axis)
+        names = list(dict.fromkeys(name for _, name in series))
         top = 0.0
-        for name, sr in series.items():
-            color = None
+        for (run, name), sr in series.items():
+            color = colours[run] if multi else None
+            marker = _MARKERS[names.index(name) % len(_MARKERS)] if multi else "o"
+            label = f"{run}: {name}" if multi else name
             if sr["stepped"]:
-                (line,) = ax.plot(*zip(*sr["stepped"]), marker="o", ms=4, label=name, **sr["style"])
+                (line,) = ax.plot(*zip(*sr["stepped"]), marker=marker, ms=4, label=label, color=color,
+                                  **sr["style"])
                 color = line.get_color()
             if sr["other"]:
                 ax.plot(*zip(*sr["other"]), ls="none", marker="D", ms=6, color=color,
-                        label=None if color else name)
+                        label=None if sr["stepped"] else label)
             top = max([top] + [v for _, v in sr["stepped"] + sr["other"]])
         ax.set_title(suite, fontsize=11)
         ax.set_ylabel(_YLABEL.get(rs[0].data["task_type"], "%") if rs else "%")
@@ -142,6 +167,27 @@ def _sample(order: list[str], n: int = 6) -> list[str]:
     return [order[round(i * (len(order) - 1) / (n - 1))] for i in range(n)]
 
 
+def _label_colours(by_suite: dict[str, list[Result]], order, cmap):
+    """colour(label, j, n): a checkpoint's colour in the per-checkpoint plots. One run: position j of n along
+    the colour map; several runs: its run's colour (``run_colours``, as in the plot against step), darker for
+    later checkpoints of the run."""
+    results = [r for rs in by_suite.values() for r in rs]
+    runs = run_colours(results)
+    if len(runs) < 2:
+        return lambda label, j, n: cmap(j / max(n - 1, 1) * 0.85)
+    run_of = {r.label: r.run for r in results}
+    members = {run: [l for l in order if run_of.get(l) == run] for run in runs}
+
+    def colour(label, j, n):
+        run = run_of.get(label, "")
+        mates = members.get(run, [label])
+        k = mates.index(label) / max(len(mates) - 1, 1) if label in mates else 1.0
+        base = np.array(runs.get(run, (0.5, 0.5, 0.5, 1.0))[:3])
+        t = 0.45 + 0.55 * k  # early checkpoints: the run's colour blended with white
+        return (*(base * t + (1.0 - t)).tolist(), 1.0)
+    return colour
+
+
 def _plot_drops(by_suite: dict[str, list[Result]], order) -> bytes | None:
     panels = []  # (suite, direction, views, {label: [drop per view]})
     for suite, rs in by_suite.items():
@@ -161,13 +207,14 @@ def _plot_drops(by_suite: dict[str, list[Result]], order) -> bytes | None:
     if not panels:
         return None
     fig, axes, cmap = _panel_grid(len(panels))
+    colour = _label_colours(by_suite, order, cmap)
     for ax, (suite, d, views, vals) in zip(axes, panels):
         n = max(len(vals), 1)
         w = 0.8 / n
         for j, (label, ys) in enumerate(vals.items()):
             pos = np.arange(len(views)) + (j - (n - 1) / 2) * w
             ax.bar(pos, [0 if y is None else y for y in ys], w, label=label,
-                   color=cmap(j / max(n - 1, 1) * 0.85))
+                   color=colour(label, j, n))
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(np.arange(len(views)), views, rotation=20, ha="right", fontsize=8)
         ax.set_ylabel("drop in R@1 (points)")
@@ -208,11 +255,12 @@ def _plot_severity(by_suite: dict[str, list[Result]], order) -> bytes | None:
     if not panels:
         return None
     fig, axes, cmap = _panel_grid(len(panels))
+    colour = _label_colours(by_suite, order, cmap)
     for ax, (suite, corruption, per) in zip(axes, panels):
         shown = _sample([l for l in order if l in per])
         for j, label in enumerate(shown):
             pts = sorted((s, v) for s, v in per[label].items() if v is not None)
-            ax.plot(*zip(*pts), marker="o", ms=4, label=label, color=cmap(j / max(len(shown) - 1, 1) * 0.85))
+            ax.plot(*zip(*pts), marker="o", ms=4, label=label, color=colour(label, j, len(shown)))
         ax.set_xlabel("severity (0 = clean)")
         ax.set_ylabel("top-1 (%)")
         ax.set_title(f"{suite}: {corruption}", fontsize=11)

@@ -16,6 +16,7 @@ h1{margin-bottom:4px} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-
 .meta{color:#666;font-size:13px} table{border-collapse:collapse;font-size:13px;margin:8px 0}
 th,td{border:1px solid #ddd;padding:4px 8px;vertical-align:middle} th{background:#f3f5f7;text-align:left}
 td.num{text-align:right;font-variant-numeric:tabular-nums} td.best{font-weight:bold;background:#e8f4e8}
+td.tied{background:#f1f8f1}
 img.plot{max-width:100%;border:1px solid #eee;margin:8px 0} img.thumb{width:64px;height:64px;
 image-rendering:pixelated;display:block} .small{font-size:12px;color:#555} code{font-size:12px}
 td.text{max-width:420px}
@@ -27,6 +28,16 @@ _MAIN_NOTE = ("Main metric per suite: ranking, clean R@1 (mean of i2t and t2i); 
 _VS_STEP_NOTE = ("Ranking: R@1, solid the clean protocol, dashed with a variant's items added. Choice: accuracies. "
                  "Mask: gIoU solid, cIoU dashed. Checkpoints without a step in their name (diamonds) sit right of "
                  "the dotted line.")
+
+
+_TIED_NOTE = ("shaded: no difference from the best that holds (paired test against it: exact McNemar or a "
+              "permutation test; Holm over the suite's checkpoints; p >= 0.05). [low, high]: the 95% bootstrap "
+              "interval.")
+
+
+def _tied(mark: dict) -> bool:
+    """Whether a checkpoint's gap to its suite's best was tested and does not hold."""
+    return "p_holm" in mark and not mark.get("holds")
 
 
 def _ckpts(axis) -> str:
@@ -105,16 +116,20 @@ def render_html(ctx: dict, thumbs: Thumbs) -> str:
          f'<p class="meta">{_esc(ctx["results_dir"])} &middot; {len(results)} results, {_ckpts(axis)}, '
          f'{len(suites)} suites &middot; generated {_esc(ctx["generated"])}</p>',
          "<h2>Leaderboard</h2>",
-         f'<p class="small">{_esc(_MAIN_NOTE)} Best per suite in bold. All headline numbers are in '
-         '<code>leaderboard.csv</code>.</p>',
+         f'<p class="small">{_esc(_MAIN_NOTE)} Best per suite in bold; {_esc(_TIED_NOTE)} All headline '
+         'numbers are in <code>leaderboard.csv</code>.</p>',
          "<table><tr><th>checkpoint</th>" + (f"<th>{_esc(axis.unit)}</th>" if step_col else "") + "".join(
              f"<th>{_esc(s)}<br><span class='small'>{_esc(metric_of[s])}</span></th>" for s in suites) + "</tr>"]
+    marks = ctx.get("marks") or {}
     for l in order:
         tds = []
         for s in suites:
             v = cell.get((l, s), (None, None))[1]
-            cls = "num best" if v is not None and v == best[s] else "num"
-            tds.append(f'<td class="{cls}">{_fmt(v)}</td>')
+            mk = marks.get((l, s), {})
+            cls = "num best" if v is not None and v == best[s] else "num tied" if _tied(mk) else "num"
+            ci = (f'<br><span class="small">[{mk["ci95"][0]:.1f}, {mk["ci95"][1]:.1f}]</span>'
+                  if "ci95" in mk and v is not None else "")
+            tds.append(f'<td class="{cls}">{_fmt(v)}{ci}</td>')
         step = f'<td class="num">{_step(axis, l)}</td>' if step_col else ""
         h.append(f"<tr><td>{_esc(l)}</td>{step}{''.join(tds)}</tr>")
     h.append("</table>")
@@ -180,14 +195,18 @@ def render_md(ctx: dict, plot_files: dict[str, str]) -> str:
     step_col = axis.unit != "order"
     md = ["# hardrank report", "", f"{ctx['results_dir']}: {len(results)} results, {_ckpts(axis)}, "
           f"{len(suites)} suites; generated {ctx['generated']}.", "", "## Leaderboard", "",
-          f"{_MAIN_NOTE} Best in bold.", "",
+          f"{_MAIN_NOTE} Best in bold; ≈: {_TIED_NOTE}", "",
           "| checkpoint | " + (f"{axis.unit} | " if step_col else "") + " | ".join(_md_cell(s) for s in suites) + " |",
           "|---|" + ("---:|" if step_col else "") + "---:|" * len(suites)]
+    marks = ctx.get("marks") or {}
     for l in order:
         vals = []
         for s in suites:
             v = cell.get((l, s), (None, None))[1]
-            vals.append(f"**{_fmt(v)}**" if v is not None and v == best[s] else _fmt(v))
+            mk = marks.get((l, s), {})
+            ci = f" [{mk['ci95'][0]:.1f}, {mk['ci95'][1]:.1f}]" if "ci95" in mk and v is not None else ""
+            shown = f"**{_fmt(v)}**" if v is not None and v == best[s] else f"{_fmt(v)} ≈" if _tied(mk) else _fmt(v)
+            vals.append(shown + ci)
         md.append(f"| {_md_cell(l)} | " + (f"{_step(axis, l)} | " if step_col else "") + " | ".join(vals) + " |")
     if step_col and axis.unstepped:
         md += ["", _unstepped_note(axis)]

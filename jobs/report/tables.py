@@ -9,8 +9,8 @@ from hardrank.atomic import atomic_path
 from hardrank.jobs.report.load import Axis, Result
 from hardrank.scoring.results import summary_row
 
-__all__ = ["num", "directions", "top_level", "drop", "main_metric", "leaderboard", "write_csv", "pivot",
-           "MASK_ROLES"]
+__all__ = ["num", "directions", "top_level", "drop", "main_metric", "main_paths", "leaderboard", "write_csv",
+           "pivot", "MASK_ROLES"]
 
 _MAIN_CHOICE = ("accuracy", "augmented_accuracy", "group_score", "i2t_accuracy")
 _HEAD = ("checkpoint", "step", "step_unit", "order", "suite", "task_type", "main_metric", "main")  # always there
@@ -47,39 +47,52 @@ def drop(metrics: dict, view: str, d: str) -> float | None:
     return None if clean is None or var is None else clean - var
 
 
-def main_metric(res: dict) -> tuple[str, float | None]:
-    """The one number per (checkpoint, suite) of the heatmap and the pivot table: ranking, clean R@1
-    (mean of i2t and t2i); choice, the suite's accuracy; mask, the amodal gIoU; classification, clean top-1."""
+def main_paths(res: dict) -> tuple[str, list[tuple[str, ...]]]:
+    """The main metric's name and the metric paths it averages: ranking, clean R@1 (mean of i2t and t2i);
+    choice, the suite's accuracy (over its top-level tasks); mask, the amodal gIoU; classification, clean top-1."""
     m = res["metrics"]
+
+    def present(paths):
+        return [p for p in paths if num(_at(m, p)) is not None]
     if res["task_type"] == "ranking":
         o = m.get("original", {})
         if isinstance(o.get("mean"), dict) and num(o["mean"].get("R@1")) is not None:
-            return "R@1 mean", num(o["mean"]["R@1"])
-        vals = [num(o[d]["R@1"]) for d in directions(o)]
-        vals = [v for v in vals if v is not None]
-        return "R@1", (sum(vals) / len(vals) if vals else None)
+            return "R@1 mean", [("original", "mean", "R@1")]
+        return "R@1", present([("original", d, "R@1") for d in directions(o)])
     if res["task_type"] == "classification":
-        vals = [num(t.get("clean", {}).get("acc1")) for t in m.values() if isinstance(t, dict)]
-        vals = [v for v in vals if v is not None]
-        return "top-1", (sum(vals) / len(vals) if vals else None)
+        return "top-1", present([(t, "clean", "acc1") for t, v in m.items() if isinstance(v, dict)])
     if res["task_type"] == "mask":
         for role in MASK_ROLES[::-1]:  # amodal first: the suite's point
             if num(m.get(role, {}).get("gIoU")) is not None:
-                return f"{role} gIoU", num(m[role]["gIoU"])
-        return "-", None
+                return f"{role} gIoU", [(role, "gIoU")]
+        return "-", []
     for key in _MAIN_CHOICE:
-        vals = [num(m[t]["all"].get(key)) for t in top_level(m) if isinstance(m[t].get("all"), dict)
-                and key in m[t]["all"]]
-        vals = [v for v in vals if v is not None]
-        if vals:
-            return key, sum(vals) / len(vals)
-    return "-", None
+        paths = present([(t, "all", key) for t in top_level(m) if isinstance(m[t].get("all"), dict)])
+        if paths:
+            return key, paths
+    return "-", []
 
 
-def leaderboard(results: list[Result], axis: Axis, suites: list[str]) -> list[dict]:
+def _at(tree, path):
+    for k in path:
+        tree = tree.get(k) if isinstance(tree, dict) else None
+    return tree
+
+
+def main_metric(res: dict) -> tuple[str, float | None]:
+    """The one number per (checkpoint, suite) of the heatmap and the pivot table (``main_paths``' mean)."""
+    name, paths = main_paths(res)
+    vals = [num(_at(res["metrics"], p)) for p in paths]
+    return name, (sum(vals) / len(vals) if vals else None)
+
+
+def leaderboard(results: list[Result], axis: Axis, suites: list[str], marks: dict | None = None) -> list[dict]:
     """One row per (checkpoint, suite), in checkpoint then suite order: ``step`` (None when the name
     holds none), ``step_unit``, ``order`` (position in the checkpoint order), the main metric, then
-    the headline numbers of the terminal table."""
+    the headline numbers of the terminal table. ``marks`` (``significance.main_marks``) adds the main
+    metric's 95% interval (``main_ci95_low``, ``main_ci95_high``) and its gap to the suite's best checkpoint
+    (``vs_best``, ``vs_best_p_holm``, ``vs_best_holds``)."""
+    marks = marks or {}
     rows = []
     order = axis.order
     for r in sorted(results, key=lambda r: (order.index(r.label), suites.index(r.suite))):
@@ -88,6 +101,13 @@ def leaderboard(results: list[Result], axis: Axis, suites: list[str]) -> list[di
         row = {"checkpoint": r.label, "step": step, "step_unit": axis.unit if step is not None else None,
                "order": order.index(r.label), "suite": r.suite, "task_type": r.data["task_type"],
                "main_metric": name, "main": None if value is None else round(value, 4)}
+        mk = marks.get((r.label, r.suite), {})
+        if "ci95" in mk:
+            row["main_ci95_low"], row["main_ci95_high"] = (round(x, 4) for x in mk["ci95"])
+        if "vs_best" in mk:
+            row["vs_best"] = round(mk["vs_best"], 4)
+            row["vs_best_p_holm"] = round(mk["p_holm"], 6) if "p_holm" in mk else None
+            row["vs_best_holds"] = mk.get("holds") if "p_holm" in mk else None
         if r.ranking and num(r.data["metrics"].get("original", {}).get("rsum")) is not None:
             row["rsum"] = round(r.data["metrics"]["original"]["rsum"], 4)
         for k, v in summary_row(r.data).items():
