@@ -132,6 +132,12 @@ def summary_row(result: dict) -> dict[str, float]:
                 row[f"{prefix}zs:{g} top1"] = gm.get("acc1")
             if "variants_mean" in groups:
                 row[f"{prefix}zs:variants top1"] = groups["variants_mean"]["acc1"]
+    elif result.get("task_type") == "linear_probe":
+        for task, tm in m.items():
+            prefix = "" if len(m) == 1 else f"{task} "
+            for k, short in (("acc1", "top1"), ("acc5", "top5"), ("mean_per_class_recall", "mpcr")):
+                if k in tm:
+                    row[f"{prefix}lp {short}"] = tm[k]
     elif result.get("task_type") == "mask":
         for role, rm in m.items():
             for k, v in rm.items():

@@ -49,7 +49,8 @@ def drop(metrics: dict, view: str, d: str) -> float | None:
 
 def main_metric(res: dict) -> tuple[str, float | None]:
     """The one number per (checkpoint, suite) of the heatmap and the pivot table: ranking, clean R@1
-    (mean of i2t and t2i); choice, the suite's accuracy; mask, the amodal gIoU; classification, clean top-1."""
+    (mean of i2t and t2i); choice, the suite's accuracy; mask, the amodal gIoU; classification, clean top-1; a
+    linear probe, its test top-1."""
     m = res["metrics"]
     if res["task_type"] == "ranking":
         o = m.get("original", {})
@@ -62,6 +63,10 @@ def main_metric(res: dict) -> tuple[str, float | None]:
         vals = [num(t.get("clean", {}).get("acc1")) for t in m.values() if isinstance(t, dict)]
         vals = [v for v in vals if v is not None]
         return "top-1", (sum(vals) / len(vals) if vals else None)
+    if res["task_type"] == "linear_probe":
+        vals = [num(t.get("acc1")) for t in m.values() if isinstance(t, dict)]
+        vals = [v for v in vals if v is not None]
+        return "probe top-1", (sum(vals) / len(vals) if vals else None)
     if res["task_type"] == "mask":
         for role in MASK_ROLES[::-1]:  # amodal first: the suite's point
             if num(m.get(role, {}).get("gIoU")) is not None:
