@@ -260,6 +260,7 @@ def test_agrees_with_clip_benchmark(tmp_path, tiny, clip_benchmark_path, monkeyp
     (root / "zeroshot_classification_templates.txt").write_text("a photo of a {c}.\n")  # its loader requires one
     ours = {case: evaluate(suites=["linear_probe"], images=str(root), model=str(cfg), checkpoints=(str(ckpts[0]),),
                            fewshot_k=case[0], val_split=case[1], fewshot_epochs=4, store=str(tmp_path / "store"),
+                           device="cpu",  # as CLIP_benchmark runs here: fp32 features and probes
                            out=str(tmp_path / f"o{i}")).results[0]["metrics"]["linear_probe"]
             for i, case in enumerate(CASES)}
 

@@ -22,14 +22,14 @@ def _rows(tables: Tables, samples, prefix: str) -> np.ndarray:
 
 def _split(root: str, split: str, classnames: list[str], role: str):
     if not wds_split_exists(root, split):
-        fix = {"train": "it trains on this split: CLIP_benchmark's dataset mirrors hold train/ beside test/ for the "
-                        "datasets it probes (clip_benchmark_export_wds --split train writes one); name another "
-                        "split with --train-split",
-               "validation": "the weight decay is chosen on it: write that split, or hold part of the train split "
-                             "out with --val-proportion instead of --val-split",
-               "test": "the probe is scored on it (CLIP_benchmark's layout: test/0.tar ...)"}[role]
+        fix = {"train": "trains on it; CLIP_benchmark's dataset mirrors hold train/ beside test/ for the datasets "
+                        "it probes (clip_benchmark_export_wds --split train writes one), or name another split with "
+                        "--train-split",
+               "validation": "chooses the weight decay on it; write that split, or hold part of the train split "
+                             "out with --val-proportion instead",
+               "test": "is scored on it (CLIP_benchmark's layout: test/0.tar ...)"}[role]
         raise DataError(f"{root}: no {split} split ({urls.join(root, split)}/0.tar ... with nshards.txt); the "
-                        f"linear probe's {role} split: {fix}")
+                        f"linear probe {fix}")
     return read_wds_split(root, split, classnames)
 
 
