@@ -16,7 +16,7 @@ import threading
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,8 +25,10 @@ from hardrank import urls
 from hardrank.errors import UsageError
 from hardrank.kernels import PRECISIONS as RANK_PRECISIONS
 from hardrank.kernels import TIE_RULES
+from hardrank.options import check_options, opt
 from hardrank.scoring import backends, rerank
 from hardrank.scoring.backends import RANKS, TOPK, SearchSpec
+from hardrank.scoring.probe import ProbeOptions
 from hardrank.scoring.statistics import RESAMPLES
 from hardrank.text import CAPTION_PROTOCOLS
 
@@ -46,20 +48,6 @@ KEY_BY = ("content", "id")  # = hardrank.store.idkeys.KEY_BY
 DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text"), "i2i": ("image", "image")}
 BASELINES = ("clip-regions",)  # mask suites: answer with the candidate region most similar to the question
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
-
-
-def opt(default, help: str, *, choices=None, minimum=None, path: bool = False, flag: str | None = None,
-        metavar: str | None = None, cli: bool = True, positional: bool = False, listing: str | None = None,
-        repeat: bool = False):
-    """A config field: its default and its one help text; ``choices``/``minimum`` are checked on
-    construction; ``path`` values in job files are relative to the file; ``flag`` overrides the
-    ``--name`` on the command line; ``positional`` makes it a positional argument there (shown as
-    ``metavar``); ``cli=False`` keeps it off the command line; ``listing`` names a registry whose
-    names the command line's help lists after the help text (``suites``: the suite registry); ``repeat``: a
-    list option whose flag may be given several times, each adding its values."""
-    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "path": path,
-                                            "flag": flag, "metavar": metavar, "cli": cli, "positional": positional,
-                                            "listing": listing, "repeat": repeat})
 
 
 def cache_dir() -> Path:
@@ -146,33 +134,6 @@ def parse_log_to(spec: str) -> LogTarget:
         raise UsageError(f"--log-to {spec!r}: {kind} needs its {LOGGERS[kind][0]} after the colon, e.g. "
                          f"{kind}:{ {'tensorboard': 'runs/exp1', 'wandb': 'my-project', 'mlflow': 'mlruns'}[kind]}")
     return LogTarget(kind, where)
-
-
-# -- validation shared by every options dataclass --------------------------------------------------
-def _named(f: dataclasses.Field) -> str:
-    """How messages name an option: its key and its command-line flag (or positional argument)."""
-    if f.metadata.get("positional"):
-        return f"{f.name} ({f.metadata.get('metavar') or f.name.upper()})"
-    return f"{f.name} ({f.metadata.get('flag') or '--' + f.name.replace('_', '-')})"
-
-
-def check_options(obj) -> None:
-    """Check each field against its ``choices`` and ``minimum`` (UsageError naming the option)."""
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
-        if choices is not None and isinstance(v, tuple):  # a list option: each of its values
-            bad = [x for x in v if x not in choices]
-            if bad:
-                raise UsageError(f"option {_named(f)} takes values of {list(choices)}, got {bad[0]!r}")
-        elif choices is not None and v is not None and v not in choices:
-            raise UsageError(f"option {_named(f)} must be one of {list(choices)}, got {v!r}")
-        if minimum is not None and isinstance(v, tuple):  # a list option: each of its values
-            bad = [x for x in v if isinstance(x, bool) or not isinstance(x, (int, float)) or x < minimum]
-            if bad:
-                raise UsageError(f"option {_named(f)} takes numbers >= {minimum}, got {bad[0]!r}")
-        elif minimum is not None and v is not None and not (isinstance(v, (int, float)) and v >= minimum):
-            raise UsageError(f"option {_named(f)} must be a number >= {minimum}, got {v!r}")
 
 
 def _hints(cls) -> dict:
@@ -404,6 +365,7 @@ class SuiteOptions:
     captions_per_image: str = opt("all", "suite xm3600: all = every caption of an image in the language is a "
                                   "positive (Karpathy protocol); first = its first caption only (CLIP_benchmark's "
                                   "crossmodal3600)", choices=("all", "first"))
+    probe: ProbeOptions = ProbeOptions()  # suite linear_probe: its options, declared beside its training
 
     def __post_init__(self):
         check_options(self)

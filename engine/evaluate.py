@@ -33,6 +33,7 @@ from hardrank.scoring.classify import classify_metrics, classify_outcomes, class
 from hardrank.scoring.counts import embed_line, item_counts
 from hardrank.scoring.mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
 from hardrank.scoring.metrics import add_drops, average_views, choice_metrics, ranking_metrics
+from hardrank.scoring.probe import probe_outcomes, run_probe
 from hardrank.scoring.rank import score_choice, score_ranking
 from hardrank.scoring.rerank import CANDIDATE_RULE, FILL, rerank_ranks
 from hardrank.scoring.rerank import PROTOCOL as RERANK_PROTOCOL
@@ -115,6 +116,7 @@ def _drop_failed(suite: Suite, tables: Tables) -> Suite:
                      for t in suite.ranking]
     suite.choice = [t.drop(bad[t.left_modality][t.left], bad[t.right_modality][t.right]) for t in suite.choice]
     suite.classify = [t.drop(bad_img[t.query_items]) for t in suite.classify]
+    suite.probe = [t.drop(bad_img) for t in suite.probe]
     return suite
 
 
@@ -218,6 +220,25 @@ def _score_classify(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: 
         outcomes.append(classify_outcomes(task, ranks))
     return {"task_type": "classification", "metrics": metrics, "counts": counts, "timings": timings,
             "outcomes": outcomes, "search": search_info}
+
+
+def _score_probe(suite: Suite, device: str, emb: dict[str, np.ndarray]) -> dict:
+    """Every linear probe: trained on its training images' embeddings (the weight decay searched on its validation
+    images, if any), scored on its test images."""
+    outcomes, metrics, counts, timings, extra = [], {}, {}, {}, {}
+    for task in suite.probe:
+        t0 = time.perf_counter()
+        r = run_probe(task, emb["image"], device)
+        timings[f"train_{task.name}"] = time.perf_counter() - t0
+        metrics[task.name] = r["metrics"]
+        counts[task.name] = {"classes": len(task.classnames), "train": len(task.train_items),
+                             "val": len(task.val_items), "test": task.num_queries, "final_training": r["final"],
+                             "skipped": task.skipped}
+        extra[task.name] = {"options": asdict(task.options), "final_training": r["final"],
+                            "weight_decay_search": [{"weight_decay": w, "val_acc1": a} for w, a in r["search"]]}
+        outcomes.append(probe_outcomes(task, r))
+    return {"task_type": "linear_probe", "metrics": metrics, "counts": counts, "timings": timings,
+            "outcomes": outcomes, "extra": {"probe": extra}, "tie_rule": "index (a probe's argmax: the lower class)"}
 
 
 def _score_mask(task: MaskTask, device: str, emb: dict[str, np.ndarray] | None, failed_images: int) -> dict:
@@ -410,8 +431,10 @@ def _check_not_empty(suites: list[Suite], why: str) -> None:
         empty += [f"{t.name} (0 questions)" for t in s.mask if len(t.data.questions) == 0]
         empty += [f"{t.name} (0 images)" for t in s.classify
                   if t.num_queries == 0 or (t.valid is not None and not t.valid[0].any())]
+        empty += [f"{t.name} ({len(t.train_items)} training, {t.num_queries} test images)" for t in s.probe
+                  if t.num_queries == 0 or len(t.train_items) == 0]
         if empty:
-            source = s.meta.get("annotations") or s.meta.get("files_found") or ""
+            source = s.meta.get("annotations") or s.meta.get("files_found") or s.meta.get("images") or ""
             raise DataError(f"suite {s.name}{f' ({source})' if source else ''}: task(s) {', '.join(empty)} "
                             f"{why}")
 
@@ -424,6 +447,8 @@ def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_i
         return [_score_choice(suite, device, emb)]
     if suite.classify:
         return [_score_classify(suite, device, emb, cfg, backend)]
+    if suite.probe:
+        return [_score_probe(suite, device, emb)]
     return [_score_mask(t, device, emb, failed_images) for t in suite.mask if t.needs_embeddings]
 
 
@@ -521,6 +546,8 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
         tasks += [f"{t.name}: {len(t.data.questions)} questions" for t in s.mask]
         tasks += [f"{t.name}: {t.num_queries} images x {len(t.groups)} groups ({', '.join(t.groups)}) against "
                   f"{len(t.classnames)} classes ({int(t.prompt_ptr[-1])} prompts)" for t in s.classify]
+        tasks += [f"{t.name}: a probe over {len(t.classnames)} classes trained on {len(t.train_items)} images "
+                  f"({len(t.val_items)} to choose the weight decay), scored on {t.num_queries}" for t in s.probe]
         out["suites"][s.name] = tasks
     if cfg.embeddings or not any(s.needs_embeddings for s in suites):
         return out  # no image is read (also when the toy suites, waiting for their world, were all there was)

@@ -1,11 +1,11 @@
-"""The task model: every suite compiles into ranking, choice, mask or classification tasks over shared item tables."""
+"""The task model: every suite compiles into ranking, choice, mask, classification or probe tasks over shared tables."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["RankingTask", "ChoiceTask", "MaskTask", "ClassifyTask", "Suite", "CHOICE_RULES"]
+__all__ = ["RankingTask", "ChoiceTask", "MaskTask", "ClassifyTask", "ProbeTask", "Suite", "CHOICE_RULES"]
 
 # Choice rules (docs/choice.md, "The choice task"): how a row's (A, B) score grid becomes a verdict.
 CHOICE_RULES = (
@@ -231,6 +231,51 @@ class ClassifyTask:
 
 
 @dataclass
+class ProbeTask:
+    """A linear probe: a linear classifier trained on the image embeddings of a training split (its rows already
+    chosen and ordered: the few-shot pick, the validation hold-out) and scored on a test split. Its work starts
+    once the embeddings are there: training, the weight-decay search on ``val`` when it has rows, the test metrics."""
+
+    name: str                  # "linear_probe"
+    classnames: list[str]      # (C,) in label order
+    train_items: np.ndarray    # (nt,) int64 rows of the image table, in training order
+    train_labels: np.ndarray   # (nt,) int64
+    val_items: np.ndarray      # (nv,) int64: the weight decay is chosen on these (none: weight decay 0)
+    val_labels: np.ndarray     # (nv,) int64
+    test_items: np.ndarray     # (nq,) int64
+    test_labels: np.ndarray    # (nq,) int64
+    test_ids: list[str]        # (nq,) ids of the test images as their source names them
+    options: object            # hardrank.scoring.probe.ProbeOptions: how it trains
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.test_items)
+
+    def validate(self) -> None:
+        c = len(self.classnames)
+        for part in ("train", "val", "test"):
+            items, labels = getattr(self, f"{part}_items"), getattr(self, f"{part}_labels")
+            if len(items) != len(labels) or (len(labels) and (labels.min() < 0 or labels.max() >= c)):
+                raise ValueError(f"task {self.name}: {part} has {len(items)} items, {len(labels)} labels in 0..{c - 1}")
+        if len(self.test_ids) != len(self.test_items):
+            raise ValueError(f"task {self.name}: {len(self.test_ids)} test ids for {len(self.test_items)} images")
+
+    def drop(self, bad: np.ndarray) -> ProbeTask:
+        """Leave out images that failed to load (``bad`` (rows,) bool over the image table); counts in ``skipped``."""
+        kept, skipped = {}, dict(self.skipped)
+        for part in ("train", "val", "test"):
+            items = getattr(self, f"{part}_items")
+            keep = ~bad[items]
+            if not keep.all():
+                skipped[part] = skipped.get(part, 0) + int((~keep).sum())
+                kept[f"{part}_items"], kept[f"{part}_labels"] = items[keep], getattr(self, f"{part}_labels")[keep]
+                if part == "test":
+                    kept["test_ids"] = [i for i, k in zip(self.test_ids, keep) if k]
+        return replace(self, **kept, skipped=skipped) if kept else self
+
+
+@dataclass
 class Suite:
     """One benchmark compiled into tasks; rows index the run's shared ``Tables``."""
 
@@ -239,6 +284,7 @@ class Suite:
     choice: list[ChoiceTask] = field(default_factory=list)
     mask: list[MaskTask] = field(default_factory=list)
     classify: list[ClassifyTask] = field(default_factory=list)
+    probe: list[ProbeTask] = field(default_factory=list)
     tie_rule: str = "index"
     meta: dict = field(default_factory=dict)        # counts, files found, protocol notes
     view_average: dict[str, list[str]] = field(default_factory=dict)  # e.g. "mix_0.9" -> seeds' views
@@ -254,4 +300,5 @@ class Suite:
     @property
     def needs_embeddings(self) -> bool:
         """Whether scoring needs a model's (or precomputed) embeddings."""
-        return bool(self.ranking or self.choice or self.classify or any(t.needs_embeddings for t in self.mask))
+        return bool(self.ranking or self.choice or self.classify or self.probe
+                    or any(t.needs_embeddings for t in self.mask))

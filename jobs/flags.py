@@ -30,7 +30,7 @@ CLI_FLAGS = {
 }
 
 _GROUPS = {"SuiteOptions": "suite inputs", "EmbedOptions": "embedding (model runs, store, executor)",
-           "MineOptions": "mining"}
+           "MineOptions": "mining", "ProbeOptions": "linear probe (suite linear_probe)"}
 
 
 def _suites() -> str:

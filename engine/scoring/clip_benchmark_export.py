@@ -35,6 +35,9 @@ way CLIP_benchmark names SugarCrepe's files ``sugar_crepe/add_att``):
   suite (the ImageFolder / WebDataset root's folder name for ``imagefolder`` / ``classification``), each
   image variant (a corruption at a severity and seed, or its mean over seeds) ``<dataset>/<variant>``
   with ``relative_robustness`` (variant acc1 / clean acc1; not a CLIP_benchmark metric).
+- linear probe (``linear_probe``): task ``linear_probe`` with ``lp_acc1``, ``lp_acc5``,
+  ``lp_mean_per_class_recall`` and the probe's ``weight_decay``, ``epochs``, ``seed``, ``fewshot_k``,
+  ``normalized``, as CLIP_benchmark writes them; the dataset is the WebDataset root's folder name.
 - mask suites (``amodal``): no CLIP_benchmark task; skipped and reported.
 
 Protocol differences to know: CLIP_benchmark breaks ties by ``argmax``/``topk`` order (the first
@@ -154,6 +157,20 @@ def _classification(result: dict) -> list[tuple[str, dict]]:
     return out
 
 
+def _linear_probe(result: dict) -> list[tuple[str, dict]]:
+    """CLIP_benchmark's linear_probe record: its ``lp_*`` metrics (fractions) and the probe's settings."""
+    name = Path(str((result.get("suite_meta") or {}).get("images") or "").rstrip("/")).name or result["suite"]
+    out = []
+    for task, m in result["metrics"].items():
+        o = ((result.get("probe") or {}).get(task) or {}).get("options") or {}
+        rec = {"lp_acc1": _frac(m.get("acc1")), "lp_acc5": _frac(m.get("acc5")),
+               "lp_mean_per_class_recall": _frac(m.get("mean_per_class_recall")),
+               "weight_decay": m.get("weight_decay"), "epochs": o.get("fewshot_epochs"), "seed": o.get("probe_seed"),
+               "fewshot_k": o.get("fewshot_k"), "normalized": True}
+        out.append((name if len(result["metrics"]) == 1 else f"{name}/{task}", rec))
+    return out
+
+
 def clip_benchmark_records(result: dict, pretrained: str) -> tuple[list[dict], str | None]:
     """(CLIP_benchmark result dicts of one hardrank result, why none when it maps to nothing).
     ``pretrained``: the name CLIP_benchmark shows next to the model (the checkpoint's results folder)."""
@@ -174,6 +191,8 @@ def clip_benchmark_records(result: dict, pretrained: str) -> tuple[list[dict], s
         pairs, task = _choice(suite, metrics), "image_caption_selection"
     elif task_type == "classification":
         pairs, task = _classification(result), "zeroshot_classification"
+    elif task_type == "linear_probe":
+        pairs, task = _linear_probe(result), "linear_probe"
     else:
         return [], f"task type {task_type!r} ({suite}) has no CLIP_benchmark counterpart"
     records = [{**base, "dataset": d, "task": task, "metrics": m} for d, m in pairs if m]

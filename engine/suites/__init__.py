@@ -10,6 +10,7 @@ from hardrank.suites.classification import load_classification
 from hardrank.suites.hard_positives import load_hard_positives
 from hardrank.suites.inpaintcoco import load_inpaintcoco
 from hardrank.suites.karpathy import load_karpathy, load_rococo
+from hardrank.suites.linear_probe import load_linear_probe
 from hardrank.suites.sugarcrepe import load_sugarcrepe
 from hardrank.suites.toy import TOY_SUITES, load_toy
 from hardrank.suites.webdataset import load_wds
@@ -33,6 +34,7 @@ SUITES = {
     # zero-shot classification: an ImageFolder tree, CLIP_benchmark's WebDataset root, or --annotations table
     "imagefolder": lambda tables, opts: load_classification(tables, opts, "imagefolder"),
     "classification": load_classification,
+    "linear_probe": load_linear_probe,  # CLIP_benchmark's linear_probe: train + test splits of its WebDataset root
     **{name: (lambda tables, opts, _n=name: load_toy(tables, opts, _n)) for name in TOY_SUITES},
 }
 ALIASES = {"toy": list(TOY_SUITES)}

@@ -15,6 +15,7 @@ from hardrank import urls
 from hardrank.errors import DataError, UsageError
 from hardrank.inputs import read_shards
 from hardrank.inputs.kinds.image_folder import IMAGE_EXTENSIONS
+from hardrank.inputs.webdataset import Sample, SampleSet
 from hardrank.items import ImageRef, Tables
 from hardrank.perturb.shards import variant_shards
 from hardrank.suites._common import SuiteFormatError, SuiteOptions, variant_hint, variants_beside
@@ -29,8 +30,8 @@ from hardrank.suites.imagenet import (
 from hardrank.suites.karpathy import image_variant_names
 from hardrank.tasks import ClassifyTask, Suite
 
-__all__ = ["load_classification", "read_classnames", "read_templates", "build_classify", "DEFAULT_TEMPLATES",
-           "CB_CLASSNAMES", "CB_TEMPLATES"]
+__all__ = ["load_classification", "read_classnames", "read_templates", "build_classify", "read_wds_split",
+           "wds_split_exists", "DEFAULT_TEMPLATES", "CB_CLASSNAMES", "CB_TEMPLATES"]
 
 DEFAULT_TEMPLATES = ("a photo of a {c}.",)  # when neither --templates nor the dataset names any
 CB_CLASSNAMES = "classnames.txt"  # CLIP_benchmark's WebDataset root: one class name a line, label order
@@ -321,6 +322,13 @@ def _table(path: str):
     return [r["image"] for r in rows], [r["label"] for r in rows]
 
 
+def wds_split_exists(root: str, split: str) -> bool:
+    """Whether CLIP_benchmark's WebDataset root holds ``split`` (``root/<split>/nshards.txt`` or a ``.tar`` there)."""
+    folder = urls.join(root, split)
+    return urls.exists(urls.join(folder, "nshards.txt")) or (
+        urls.is_dir(folder) and any(f.endswith(".tar") for f in urls.list_files(folder)))
+
+
 def _wds(root: str, split: str = "test") -> tuple[list[str], str]:
     """The shards of CLIP_benchmark's WebDataset layout: ``root/<split>/{0..n-1}.tar`` (``nshards.txt``)."""
     folder = urls.join(root, split)
@@ -337,6 +345,22 @@ def _wds(root: str, split: str = "test") -> tuple[list[str], str]:
         raise FileNotFoundError(f"{folder}: no tar shards (CLIP_benchmark's layout: {root}/{split}/0.tar ..., "
                                 f"nshards.txt)")
     return shards, folder
+
+
+def read_wds_split(root: str, split: str, classnames: list[str]) -> tuple[SampleSet, list[Sample], np.ndarray]:
+    """One split of CLIP_benchmark's WebDataset root (``root/<split>/{0..n-1}.tar``): its shards' samples, those
+    holding an image (in shard order), and their labels (``cls`` members: class indices or names)."""
+    shards, folder = _wds(root, split)
+    ss = read_shards(shards, source=folder)
+    index = {n: i for i, n in enumerate(classnames)}
+    kept = [s for s in ss.samples if s.image is not None]
+    for s in kept:
+        if "cls" not in s.texts:
+            raise DataError(f"{root}: sample {s.id} of split {split} has no cls member (its label); CLIP_benchmark's "
+                            f"layout writes <key>.cls beside each image")
+    labels = np.array([_label(f"{root}: sample {s.id}", s.texts["cls"], classnames, index) for s in kept],
+                      dtype=np.int64)
+    return ss, kept, labels
 
 
 def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classification") -> Suite:
@@ -374,21 +398,12 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
         vrefs = {v: [ImageRef(urls.join(vroot, v, p)) for p in paths] for v in variants}
         meta["layout"] = "table"
     elif urls.exists(urls.join(root, CB_CLASSNAMES)):
-        shards, folder = _wds(root)
-        ss = read_shards(shards, source=folder)
         if classnames is None:
             classnames = read_classnames(urls.join(root, CB_CLASSNAMES))
         if urls.exists(urls.join(root, CB_TEMPLATES)):
             default_templates = [t.strip() for t in _read_text(urls.join(root, CB_TEMPLATES)).splitlines()
                                  if t.strip()]
-        index = {n: i for i, n in enumerate(classnames)}
-        kept = [s for s in ss.samples if s.image is not None]
-        for s in kept:
-            if "cls" not in s.texts:
-                raise DataError(f"{root}: sample {s.id} has no cls member (its label); CLIP_benchmark's layout "
-                                f"writes <key>.cls beside each image")
-        labels = np.array([_label(f"{root}: sample {s.id}", s.texts["cls"], classnames, index) for s in kept],
-                          dtype=np.int64)
+        ss, kept, labels = read_wds_split(root, "test", classnames)
         ids = [s.id for s in kept]
         refs, keys = [ImageRef(s.image) for s in kept], [s.image_key for s in kept]
         vrefs = {}
