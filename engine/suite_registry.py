@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from hardrank.errors import UsageError
 
 __all__ = ["SUITES", "ALIASES", "SuiteSpec", "register", "unregister", "alias", "get", "names", "aliases", "expand",
-           "is_suite", "own_fields", "takers", "listing"]
+           "is_suite", "own_fields", "takers", "listing", "describe"]
 
 
 def _always(own) -> bool:
@@ -147,3 +147,17 @@ def takers(option: str) -> tuple[str, ...]:
 def listing() -> str:
     """The registry's names for help texts: aliases first with what they stand for, then every suite."""
     return ", ".join([*(f"{a} (= {' + '.join(m)})" for a, m in ALIASES.items()), *SUITES])
+
+
+def describe() -> str:
+    """One line per suite for help texts: its name and help line, its own options' flags."""
+    width = max((len(n) for n in SUITES), default=0)
+    lines = []
+    for spec in SUITES.values():
+        flags = [f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+                 for f in (dataclasses.fields(spec.options) if spec.options is not None else ())]
+        lines.append(f"  {spec.name:<{width}}  {spec.help}")
+        if flags:
+            lines.append(f"  {'':<{width}}    its own options: {' '.join(flags)}")
+    lines += [f"  {a:<{width}}  = {' + '.join(m)}" for a, m in ALIASES.items()]
+    return "\n".join(lines)

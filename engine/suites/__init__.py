@@ -33,15 +33,16 @@ register("sugarcrepe", load_sugarcrepe, None, "SugarCrepe: caption vs a fluent h
 register("aro", load_aro, None, "ARO VG-Relation + VG-Attribution (whichever files --data holds)")
 register("coco_order", load_coco_order, None, "ARO COCO-Order from a Karpathy file (--annotations, --images)")
 register("flickr_order", load_flickr_order, None, "ARO Flickr30k-Order from a Karpathy file")
-register("amodal", load_amodal_suite, AmodalOptions, "AmodalReasonSeg-style masks: --predictions and/or "
-         "--baseline clip-regions", needs_model=amodal_needs_model)
-register("wds", load_wds, WdsOptions, "Karpathy-style retrieval from WebDataset shards / img2dataset outputs")
-register("xm3600", load_xm3600, XM3600Options, "Crossmodal-3600 captions.jsonl: one retrieval result per --language")
-register("imagefolder", load_classification, ClassificationOptions, "zero-shot classification of an ImageFolder "
-         "tree, CLIP_benchmark's WebDataset root or an --annotations table")
+register("amodal", load_amodal_suite, AmodalOptions, "AmodalReasonSeg-style masks: predictions, or the "
+         "clip-regions baseline", needs_model=amodal_needs_model)
+register("wds", load_wds, WdsOptions, "retrieval over WebDataset shards' / img2dataset outputs' own captions")
+register("xm3600", load_xm3600, XM3600Options, "Crossmodal-3600: retrieval, one result per caption language")
+register("imagefolder", load_classification, ClassificationOptions, "zero-shot classification: an ImageFolder "
+         "tree, CLIP_benchmark's WebDataset root or a table")
 register("classification", load_classification, ClassificationOptions, "the same as imagefolder")
-for _name in TOY_SUITES:
-    register(_name, load_toy, None, "the built-in toy world (--data WORLD, built once when missing)")
+for _name, _help in zip(TOY_SUITES, ("RoCOCO-style retrieval", "hard positives", "inpaint-style 2x2 pairs",
+                                     "zero-shot classification")):
+    register(_name, load_toy, None, f"the built-in toy world (--data WORLD): {_help}")
 alias("toy", TOY_SUITES)
 
 
