@@ -6,6 +6,7 @@ import dataclasses
 import glob
 import typing
 
+import hardrank.suites  # noqa: F401  (registers the suites: their own options are flags too)
 from hardrank import suite_registry
 from hardrank.config import build, flat_fields, option_kind
 
