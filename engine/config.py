@@ -506,9 +506,12 @@ class SuiteOptions:
                 raise UsageError(f"option {_named(declared[k][0])} is for suites {', '.join(declared[k][2])}, "
                                  f"not {s}")
         for s in dict.fromkeys(s for s, _, _ in per):  # each suite's values pass its checks now, not at load
-            for m in suite_registry.expand([s]):
-                self.for_suite(m)
-                self.own_options(m)
+            try:
+                for m in suite_registry.expand([s]):
+                    self.for_suite(m)
+                    self.own_options(m)
+            except UsageError as exc:
+                raise UsageError(f"suite {s}: {exc}") from None
         if own:
             for cls in {declared[k][1] for k, _ in own}:
                 self._own_instance(cls, {k: v for k, v in own if k in {f.name for f in dataclasses.fields(cls)}})
