@@ -267,8 +267,9 @@ def build(cls, values: Mapping, *, where: str = "", base: str | os.PathLike | No
             if dataclasses.is_dataclass(tp):
                 kw[f.name] = values[f.name] if f.name in values else make(tp)
             elif f.metadata.get("declared_by") == "suites":  # the suites' own options, as given
+                own = suite_registry.own_fields()
                 kw[f.name] = tuple((n, coerced(n, fld, t, values[n])) for n, fld, t in flat_fields(c)
-                                   if n in values and n in suite_registry.own_fields())
+                                   if n in values and n in own)
             elif f.metadata.get("per_suite_table"):  # {suite: {option: value}}
                 if f.name in values:
                     options = {n: (fld, t) for n, fld, t in flat_fields(c) if not fld.metadata.get("per_suite_table")}
