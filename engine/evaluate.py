@@ -14,7 +14,7 @@ import open_clip
 import pyarrow as pa
 import torch
 
-from hardrank import cpus, urls
+from hardrank import cpus, suite_registry, urls
 from hardrank.config import EvalConfig, build, check_writable_dir, resolve_device
 from hardrank.dashboards import Dashboards
 from hardrank.embed import EmbedPipeline, make_scan_mapper
@@ -277,7 +277,7 @@ def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dic
         "timings": {**scored["timings"], "suite_load": common["t_load"]},
         "config": {**{k: v for k, v in asdict(cfg).items() if k not in ("suite_options", "embed")},
                    **asdict(cfg.embed)},
-        "suite_options": asdict(cfg.suite_options),
+        "suite_options": suite.options,  # as this suite saw them: its per-suite values, its own options
         "threads": common["threads"],  # how many threads computed it, and why (results do not depend on it)
     }
     if scored.get("search"):
@@ -332,11 +332,9 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
 def local_inputs(cfg: EvalConfig) -> EvalConfig:
     """Annotation files, suite data, embeddings and predictions given as URLs, as local copies (cached by
     size and version); image roots and shards stay remote: their bytes are read by the workers."""
-    so = cfg.suite_options
-    fetched = {k: urls.fetch_input(getattr(so, k), what=f"--{k}") for k in ("annotations", "data", "predictions")
-               if urls.is_url(getattr(so, k) or "")}
-    if fetched:
-        cfg = replace(cfg, suite_options=replace(so, **fetched))
+    so = cfg.suite_options.fetching(lambda k, v: urls.fetch_input(v, what=f"--{k}") if urls.is_url(v) else v)
+    if so != cfg.suite_options:
+        cfg = replace(cfg, suite_options=so)
     if urls.is_url(cfg.embeddings or ""):
         cfg = replace(cfg, embeddings=urls.fetch_input(cfg.embeddings, what="--embeddings"))
     return cfg
@@ -400,14 +398,15 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards) -> EvalReport
 
 def _pending_world(cfg: EvalConfig) -> Path | None:
     """The toy world folder loading these suites would build first, if any."""
-    if not any(n in TOY_SUITES for n in expand_suites(list(cfg.suites))):
-        return None
-    return pending_world(cfg.suite_options)
+    worlds = [pending_world(cfg.suite_options.for_suite(n)) for n in expand_suites(list(cfg.suites))
+              if n in TOY_SUITES]
+    return next((w for w in worlds if w is not None), None)
 
 
 def _needs_model(cfg: EvalConfig) -> bool:
-    """Whether some suite scores embeddings (only mask suites scoring --predictions need none)."""
-    return any(n != "amodal" for n in expand_suites(list(cfg.suites))) or cfg.suite_options.baseline is not None
+    """Whether some suite scores embeddings with its options (mask suites scoring --predictions do not)."""
+    return any(suite_registry.get(n).needs_model(cfg.suite_options.own_options(n))
+               for n in expand_suites(list(cfg.suites)))
 
 
 def _check_usage(cfg: EvalConfig) -> None:
@@ -549,6 +548,8 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
         tasks += [f"{t.name}: a probe over {len(t.classnames)} classes trained on {len(t.train_items)} images "
                   f"({len(t.val_items)} to choose the weight decay), scored on {t.num_queries}" for t in s.probe]
         out["suites"][s.name] = tasks
+        out.setdefault("inputs", {})[s.name] = {k: s.options[k] for k in ("data", "images", "annotations")
+                                                if s.options.get(k)}  # per suite: --data sugarcrepe=DIR
     if cfg.embeddings or not any(s.needs_embeddings for s in suites):
         return out  # no image is read (also when the toy suites, waiting for their world, were all there was)
     for s in suites:

@@ -10,25 +10,28 @@ from dataclasses import field
 
 from hardrank.errors import UsageError
 
-__all__ = ["opt", "check_options"]
+__all__ = ["opt", "check_options", "option_label"]
 
 
 def opt(default, help: str, *, choices=None, minimum=None, path: bool = False, flag: str | None = None,
         metavar: str | None = None, cli: bool = True, positional: bool = False, listing: str | None = None,
-        repeat: bool = False):
+        repeat: bool = False, per_suite: bool = False, fetch: bool = False):
     """A config field: its default and its one help text; ``choices``/``minimum`` are checked on
     construction; ``path`` values in job files are relative to the file; ``flag`` overrides the
     ``--name`` on the command line; ``positional`` makes it a positional argument there (shown as
     ``metavar``); ``cli=False`` keeps it off the command line; ``listing`` names a registry whose
     names the command line's help lists after the help text (``suites``: the suite registry); ``repeat``: a
-    list option whose flag may be given several times, each adding its values."""
+    list option whose flag may be given several times, each adding its values; ``per_suite`` (a suite option)
+    also takes a value per suite, ``SUITE=VALUE`` or ``{suite: value}``; ``fetch``: a URL given is read from a
+    local copy (``urls.fetch_input``), not in place."""
     return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "path": path,
                                             "flag": flag, "metavar": metavar, "cli": cli, "positional": positional,
-                                            "listing": listing, "repeat": repeat})
+                                            "listing": listing, "repeat": repeat,
+                                            "per_suite": per_suite, "fetch": fetch})
 
 
 # -- validation shared by every options dataclass --------------------------------------------------
-def _named(f: dataclasses.Field) -> str:
+def option_label(f: dataclasses.Field) -> str:
     """How messages name an option: its key and its command-line flag (or positional argument)."""
     if f.metadata.get("positional"):
         return f"{f.name} ({f.metadata.get('metavar') or f.name.upper()})"
@@ -43,12 +46,12 @@ def check_options(obj) -> None:
         if choices is not None and isinstance(v, tuple):  # a list option: each of its values
             bad = [x for x in v if x not in choices]
             if bad:
-                raise UsageError(f"option {_named(f)} takes values of {list(choices)}, got {bad[0]!r}")
+                raise UsageError(f"option {option_label(f)} takes values of {list(choices)}, got {bad[0]!r}")
         elif choices is not None and v is not None and v not in choices:
-            raise UsageError(f"option {_named(f)} must be one of {list(choices)}, got {v!r}")
+            raise UsageError(f"option {option_label(f)} must be one of {list(choices)}, got {v!r}")
         if minimum is not None and isinstance(v, tuple):  # a list option: each of its values
             bad = [x for x in v if isinstance(x, bool) or not isinstance(x, (int, float)) or x < minimum]
             if bad:
-                raise UsageError(f"option {_named(f)} takes numbers >= {minimum}, got {bad[0]!r}")
+                raise UsageError(f"option {option_label(f)} takes numbers >= {minimum}, got {bad[0]!r}")
         elif minimum is not None and v is not None and not (isinstance(v, (int, float)) and v >= minimum):
-            raise UsageError(f"option {_named(f)} must be a number >= {minimum}, got {v!r}")
+            raise UsageError(f"option {option_label(f)} must be a number >= {minimum}, got {v!r}")

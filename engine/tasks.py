@@ -291,6 +291,7 @@ class Suite:
     # what stops a run that reads the images (no --images, an altered-image folder missing): raised by
     # ``check_images`` before a model run reads any; bring-your-own embeddings read no image file
     image_errors: list[Exception] = field(default_factory=list)
+    options: dict = field(default_factory=dict)     # the options it was loaded with (results' provenance)
 
     def check_images(self) -> None:
         """Raise the first reason this suite's images cannot be read (see ``image_errors``)."""

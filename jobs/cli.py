@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 
+from hardrank import suite_registry
 from hardrank.atomic import no_space
 from hardrank.config import EvalConfig
 from hardrank.errors import (
@@ -92,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="evaluate checkpoints on benchmark suites", formatter_class=Formatter,
-                        epilog="--embeddings takes (recognised in this order; another file is read as a Parquet "
+                        epilog="suites (--suite; --data/--images/--annotations SUITE=PATH give one suite its own "
+                               "path):\n" + suite_registry.describe() + "\n"
+                               "--embeddings takes (recognised in this order; another file is read as a Parquet "
                                "of kind, id, embedding):\n" + registry.help_text("embeddings", by_id=True) + "\n"
                                "the first two examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
                                "  hardrank eval --model toy-clip --checkpoint "

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hardrank.config import EmbedOptions, EvalConfig, SuiteOptions, flat_fields, opt
+from hardrank.config import EmbedOptions, EvalConfig, SuiteOptions, build, flat_fields, opt
 from hardrank.errors import EXIT_OK, DataError
 from hardrank.evaluate import evaluate, plan
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
@@ -84,9 +84,9 @@ def _cmd_demo(args) -> int:
     report = evaluate(cfg, progress=make_progress(args.quiet), echo=echo)
     print(format_table(report.table_rows()))
     amodal = build_amodal_world(amodal)
-    cfg = replace(cfg, suites=("amodal",), suite_options=SuiteOptions(
-        data=str(amodal), predictions=str(amodal / "predictions" / "noisy"), baseline="clip-regions",
-        tie_rule=cfg.suite_options.tie_rule))
+    cfg = replace(cfg, suites=("amodal",), suite_options=build(SuiteOptions, {
+        "data": str(amodal), "predictions": str(amodal / "predictions" / "noisy"), "baseline": "clip-regions",
+        "tie_rule": cfg.suite_options.tie_rule}))
     report = evaluate(cfg, progress=make_progress(args.quiet), echo=echo)
     print("\ntoy amodal (gIoU / cIoU, %): clip-regions baseline per checkpoint, and a noisy mask predictor")
     print(format_table(report.table_rows()))

@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from hardrank.config import EvalConfig, default_store, opt
+from hardrank.config import EvalConfig, SuiteOptions, default_store, flat_fields, opt
 from hardrank.errors import EXIT_OK
 from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
 from hardrank.store.id_export import export_embeddings, list_stores
@@ -34,11 +34,17 @@ class StoreExportConfig:
     file: str = opt("", "the Parquet file to write", flag="--out", metavar="FILE.parquet", path=True)
 
 
-# the options of `store export`: an allow-list, so an option added to EvalConfig stays off it until it applies
-_EXPORT_OPTIONS = ("folder", "file", "suites", "model", "checkpoints", "pretrained", "random_init", "run", "data",
-                   "images", "annotations", "image_variants", "seeds", "text_variants", "predictions", "captions",
-                   "caption_protocol", "languages", "captions_per_image", "store", "precision", "device", "decoder",
-                   "key_by")
+# the options of `store export`: an allow-list, so an option added to EvalConfig stays off it until it applies; the
+# suite options (shared and the suites' own) decide which items the suites hold, all but the tie rule (scoring only)
+_EXPORT_OPTIONS = ("folder", "file", "suites", "model", "checkpoints", "pretrained", "random_init", "run", "store",
+                   "precision", "device", "decoder", "key_by")
+_NOT_EXPORT_SUITE_OPTIONS = ("tie_rule", "per_suite")
+
+
+def _export_options() -> tuple[str, ...]:
+    return _EXPORT_OPTIONS + tuple(n for n, _, _ in flat_fields(SuiteOptions) if n not in _NOT_EXPORT_SUITE_OPTIONS)
+
+
 _EXPORT_HELP = {"model": "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder> that made the "
                          "embeddings (with --checkpoint or --pretrained)",
                 "checkpoints": "the checkpoint that made the embeddings (one)"}
@@ -132,6 +138,6 @@ def add_store_parser(subparsers) -> argparse.ArgumentParser:
                "--store results/demo/store --out results/demo_emb.parquet\n"
                "  hardrank store export ~/.cache/hardrank/store/ViT-B-32-fp16-ab12 --suite rococo --annotations "
                "data/rococo --images /data/coco --out b32.parquet")
-    add_options(ex, StoreExportConfig, only=_EXPORT_OPTIONS, required=("suites", "file"), help=_EXPORT_HELP)
+    add_options(ex, StoreExportConfig, only=_export_options(), required=("suites", "file"), help=_EXPORT_HELP)
     ex.set_defaults(func=_cmd_export)
     return p

@@ -6,8 +6,9 @@ import dataclasses
 import glob
 import typing
 
+import hardrank.suites  # noqa: F401  (registers the suites: their own options are flags too)
+from hardrank import suite_registry
 from hardrank.config import build, flat_fields, option_kind
-from hardrank.suites import ALIASES, SUITES
 
 __all__ = ["add_options", "add_cli_flags", "options_from_args", "expand_globs", "Formatter", "CLI_FLAGS",
            "CONFIG_CLASS"]
@@ -33,12 +34,7 @@ _GROUPS = {"SuiteOptions": "suite inputs", "EmbedOptions": "embedding (model run
            "MineOptions": "mining", "ProbeOptions": "linear probe (suite linear_probe)"}
 
 
-def _suites() -> str:
-    """The suite registry's names, aliases first with what they stand for."""
-    return ", ".join([*(f"{a} (= {' + '.join(m)})" for a, m in ALIASES.items()), *SUITES])
-
-
-_LISTINGS = {"suites": _suites}  # opt(listing=...) -> the names the help lists, from their registry
+_LISTINGS = {"suites": suite_registry.listing}  # opt(listing=...) -> the names the help lists, from their registry
 
 
 def add_cli_flags(parser: argparse.ArgumentParser, *names: str, help: dict[str, str] | None = None) -> None:
@@ -65,10 +61,14 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, req
     if unknown:
         raise ValueError(f"{cls.__name__} has no options {sorted(unknown)}")
     groups: dict[str, argparse._ActionsContainer] = {}
+    own = suite_registry.own_fields()
     for owner, name, f, tp in _owned_fields(cls):
         if name in skip or (only is not None and name not in only) or not f.metadata.get("cli", True):
             continue
         title = _GROUPS.get(owner.__name__)
+        if name in own and own[name][1] is owner:  # a suite's own option: under that suite's heading
+            title = f"suite {', '.join(own[name][2])}" if len(own[name][2]) == 1 else \
+                f"suites {', '.join(own[name][2])}"
         target = parser if title is None else groups.setdefault(title, parser.add_argument_group(title))
         scalar, is_list, _ = option_kind(tp)
         flag = f.metadata.get("flag") or "--" + name.replace("_", "-")
@@ -82,9 +82,13 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, req
         kw = {"dest": name, "help": help_text,
               "metavar": f.metadata.get("metavar") or flag.lstrip("-").replace("-", "_").upper(),
               "default": None if default in ((None,), ()) else (list(default) if is_list and default else default)}
+        if name in own:  # given or not, never a default: a suite's option given with other suites is refused
+            kw["default"] = None
         if scalar is bool:
             kw["action"] = argparse.BooleanOptionalAction
             kw.pop("metavar")
+        elif f.metadata.get("per_suite"):  # DIR, SUITE=DIR ..., repeatable
+            kw.update(type=str, nargs="+", action="extend")
         else:
             kw["type"] = scalar if scalar in (int, float) else str
             if f.metadata.get("choices"):
@@ -108,11 +112,15 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, req
 
 
 def _owned_fields(cls):
-    """(owning dataclass, name, field, type) of every option, nested dataclasses flattened."""
+    """(owning dataclass, name, field, type) of every option, nested dataclasses flattened (a suite's own
+    options owned by the class it declared them in)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
             yield from _owned_fields(hints[f.name])
+        elif f.metadata.get("declared_by") == "suites":
+            for name, (fld, owner, _) in suite_registry.own_fields().items():
+                yield owner, name, fld, typing.get_type_hints(owner)[name]
         else:
             yield cls, f.name, f, hints[f.name]
 

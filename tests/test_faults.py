@@ -549,6 +549,9 @@ def test_unwritable_out_or_store_fails_before_any_work(world, tmp_path, capsys, 
     (("--max-failures", "-1"), "option max_failures (--max-failures) must be a number >= 0, got -1"),
     (("--decode-threads", "0"), "option decode_threads (--decode-threads) must be a number >= 1, got 0"),
     (("--suite", "nope"), "unknown suite 'nope'; choose from"),
+    (("--language", "de"), "option languages (--language) is for suites xm3600; this run's suites are karpathy"),
+    (("--data", "sugarcrep=x"), "'sugarcrep' names no suite (did you mean 'sugarcrepe'?); suites: amodal, aro"),
+    (("--images", "aro=x"), "option images is given for suite aro, which this run does not evaluate"),
     (("--device", "cuda"), "option device (--device) is 'cuda', but torch sees no CUDA GPU"),
     (("--device", "cuda:7"), "option device (--device) is 'cuda:7'"),
 ])
@@ -1041,10 +1044,11 @@ def _zs(images, tmp_path, *extra) -> list[str]:
 
 def _load_zs(**opts):
     from hardrank import SuiteOptions, Tables
+    from hardrank.config import build
     from hardrank.suites import load_suites
 
     tables = Tables.empty()
-    (suite,) = load_suites(["classification"], tables, SuiteOptions(**opts))
+    (suite,) = load_suites(["classification"], tables, build(SuiteOptions, opts))  # classnames: the suite's own
     return suite, tables
 
 

@@ -172,7 +172,7 @@ def test_probe_reads_the_store_and_a_rerun_encodes_nothing(tmp_path, tiny):
         assert r1["counts"]["linear_probe"]["train"] == n_train
         assert r1["counts"]["linear_probe"]["final_training"] == "train"
         assert 7 <= len(r1["probe"]["linear_probe"]["weight_decay_search"]) <= 19
-        assert r1["provenance"]["suite_options"]["probe"]["fewshot_k"] == 4
+        assert r1["provenance"]["suite_options"]["fewshot_k"] == 4  # its own options, recorded flat
         assert set(summary_row(r1)) == {"lp top1", "lp top5", "lp mpcr"}
     assert first.results[0]["metrics"] != first.results[1]["metrics"]  # two checkpoints, two probes
     out = pq.read_table(tmp_path / "o1" / "a" / "linear_probe.parquet").to_pylist()

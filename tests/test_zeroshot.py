@@ -17,6 +17,7 @@ from helpers import (
     write_tiny_config,
 )
 
+from hardrank.config import build
 from hardrank.errors import DataError
 from hardrank.evaluate import evaluate
 from hardrank.items import Tables
@@ -137,7 +138,7 @@ def _imagefolder(root: Path, per_class=3, classes=CLASSES, seed=0) -> Path:
 
 def _load(tmp_path, **kw):
     tables = Tables.empty()
-    suite, = load_suites(["imagefolder"], tables, SuiteOptions(**kw))
+    suite, = load_suites(["imagefolder"], tables, build(SuiteOptions, kw))
     return suite, tables
 
 

@@ -265,4 +265,5 @@ def probe_outcomes(task: ProbeTask, r: dict) -> pa.Table:
         "kind": ["linear_probe"] * n, "task": [task.name] * n, "view": ["test"] * n, "query_id": task.test_ids,
         "rank": r["rank"], "top1_id": [names[p] for p in r["pred"]], "top1_group": [None] * n,
         "subset": [names[c] for c in r["label"]], "scores": [None] * n, "correct": (r["rank"] == 0).tolist(),
+        "unit": task.test_ids, "verdicts": [None] * n,  # the unit: a test image
     }, schema=outcome_schema())

@@ -68,11 +68,12 @@ def image_id(table: ItemTable, row: int, roots: list[Path]) -> str:
 
 
 def _roots(cfg: EvalConfig, suites) -> list[Path]:
-    """Folders image paths are given relative to, deepest first: --images, the suites' image roots, --data."""
+    """Folders image paths are given relative to, deepest first: --images, the suites' image roots, --data (each
+    suite's own, when given per suite)."""
     cands = [cfg.suite_options.images, cfg.suite_options.data]
     for s in suites:
         meta = s.meta or {}
-        cands += [meta.get("images"), meta.get("images_root")]
+        cands += [meta.get("images"), meta.get("images_root"), s.options.get("images"), s.options.get("data")]
         if isinstance(meta.get("world"), str):
             cands.append(os.path.join(meta["world"], "images"))
     roots = {Path(c).resolve() for c in cands if isinstance(c, str) and c and Path(c).is_dir()}

@@ -1,17 +1,31 @@
 """Linear probe (CLIP_benchmark's linear_probe task) on a CLIP_benchmark WebDataset root's train and test splits."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from hardrank import urls
 from hardrank.errors import DataError, UsageError
 from hardrank.items import ImageRef, Tables
-from hardrank.scoring.probe import fewshot_pick, short_classes, split_by_proportion
+from hardrank.scoring.probe import ProbeOptions, fewshot_pick, short_classes, split_by_proportion
 from hardrank.suites._common import SuiteFormatError, SuiteOptions
-from hardrank.suites.classification import CB_CLASSNAMES, read_classnames, read_wds_split, wds_split_exists
+from hardrank.suites.classification import (
+    CB_CLASSNAMES,
+    ClassNamesOptions,
+    read_classnames,
+    read_wds_split,
+    wds_split_exists,
+)
 from hardrank.tasks import ProbeTask, Suite
 
-__all__ = ["load_linear_probe"]
+__all__ = ["load_linear_probe", "LinearProbeOptions"]
+
+
+@dataclass(frozen=True)
+class LinearProbeOptions(ProbeOptions, ClassNamesOptions):
+    """Suite linear_probe's own options: the probe's training (``ProbeOptions``) and the class names, which it
+    shares with the zero-shot suites (``--classnames``)."""
 
 
 def _rows(tables: Tables, samples, prefix: str) -> np.ndarray:
@@ -33,18 +47,18 @@ def _split(root: str, split: str, classnames: list[str], role: str):
     return read_wds_split(root, split, classnames)
 
 
-def load_linear_probe(tables: Tables, opts: SuiteOptions, name: str = "linear_probe") -> Suite:
+def load_linear_probe(tables: Tables, opts: SuiteOptions, own: LinearProbeOptions, name: str = "linear_probe") -> Suite:
     """A linear probe: ``--images`` is CLIP_benchmark's WebDataset root (``classnames.txt``, ``train/`` and
     ``test/`` shards with ``cls`` members, a ``val/`` split with ``--val-split``). The training images are picked
     here (``--val-proportion`` held out, ``--fewshot-k`` per class, by ``--probe-seed``), so only those are encoded;
     the probe trains once every checkpoint's embeddings are in the store (``hardrank.scoring.probe``)."""
-    o = opts.probe
+    o = own
     if not opts.images:
         raise UsageError(f"suite {name} needs --images: CLIP_benchmark's WebDataset root (classnames.txt, "
                          f"{o.train_split}/*.tar and test/*.tar)")
     root = opts.images
-    if opts.classnames:
-        classnames = read_classnames(opts.classnames)
+    if own.classnames:
+        classnames = read_classnames(own.classnames)
     elif urls.exists(urls.join(root, CB_CLASSNAMES)):
         classnames = read_classnames(urls.join(root, CB_CLASSNAMES))
     elif not urls.is_dir(root):
@@ -86,4 +100,4 @@ def load_linear_probe(tables: Tables, opts: SuiteOptions, name: str = "linear_pr
                                if o.val_proportion else None), "val_images": len(val), "test_images": len(test),
                        "classes_without_training_images": [classnames[c] for c in range(len(classnames))
                                                            if c not in set(present.tolist())][:50],
-                       "classnames_from": opts.classnames or "dataset"})
+                       "classnames_from": own.classnames or "dataset"})

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hardrank import suite_registry
 from hardrank.config import EmbedOptions, SuiteOptions, check_options, opt
 from hardrank.errors import UsageError
 
@@ -42,6 +43,7 @@ class PipelineBenchConfig:
             raise UsageError("bench pipeline needs at least one checkpoint (--checkpoint; None = the random init)")
         if not self.suites:
             raise UsageError("option suites is empty; name at least one suite (--suite toy)")
+        self.suite_options.check_suites(suite_registry.expand(self.suites))
 
     @property
     def loader_workers(self) -> int:
