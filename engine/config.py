@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from hardrank import urls
+from hardrank.cpus import check_threads
 from hardrank.errors import UsageError
 from hardrank.kernels import PRECISIONS as RANK_PRECISIONS
 from hardrank.kernels import TIE_RULES
@@ -46,16 +47,17 @@ BASELINES = ("clip-regions",)  # mask suites: answer with the candidate region m
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
-def opt(default, help: str, *, choices=None, minimum=None, path: bool = False, flag: str | None = None,
+def opt(default, help: str, *, choices=None, minimum=None, check=None, path: bool = False, flag: str | None = None,
         metavar: str | None = None, cli: bool = True, positional: bool = False, listing: str | None = None):
-    """A config field: its default and its one help text; ``choices``/``minimum`` are checked on
-    construction; ``path`` values in job files are relative to the file; ``flag`` overrides the
-    ``--name`` on the command line; ``positional`` makes it a positional argument there (shown as
-    ``metavar``); ``cli=False`` keeps it off the command line; ``listing`` names a registry whose
-    names the command line's help lists after the help text (``suites``: the suite registry)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "path": path,
-                                            "flag": flag, "metavar": metavar, "cli": cli, "positional": positional,
-                                            "listing": listing})
+    """A config field: its default and its one help text; ``choices``/``minimum`` are checked on construction, then
+    ``check(value, what)`` (a set value only; ``what`` names the option), which raises UsageError for a value out of
+    range (thread counts: ``hardrank.cpus.check_threads``); ``path`` values in job files are relative to the file;
+    ``flag`` overrides the ``--name`` on the command line; ``positional`` makes it a positional argument there
+    (shown as ``metavar``); ``cli=False`` keeps it off the command line; ``listing`` names a registry whose names
+    the command line's help lists after the help text (``suites``: the suite registry)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "check": check,
+                                            "path": path, "flag": flag, "metavar": metavar, "cli": cli,
+                                            "positional": positional, "listing": listing})
 
 
 def cache_dir() -> Path:
@@ -128,7 +130,7 @@ def _named(f: dataclasses.Field) -> str:
 
 
 def check_options(obj) -> None:
-    """Check each field against its ``choices`` and ``minimum`` (UsageError naming the option)."""
+    """Check each field against its ``choices``, ``minimum`` and ``check`` (UsageError naming the option)."""
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
@@ -140,6 +142,8 @@ def check_options(obj) -> None:
             raise UsageError(f"option {_named(f)} must be one of {list(choices)}, got {v!r}")
         if minimum is not None and v is not None and not (isinstance(v, (int, float)) and v >= minimum):
             raise UsageError(f"option {_named(f)} must be a number >= {minimum}, got {v!r}")
+        if f.metadata.get("check") is not None and v is not None:
+            f.metadata["check"](v, f"option {_named(f)}")
 
 
 def _hints(cls) -> dict:
@@ -287,12 +291,12 @@ class EmbedOptions:
                          "(benchmarks/README.md)", choices=PRECISIONS)
     device: str = opt("auto", "auto | cpu | cuda | cuda:N")
     batch_size: int = opt(256, "images/texts per encoder batch", minimum=1)
-    decode_threads: int | None = opt(None, "image decode threads (default: the thread budget, --threads, at most 8)",
-                                     minimum=1)
-    threads: int | None = opt(None, "threads this process computes with: torch, decoding, FAISS, Ray actors "
-                              "(default: the cores it may use, min of CPU affinity and cgroup quota, less those "
-                              "busy at start; $HARDRANK_THREADS or $OMP_NUM_THREADS also set it); results do not "
-                              "depend on it", minimum=1)
+    decode_threads: int | None = opt(None, "image decode threads, 1 to 4 per CPU (default: the thread budget, "
+                                     "--threads, at most 8)", minimum=1, check=check_threads)
+    threads: int | None = opt(None, "threads this process computes with, 1 to 4 per CPU: torch, decoding, FAISS, Ray "
+                              "actors (default: the cores it may use, min of CPU affinity and cgroup quota, less "
+                              "those busy at start; $HARDRANK_THREADS or $OMP_NUM_THREADS also set it); results do "
+                              "not depend on it", minimum=1, check=check_threads)
     max_failures: int | None = opt(100, "unreadable images tolerated (recorded, skipped) before the run stops",
                                    minimum=0)
     executor: str = opt("local", "local: in-process threads, no cluster start-up (best for small jobs and CI); "
