@@ -159,7 +159,7 @@ def _override(threads: int | None) -> tuple[int, str] | None:
         if not v:
             continue
         if not v.isdigit() or not 1 <= int(v) <= max_threads():
-            raise UsageError(f"${name} is {v!r}: set it to a whole number in {threads_range()} (threads), "
+            raise UsageError(f"${name} is {v!r}: set it to a thread count, a whole number in {threads_range()}, "
                              f"or unset it")
         return int(v), f"${name}"
     return None

@@ -261,8 +261,9 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     echo = echo or (lambda s: None)
     if not cfg.out:
         raise UsageError("option out (the results folder) is required")
-    _check_usage(cfg)
+    # the threads first: a bad $HARDRANK_THREADS is a usage error too, refused before any folder is made
     settings = settings or start_run(cfg.embed.threads, cfg.embed.decode_threads)
+    _check_usage(cfg)
     echo(f"threads: {settings.budget.describe()}")
     with urls.staged_dir(cfg.out) as local_out:
         report = _evaluate(replace(cfg, out=local_out), progress, echo, runner, settings)

@@ -83,7 +83,8 @@ def test_overrides_in_order_and_refused_when_malformed(monkeypatch, tmp_path):
     with pytest.raises(UsageError, match=r"option threads \(--threads\) must be a whole number in 1\.\.\d+ .*, got 0"):
         cpus.budget(0)
     monkeypatch.setenv("HARDRANK_THREADS", "two")
-    with pytest.raises(UsageError, match=r"\$HARDRANK_THREADS is 'two': set it to a whole number in 1\.\.\d+"):
+    with pytest.raises(UsageError, match=r"\$HARDRANK_THREADS is 'two': set it to a thread count, a whole number "
+                                         r"in 1\.\.\d+"):
         cpus.budget()
 
 
@@ -145,7 +146,8 @@ def test_thread_counts_outside_one_to_four_per_cpu_are_refused_naming_the_option
         assert str(e.value) == f"option {name} (--{name.replace('_', '-')}) " + ranged + "100000"
     assert EmbedOptions(threads=8, decode_threads=8).threads == 8
     monkeypatch.setenv("OMP_NUM_THREADS", "100000")
-    with pytest.raises(UsageError, match=r"^\$OMP_NUM_THREADS is '100000': set it to a whole number in 1\.\.8 "):
+    with pytest.raises(UsageError, match=r"^\$OMP_NUM_THREADS is '100000': set it to a thread count, a whole "
+                                         r"number in 1\.\.8 "):
         cpus.budget(probe=False)
     from hardrank.jobs.bench.options import KernelBenchConfig, PipelineBenchConfig
     with pytest.raises(UsageError, match=r"^option threads \(--threads\) must be a whole number in 1\.\.8 "):

@@ -344,13 +344,13 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
         raise UsageError(f"pass a MineConfig or keyword options, not both (got {sorted(options)})")
     cfg = cfg if cfg is not None else build(MineConfig, options)
     echo = echo or (lambda s: None)
+    settings = mining_settings(cfg.embed.threads, cfg.embed.decode_threads)  # usage first (a bad $HARDRANK_THREADS)
     resolve_device(cfg.embed.device)  # usage first: nothing is embedded for a missing device or unwritable output
     check_writable_dir(cfg.out, "out (--out)")
     if cfg.model is not None:
         cfg.embed.check_store()
     if cfg.export_training:
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
-    settings = mining_settings(cfg.embed.threads, cfg.embed.decode_threads)
     echo(f"threads: {settings.budget.describe()}")
     t0 = time.perf_counter()
     start_rss = _rss()  # start-up (torch, FAISS, the CLI) before any input is read: the memory aim's base

@@ -189,8 +189,8 @@ def attack_texts(cfg: AttackTextsConfig | None = None, *, progress=None, echo=No
     work too: ``attack_texts(model=..., checkpoints=[...], annotations=..., images=..., out=...)``."""
     cfg = _config(AttackTextsConfig, cfg, options)
     echo = echo or (lambda s: None)
+    settings = start_run(cfg.embed.threads, cfg.embed.decode_threads)  # (a bad $HARDRANK_THREADS: usage, first)
     _check_usage(cfg)
-    settings = start_run(cfg.embed.threads, cfg.embed.decode_threads)
     t_start = time.perf_counter()
     ann, out = Path(cfg.annotations), Path(cfg.out)
     clean = read_karpathy(ann)
@@ -308,8 +308,8 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
     ``cfg.out``; returns the summary. Keyword options work as for ``attack_texts``."""
     cfg = _config(AttackImagesConfig, cfg, options)
     echo = echo or (lambda s: None)
+    settings = start_run(cfg.embed.threads, cfg.embed.decode_threads)  # (a bad $HARDRANK_THREADS: usage, first)
     _check_usage(cfg)
-    settings = start_run(cfg.embed.threads, cfg.embed.decode_threads)
     t_start = time.perf_counter()
     ann, out, root = Path(cfg.annotations), Path(cfg.out), Path(cfg.images)
     if not root.is_dir():
