@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from hardrank import suite_registry, urls
+from hardrank.cpus import check_threads
 from hardrank.errors import UsageError
 from hardrank.kernels import PRECISIONS as RANK_PRECISIONS
 from hardrank.kernels import TIE_RULES
@@ -393,12 +394,12 @@ class EmbedOptions:
                          "(benchmarks/README.md)", choices=PRECISIONS)
     device: str = opt("auto", "auto | cpu | cuda | cuda:N")
     batch_size: int = opt(256, "images/texts per encoder batch", minimum=1)
-    decode_threads: int | None = opt(None, "image decode threads (default: the thread budget, --threads, at most 8)",
-                                     minimum=1)
-    threads: int | None = opt(None, "threads this process computes with: torch, decoding, FAISS, Ray actors "
-                              "(default: the cores it may use, min of CPU affinity and cgroup quota, less those "
-                              "busy at start; $HARDRANK_THREADS or $OMP_NUM_THREADS also set it); results do not "
-                              "depend on it", minimum=1)
+    decode_threads: int | None = opt(None, "image decode threads, 1 to 4 per CPU (default: the thread budget, "
+                                     "--threads, at most 8)", minimum=1, check=check_threads)
+    threads: int | None = opt(None, "threads this process computes with, 1 to 4 per CPU: torch, decoding, FAISS, Ray "
+                              "actors (default: the cores it may use, min of CPU affinity and cgroup quota, less "
+                              "those busy at start; $HARDRANK_THREADS or $OMP_NUM_THREADS also set it); results do "
+                              "not depend on it", minimum=1, check=check_threads)
     max_failures: int | None = opt(100, "unreadable images tolerated (recorded, skipped) before the run stops",
                                    minimum=0)
     executor: str = opt("local", "local: in-process threads, no cluster start-up (best for small jobs and CI); "

@@ -14,7 +14,7 @@ import open_clip
 import pyarrow as pa
 import torch
 
-from hardrank import cpus, suite_registry, urls
+from hardrank import suite_registry, urls
 from hardrank.config import EvalConfig, build, check_writable_dir, resolve_device
 from hardrank.dashboards import Dashboards
 from hardrank.embed import EmbedPipeline, make_scan_mapper
@@ -39,6 +39,7 @@ from hardrank.scoring.rerank import CANDIDATE_RULE, FILL, rerank_ranks
 from hardrank.scoring.rerank import PROTOCOL as RERANK_PROTOCOL
 from hardrank.scoring.results import outcome_schema, summary_intervals, summary_row, verdict_map, write_result
 from hardrank.scoring.statistics import annotate
+from hardrank.settings import RunSettings, start_run
 from hardrank.subsets import subset_suites
 from hardrank.suites import expand_suites, load_suites
 from hardrank.suites.toy import TOY_SUITES, pending_world
@@ -299,7 +300,7 @@ def _write(report: EvalReport, cfg: EvalConfig, label: str, suite_name: str, res
 
 
 def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=None, dashboards=None,
-             **options) -> EvalReport:
+             settings: RunSettings | None = None, **options) -> EvalReport:
     """Run every checkpoint on every suite and write one result per (checkpoint, suite).
 
     ``cfg`` or the same options as keywords (the flat names of the CLI flags / job-file keys):
@@ -307,20 +308,23 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     K checkpoints of one architecture share one decode; mask suites scoring predictions need no
     model. ``runner``: an executor object to use instead of the one ``cfg.embed.executor`` names.
     ``dashboards``: open ``hardrank.dashboards.Dashboards`` to log to (``watch`` keeps one run open over
-    its evaluations); by default those ``log_to`` names are opened here and closed at the end."""
+    its evaluations); by default those ``log_to`` names are opened here and closed at the end.
+    ``settings``: the run's threads, when a caller that runs several evaluations as one run decided them
+    (``hardrank.settings.start_run``, as the attack commands do); else decided here from ``cfg.embed``."""
     cfg = _config(cfg, options)
     echo = echo or (lambda s: None)
     if not cfg.out:
         raise UsageError("option out (the results folder) is required")
+    # the threads first: a bad $HARDRANK_THREADS is a usage error too, refused before any folder is made
+    settings = settings or start_run(cfg.embed.threads, cfg.embed.decode_threads)
     _check_usage(cfg)
-    threads = cpus.use(cfg.embed.threads)
-    echo(f"threads: {threads.describe()}")
+    echo(f"threads: {settings.budget.describe()}")
     own = dashboards is None and bool(cfg.log_to)
     if own:  # a missing logger package fails here, before any work
         dashboards = Dashboards(cfg.log_to, run=cfg.out)
     try:
         with urls.staged_dir(cfg.out) as local_out:
-            report = _evaluate(replace(cfg, out=local_out), progress, echo, runner, dashboards)
+            report = _evaluate(replace(cfg, out=local_out), progress, echo, runner, dashboards, settings)
     finally:
         if own:
             dashboards.close()
@@ -340,19 +344,19 @@ def local_inputs(cfg: EvalConfig) -> EvalConfig:
     return cfg
 
 
-def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards) -> EvalReport:
+def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards, settings: RunSettings) -> EvalReport:
     cfg = local_inputs(cfg)
     t_start = time.perf_counter()
     pipe = None  # the models first: a bad checkpoint or tag fails before any data is read
     if cfg.embeddings is None and (cfg.model is not None or cfg.run is not None) and _needs_model(cfg):
-        pipe = EmbedPipeline(model_specs(cfg), cfg.embed, runner=runner)
+        pipe = EmbedPipeline(model_specs(cfg), cfg.embed, runner=runner, settings=settings)
         _check_rerank(cfg, pipe)
     tables = Tables.empty()
     t0 = time.perf_counter()
     world = _pending_world(cfg)
     if world is not None:
         echo(f"building the toy world in {world} (once, about 30 s; --data DIR names another folder)")
-    mapper = make_scan_mapper(cfg.embed)
+    mapper = make_scan_mapper(cfg.embed, settings)
     try:
         with scan_with(mapper):  # with --executor ray, workers read the tar shards, not this process
             suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
@@ -369,7 +373,7 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards) -> EvalReport
     echo(f"loaded {len(suites)} suite(s): {len(tables.images)} images (distinct paths), {len(tables.texts)} texts "
          f"(distinct normalised captions) ({t_load:.1f}s)")
     common = {"failures": [], "versions": _versions(), "embed": {}, "t_load": t_load,
-              "threads": cpus.current().record()}
+              "threads": settings.record()}
     for suite in suites:  # answers that need no model: scored once, under the predictions' folder name
         for task in [t for t in suite.mask if not t.needs_embeddings]:
             scored = _score_mask(task, resolve_device(cfg.embed.device), None, 0)
@@ -377,8 +381,8 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards) -> EvalReport
             _write(report, cfg, label, suite.name, _result(suite, label, scored, cfg, common, None),
                    scored["outcomes"], dashboards)
     if any(s.needs_embeddings for s in suites):
-        sources = _sources(cfg, pipe, tables, suites, report, common, progress, echo)
-        backend = for_ranking(backends.get(cfg.search_spec), executor(cfg.embed), cfg.shard_gallery,
+        sources = _sources(cfg, pipe, tables, suites, report, common, progress, echo, settings)
+        backend = for_ranking(backends.get(cfg.search_spec), executor(cfg.embed, settings), cfg.shard_gallery,
                               cfg.shard_gallery_above_mb)
         try:
             for src in sources:
@@ -452,7 +456,7 @@ def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_i
 
 
 def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites: list[Suite], report: EvalReport,
-             common: dict, progress, echo) -> list[_EmbeddingSource]:
+             common: dict, progress, echo, settings: RunSettings) -> list[_EmbeddingSource]:
     if cfg.embeddings:
         if any(t.needs_embeddings for s in suites for t in s.mask):
             raise UsageError("the clip-regions baseline embeds region crops with --model; precomputed "
@@ -479,7 +483,7 @@ def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites
         if cfg.rerank_spec is not None:
             e = cfg.embed
             scorer = (lambda m=model: ItmScorer(m, tables, batch_size=e.batch_size, decoder=e.decoder,
-                                                decode_threads=e.decode_threads or cpus.decode_threads()))
+                                                decode_threads=settings.decode_threads))
         sources.append(_EmbeddingSource(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables), embed,
                                         scorer))
     return sources

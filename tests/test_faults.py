@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -563,6 +564,31 @@ def test_bad_options_are_usage_errors(world, tmp_path, capsys, flags, message):
     assert main(_eval(world, tmp_path / "out", tmp_path / "store", extra=flags)) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("flag, env", [("--threads", None), ("--decode-threads", None), (None, "HARDRANK_THREADS"),
+                                       (None, "OMP_NUM_THREADS")])
+def test_a_thread_count_past_four_per_cpu_is_one_line_before_any_model_is_built(world, tmp_path, flag, env):
+    """``--threads 100000`` segfaulted while the model was built (exit 139); each thread count, flag or
+    environment, is checked first: one line naming it, what it got and the range (1..4 x os.cpu_count()).
+    In a child process: the old failure took the interpreter with it."""
+    args = _eval(world, tmp_path / "out", tmp_path / "store", extra=(flag, "100000") if flag else ())
+    environ = {**os.environ, **({env: "100000"} if env else {})}
+    for name in ("HARDRANK_THREADS", "OMP_NUM_THREADS"):
+        if name != env:
+            environ.pop(name, None)
+    out = subprocess.run([sys.executable, "-m", "hardrank.jobs.cli", *args], capture_output=True, text=True,
+                         timeout=600, env=environ)
+    err = out.stderr.strip()
+    assert out.returncode == 2 and len(err.splitlines()) == 1, (out.returncode, err[-3000:])
+    ranged = rf"a whole number in 1\.\.{4 * os.cpu_count()} \(at most 4 per CPU; this machine has {os.cpu_count()}\)"
+    if flag:
+        option = flag[2:].replace("-", "_")
+        assert re.fullmatch(rf"hardrank: error: option {option} \({flag}\) must be {ranged}, got 100000", err), err
+    else:
+        assert re.fullmatch(rf"hardrank: error: \${env} is '100000': set it to a thread count, {ranged}, or "
+                            rf"unset it", err), err
     assert not (tmp_path / "store").exists()
 
 

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
+import textwrap
 import zipfile
 from pathlib import Path
 
@@ -241,3 +243,99 @@ def test_wheel_installs_one_name(tmp_path):
     assert "hardrank/kernels/ranking.py" in names and "hardrank/jobs/cli.py" in names
     assert any(n.startswith("hardrank/assets/toy_checkpoints/") for n in names)
     assert "hardrank/embed/pipeline.py" in names and "hardrank/mining/run.py" in names
+
+
+# What runs at import besides imports, definitions and plain assignments (issue 38: no process-wide effect at
+# import but OpenMP's wait policy), each with its reason. Anything else is an explicit call of whoever needs it.
+AT_IMPORT = {
+    # must precede torch's loading of libgomp, which reads it once (README "Busy machines")
+    ("hardrank.cpus", "os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')"),
+    # open_clip imported with transformers hidden for the one statement (start-up: 1.8 s)
+    ("hardrank.openclip_import", "import_open_clip()"),
+    # a YAML loader subclass of our own that refuses repeated keys (the class's table, not yaml's)
+    ("hardrank.suites.collections",
+     "_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)"),
+}
+# a registry's entries, made in its own package by its own register / alias calls (no other library's state):
+# the search backends' built-ins, the suites' one line each
+REGISTRY_CALLS = {"hardrank.scoring.backends": {"register"}, "hardrank.suites": {"register", "alias"}}
+
+
+def _registry_line(module: str, stmt: ast.stmt) -> bool:
+    calls = REGISTRY_CALLS.get(module, set())
+    if isinstance(stmt, ast.For):
+        return all(_registry_line(module, s) for s in stmt.body)
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name)
+            and stmt.value.func.id in calls)
+# calls that change process-wide state when a module-level assignment makes them (``x = os.environ.setdefault(...)``)
+_EFFECTS = {"setdefault", "putenv", "set_num_threads", "set_num_interop_threads", "omp_set_num_threads",
+            "basicConfig", "filterwarnings", "simplefilter", "signal", "setLevel", "addHandler", "manual_seed",
+            "set_flush_denormal", "set_float32_matmul_precision", "on_use", "add_model_config"}
+
+
+def _runs_at_import(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return False
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):  # a docstring
+        return False
+    if isinstance(stmt, ast.If) and ast.unparse(stmt.test) == "__name__ == '__main__'":
+        return False
+    if isinstance(stmt, ast.Try):  # `try: import tomllib / except ...: import tomli as tomllib`
+        return not all(isinstance(s, (ast.Import, ast.ImportFrom)) for b in (stmt.body, *[h.body for h in
+                       stmt.handlers]) for s in b)
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        if any(isinstance(t, (ast.Subscript, ast.Attribute)) for t in targets):  # os.environ["X"] = ..., mod.x = ...
+            return True
+        return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in _EFFECTS
+                   for c in ast.walk(stmt))
+    return True
+
+
+def test_nothing_runs_at_import_but_the_listed_statements():
+    """No module sets environment variables, thread pools, logging, warnings filters or other libraries'
+    registries when it is imported (``hardrank.scoring.faiss_index`` used to register FAISS's thread setter
+    with the budget module): whoever needs a setting makes it, explicitly, when the run starts."""
+    found = set()
+    for name, path in MODULES.items():
+        for stmt in ast.parse(path.read_text()).body:
+            if _runs_at_import(stmt) and not _registry_line(name, stmt):
+                found.add((name, ast.unparse(stmt)))
+    assert found == AT_IMPORT, (f"runs at import, unlisted: {sorted(found - AT_IMPORT)}; "
+                                f"listed, gone: {sorted(AT_IMPORT - found)}")
+
+
+def test_importing_every_module_changes_no_process_setting_but_the_wait_policy():
+    """In a fresh interpreter, after the libraries hardrank imports (open_clip sets TOKENIZERS_PARALLELISM, Ray
+    its warnings filters: theirs, not ours): every hardrank module imported (those whose optional extra is
+    missing are skipped) leaves the environment (but ``OMP_WAIT_POLICY``), torch's and FAISS's threads,
+    logging, warnings filters and signal handlers as they were."""
+    external = sorted({m.split(".")[0] if m.split(".")[0] != "nvidia" else m for name in MODULES
+                       for m in _imports(name)[0] if not m.startswith("hardrank")})
+    script = textwrap.dedent(f"""
+        import importlib, json, logging, os, signal, sys, warnings
+        def load(names):
+            skipped = []
+            for name in names:
+                try:
+                    importlib.import_module(name)
+                except ImportError:
+                    skipped.append(name)
+            return skipped
+        load({external!r})
+        import torch
+        faiss = sys.modules.get("faiss")
+        def state():
+            return {{"env": {{k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}},
+                    "torch": [torch.get_num_threads()], "faiss": faiss.omp_get_max_threads() if faiss else None,
+                    "logging": [logging.root.level, len(logging.root.handlers)], "warnings": len(warnings.filters),
+                    "signals": [str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM)]}}
+        before = state()
+        skipped = load({sorted(MODULES)!r})
+        print(json.dumps({{"before": before, "after": state(), "skipped": skipped}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["after"] == got["before"]
+    assert len(got["skipped"]) < len(MODULES) // 4, got["skipped"]

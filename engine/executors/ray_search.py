@@ -189,15 +189,16 @@ def local_csr(excl, lo: int, hi: int):
 class ShardedSearchFactory:
     """``factory(xb, opts)``: the sharded placement's searcher (``hardrank.scoring.backends.sharded``) over the
     corpus rows ``xb``: joins (or starts) the Ray cluster and shards the corpus over ``shards`` actors
-    (default: one per CPU of the cluster). ``close`` ends the actors and the Ray session it started."""
+    (default: one per CPU of the cluster; a local cluster has ``threads`` CPUs: ``ray_embed.connect``). ``close``
+    ends the actors and the Ray session it started."""
 
-    def __init__(self, shards: int | None = None, address: str | None = None):
-        self.shards, self.address = shards, address
+    def __init__(self, shards: int | None = None, address: str | None = None, threads: int | None = None):
+        self.shards, self.address, self.threads = shards, address, threads
         self._owned = False
         self._search: ShardedSearch | None = None
 
     def __call__(self, xb, opts: MineOptions) -> ShardedSearch:
-        self._owned = connect(self.address) or self._owned
+        self._owned = connect(self.address, self.threads) or self._owned
         n = self.shards or max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._search = ShardedSearch(xb, opts, n)
         return self._search

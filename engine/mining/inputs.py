@@ -17,13 +17,14 @@ from hardrank.items import ItemTable, Tables, text_key
 from hardrank.mining.problem import MineProblem, StoreRows
 from hardrank.models.runs import user_specs
 from hardrank.scoring.counts import embed_line
+from hardrank.settings import RunSettings
 from hardrank.store.embedding_store import EmbeddingStore
 
 __all__ = ["build_problem", "IMAGE_EXTENSIONS"]
 
 
-def _pipeline(cfg: MineConfig, sources: list[Source], echo,
-              runner) -> tuple[EmbedPipeline | None, EmbeddingStore | Embeddings, str]:
+def _pipeline(cfg: MineConfig, sources: list[Source], echo, runner,
+              settings: RunSettings | None) -> tuple[EmbedPipeline | None, EmbeddingStore | Embeddings, str]:
     """(the model's embed pipeline or None, the store new embeddings go to; without a model, the
     inputs' own embeddings, which name the model that made them; why the corpus and queries compare).
 
@@ -51,7 +52,8 @@ def _pipeline(cfg: MineConfig, sources: list[Source], echo,
         return None, stores[0], why
     e = cfg.embed
     pipe = EmbedPipeline(user_specs(cfg.model, (cfg.checkpoint,), precision=e.precision, device=e.device,
-                                    pretrained=cfg.pretrained, random_init=cfg.random_init), e, runner=runner)
+                                    pretrained=cfg.pretrained, random_init=cfg.random_init), e, runner=runner,
+                         settings=settings)
     for s in stores:
         if s.names_model and s.fingerprint != pipe.fingerprint(0):
             raise UsageError(f"{s.dir} holds embeddings of {s.fingerprint}, but --model/--checkpoint "
@@ -124,7 +126,8 @@ def _pairs(sources: list[Source]) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, lazy_corpus: bool = False) -> MineProblem:
+def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, lazy_corpus: bool = False,
+                  settings: RunSettings | None = None) -> MineProblem:
     """Load both inputs, embed what the store lacks, and compile queries, corpus and positives.
 
     Positives of a query (in the corpus modality) are the items of its own source in its group: for
@@ -132,7 +135,8 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
     the image); elsewhere, the item itself in same-modal mining and none across modalities. Corpus
     rows are never returned for a query when their content key is a positive's, or their group
     (Karpathy image, keyed by image content when --images is given) is the query's. Duplicate query
-    ids are merged, their positives united."""
+    ids are merged, their positives united. ``settings``: the mining run's threads (None: the embedding is a
+    run of its own, its threads from ``cfg.embed``)."""
     echo = echo or (lambda s: None)
     qmod, cmod = DIRECTIONS[cfg.direction]
     opts = InputOptions(images=cfg.images, captions=cfg.captions)
@@ -147,7 +151,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
     if qsrc.group_names is not None and cmod not in qsrc.items:
         raise UsageError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
                          f"excluded) is known")
-    pipe, store, compatibility = _pipeline(cfg, [csrc, qsrc], echo, runner)
+    pipe, store, compatibility = _pipeline(cfg, [csrc, qsrc], echo, runner, settings)
     sources = list({id(x): x for x in (qsrc, csrc)}.values())
     image_root = _rebase_image_ids(cfg, sources)
     if image_root is not None:

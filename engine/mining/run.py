@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hardrank import cpus, urls
+from hardrank import urls
 from hardrank.atomic import atomic_path, write_json_atomic
 from hardrank.config import (
     DIRECTIONS,
@@ -36,8 +36,9 @@ from hardrank.mining.training_table import check_training, shard_path, write_tra
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.sharded import for_mining
+from hardrank.settings import RunSettings, start_run
 
-__all__ = ["mine", "mine_arrays", "recall_line"]
+__all__ = ["mine", "mine_arrays", "mining_settings", "recall_line"]
 
 RUN_VERSION = 2  # 2: human ids (image paths relative to one root), query_key / negative_key columns
 _HIST_BINS = 40  # score histogram: 40 bins over [-1, 1]
@@ -187,7 +188,8 @@ def _shortfall(recall: dict, search: dict, exact: bool, problem: MineProblem, op
 
 
 def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike, *,
-                export_training: str | os.PathLike | None = None, echo=None, backend: Backend | None = None) -> dict:
+                export_training: str | os.PathLike | None = None, echo=None, backend: Backend | None = None,
+                settings: RunSettings | None = None) -> dict:
     """Mine ``opts.k`` negatives per query into ``out/negatives/part-*.parquet`` (one shard per
     block of ``opts.block_size`` queries, written atomically; existing shards are skipped, so a
     killed run resumes), then write ``out/summary.json`` and return it.
@@ -197,7 +199,9 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     2-8x candidates and re-score them exactly); ``auto`` = exact while the fp32 corpus fits
     ``budget_mb``, else IVF with fast-scan PQ codes (``backends.auto``). ``backend``: that backend as
     placed for this run, e.g. on the Ray shards of ``hardrank.executors.ray_search``
-    (``backends.sharded``); the blocks, filters and outputs are the same."""
+    (``backends.sharded``); the blocks, filters and outputs are the same. ``settings``: the run's threads
+    (``mine`` decides them); None: this call is a run of its own, with mining's default (``mining_settings``)."""
+    settings = settings or mining_settings()
     echo = echo or (lambda s: None)
     start_rss = problem.meta.get("start_rss_bytes") or _rss()  # mine(): before the inputs were read
     problem.validate()
@@ -314,7 +318,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
                                          if todo and timings["search"] > 0 else None)},
         "files": files,
         "memory": _memory(problem, opts, start_rss),
-        "threads": cpus.current().record(),  # how many threads computed it, and why (results do not depend on it)
+        "threads": settings.record(),  # how many threads computed it, and why (results do not depend on it)
     }
     if training is not None:
         summary["training"] = training
@@ -322,13 +326,14 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     return summary
 
 
-def use_threads(threads: int | None = None) -> cpus.ThreadBudget:
-    """Mining's thread budget: all the cores this process may use (or ``--threads``), no look at the idle
-    ones. Its time is a long GEMM-bound search, whose parallel regions are large: beside one busy process on
-    2 cores, exact search of 5,000 x 50,000 took 1.09x its quiet time with 2 threads and 1.76x with the 1
-    the idle look gives (``benchmarks/bench_contention.py``; OpenMP's waits are passive). An evaluation's
-    many small ops are another matter: it keeps the look (``evaluate``)."""
-    return cpus.use(threads, probe=False)
+def mining_settings(threads: int | None = None, decode_threads: int | None = None) -> RunSettings:
+    """A mining run's settings (``hardrank.settings.start_run``), torch sized to them. The thread budget: all the
+    cores this process may use (or ``--threads``), no look at the idle ones. Its time is a long GEMM-bound search,
+    whose parallel regions are large: beside one busy process on 2 cores, exact search of 5,000 x 50,000 took 1.09x
+    its quiet time with 2 threads and 1.76x with the 1 the idle look gives (``benchmarks/bench_contention.py``;
+    OpenMP's waits are passive). An evaluation's many small ops are another matter: it keeps the look
+    (``evaluate``)."""
+    return start_run(threads, decode_threads, probe=False)
 
 
 def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None, **options) -> dict:
@@ -339,18 +344,19 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
         raise UsageError(f"pass a MineConfig or keyword options, not both (got {sorted(options)})")
     cfg = cfg if cfg is not None else build(MineConfig, options)
     echo = echo or (lambda s: None)
+    settings = mining_settings(cfg.embed.threads, cfg.embed.decode_threads)  # usage first (a bad $HARDRANK_THREADS)
     resolve_device(cfg.embed.device)  # usage first: nothing is embedded for a missing device or unwritable output
     check_writable_dir(cfg.out, "out (--out)")
     if cfg.model is not None:
         cfg.embed.check_store()
     if cfg.export_training:
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
-    threads = use_threads(cfg.embed.threads)
-    echo(f"threads: {threads.describe()}")
+    echo(f"threads: {settings.budget.describe()}")
     t0 = time.perf_counter()
     start_rss = _rss()  # start-up (torch, FAISS, the CLI) before any input is read: the memory aim's base
-    backend = for_mining(backends.get(cfg.options.search_spec), executor(cfg.embed), cfg.options.shards)
-    problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=backend.remote)
+    backend = for_mining(backends.get(cfg.options.search_spec), executor(cfg.embed, settings), cfg.options.shards)
+    problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=backend.remote,
+                            settings=settings)
     t_inputs = time.perf_counter() - t0
     echo(f"{len(problem.query_ids)} {DIRECTIONS[cfg.direction][0]} queries, {len(problem.corpus_ids)} "
          f"{problem.modality} corpus items ({t_inputs:.1f}s)")
@@ -359,6 +365,6 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     try:
         with urls.staged_dir(cfg.out) as out:  # a URL: written here, uploaded (shards before the summary)
             return mine_arrays(problem, cfg.options, out, export_training=cfg.export_training, echo=echo,
-                               backend=backend)
+                               backend=backend, settings=settings)
     finally:
         backend.close()

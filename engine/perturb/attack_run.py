@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from hardrank import cpus
 from hardrank.atomic import atomic_path, copy_into, write_json_atomic, write_text_atomic
 from hardrank.config import (
     EmbedOptions,
@@ -47,6 +46,7 @@ from hardrank.perturb.attack import (
     write_image_candidates,
 )
 from hardrank.perturb.images import METHODS, check_relative, variant_name
+from hardrank.settings import RunSettings, start_run
 from hardrank.suites.karpathy import (
     N_PERTURBED,
     ROCOCO_TEXT_VARIANTS,
@@ -139,10 +139,10 @@ def _check_usage(cfg: AttackConfig) -> None:
     cfg.embed.check_store()
 
 
-def _pipe(cfg: AttackConfig) -> EmbedPipeline:
+def _pipe(cfg: AttackConfig, settings: RunSettings) -> EmbedPipeline:
     return EmbedPipeline(user_specs(cfg.model, cfg.checkpoints, precision=cfg.embed.precision,
                                     device=cfg.embed.device, pretrained=cfg.pretrained, random_init=cfg.random_init),
-                         cfg.embed)
+                         cfg.embed, settings=settings)
 
 
 def _check_read(tables: Tables, ann: Path) -> None:
@@ -154,11 +154,12 @@ def _check_read(tables: Tables, ann: Path) -> None:
 
 def _evaluate(cfg: AttackConfig, pipe: EmbedPipeline, out: Path, opts: SuiteOptions, progress, echo) -> dict[str, dict]:
     """Every checkpoint on the rococo suite with the given variants (one grouped pass per checkpoint);
-    results under ``out``; returns the result per checkpoint label."""
+    results under ``out`` (with the attack's own threads: ``pipe.settings``); returns the result per checkpoint
+    label."""
     ev = EvalConfig(suites=("rococo",), out=str(out), model=cfg.model,
                     checkpoints=tuple(m.spec.checkpoint for m in pipe.models), pretrained=cfg.pretrained,
                     random_init=cfg.random_init, suite_options=opts, embed=pipe.options)
-    report = evaluate(ev, progress=progress, echo=echo)
+    report = evaluate(ev, progress=progress, echo=echo, settings=pipe.settings)
     return {r["checkpoint"]: r for r in report.results}
 
 
@@ -188,8 +189,8 @@ def attack_texts(cfg: AttackTextsConfig | None = None, *, progress=None, echo=No
     work too: ``attack_texts(model=..., checkpoints=[...], annotations=..., images=..., out=...)``."""
     cfg = _config(AttackTextsConfig, cfg, options)
     echo = echo or (lambda s: None)
+    settings = start_run(cfg.embed.threads, cfg.embed.decode_threads)  # (a bad $HARDRANK_THREADS: usage, first)
     _check_usage(cfg)
-    cpus.use(cfg.embed.threads)
     t_start = time.perf_counter()
     ann, out = Path(cfg.annotations), Path(cfg.out)
     clean = read_karpathy(ann)
@@ -210,7 +211,7 @@ def attack_texts(cfg: AttackTextsConfig | None = None, *, progress=None, echo=No
                             forbidden=forbidden)
     t_cand = time.perf_counter() - t0
     echo(f"{len(cands.texts)} candidates for {len(sources)} captions ({t_cand:.1f}s to tag and build)")
-    pipe = _pipe(cfg)
+    pipe = _pipe(cfg, settings)
     tables = Tables.empty()
     img_rows = tables.images.add_many(ImageRef(os.fspath(Path(cfg.images) / im)) for im, _ in clean)
     src_rows = tables.texts.add_many(sources)
@@ -307,8 +308,8 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
     ``cfg.out``; returns the summary. Keyword options work as for ``attack_texts``."""
     cfg = _config(AttackImagesConfig, cfg, options)
     echo = echo or (lambda s: None)
+    settings = start_run(cfg.embed.threads, cfg.embed.decode_threads)  # (a bad $HARDRANK_THREADS: usage, first)
     _check_usage(cfg)
-    cpus.use(cfg.embed.threads)
     t_start = time.perf_counter()
     ann, out, root = Path(cfg.annotations), Path(cfg.out), Path(cfg.images)
     if not root.is_dir():
@@ -320,7 +321,7 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
     if len(paths) < 2:  # checked here, before any encoding: each image's partner is another image
         raise DataError(f"{ann}: {len(paths)} image(s); the image attack needs at least 2 (each image's partner "
                         f"is another image): pass a Karpathy file with more images")
-    pipe = _pipe(cfg)
+    pipe = _pipe(cfg, settings)
     tables = Tables.empty()
     img_rows = tables.images.add_many(ImageRef(os.fspath(root / im)) for im in paths)
     caps, cap_img = [], []
