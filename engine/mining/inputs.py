@@ -1,6 +1,7 @@
 """Mining inputs: corpus and queries opened through the input registry, embedded, compiled into a problem."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -188,6 +189,10 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         keys = [src.items[mod].keys[i] for i in sel]
         return StoreRows.of(store, mod, keys) if lazy else store.read(mod, keys)
 
+    def reread(src: Source, mod: str, sel):
+        """Rows ``sel`` read again from the input's files on each access (None: ``read`` reads them as stored)."""
+        return src.embeddings.reread(mod, sel) if src.embeddings is not None else None
+
     def gkey(it: Items, i: int) -> str:
         return it.group_key[i] if it.group_key is not None else it.keys[i]
 
@@ -250,7 +255,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
             "queries": {"path": cfg.queries, "kind": qsrc.kind, "rows": len(q_rows),
                         "skipped": sum(1 for k in qit.keys if not k)},
             "model_fingerprint": fp, "compatibility": compatibility, "embed": embed}
-    return MineProblem(
+    problem = MineProblem(
         xq=xq, xb=xb, query_ids=[qit.ids[i] for i in q_rows], corpus_ids=[cit.ids[i] for i in c_rows],
         modality=cmod, direction=cfg.direction,
         exclude_ptr=exclude_ptr, exclude_idx=np.array([r for e in excl for r in e], np.int64),
@@ -258,3 +263,9 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         pos_ids=[[pos_items.ids[p] for p in ps] for ps in q_pos] if pos_items is not None else None,
         query_keys=[qit.keys[i] for i in q_rows], corpus_keys=[cit.keys[i] for i in c_rows],
         pairs=_pairs(sources), meta=meta)
+    ref = {"xb": reread(csrc, cmod, c_rows), "xq": reread(qsrc, qmod, q_rows),
+           "pos_emb": reread(qsrc, cmod, flat_pos) if pos_items is not None and flat_pos else None}
+    ref = {name: r for name, r in ref.items() if r is not None}
+    if ref:
+        problem.reference = dataclasses.replace(problem, **ref)
+    return problem

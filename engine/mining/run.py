@@ -36,6 +36,7 @@ from hardrank.mining.training_table import check_training, shard_path, write_tra
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.sharded import for_mining
+from hardrank.vectors import UnitRows
 
 __all__ = ["mine", "mine_arrays", "recall_line"]
 
@@ -119,8 +120,10 @@ def _peak_rss() -> int:
 
 
 def _resident_bytes(*arrays) -> int:
-    """Bytes of the arrays held in memory (memory maps and lazy views are read on demand: not counted)."""
-    return sum(int(a.nbytes) for a in arrays if isinstance(a, np.ndarray) and not isinstance(a, np.memmap))
+    """Bytes of the arrays held in memory (memory maps and lazy views are read on demand: not counted; a
+    float16 file's ``UnitRows`` holds its values)."""
+    return sum(int(a.nbytes) for a in arrays
+               if isinstance(a, UnitRows) or isinstance(a, np.ndarray) and not isinstance(a, np.memmap))
 
 
 _BUDGET_BOUNDS = ("the search: its index (IVF lists and codes; exact search: the fp32 corpus it scores, a copy only "
