@@ -1001,3 +1001,79 @@ def test_bad_xm3600_files_exit_with_one_line_naming_line_key_and_language(tmp_pa
     assert main([*base, "--language", "de"]) == 3
     err = capsys.readouterr().err
     assert "line 2 (image k1), language 'de'" in err and "'caption' = 'ein Hund'" in err and "Traceback" not in err
+
+
+# -- round four: outputs checked first, empty files, damaged results ---------------------------------------
+@pytest.mark.parametrize("which", ["report", "export", "store-export"])
+def test_an_output_folder_that_cannot_be_written_is_refused_up_front(world, tmp_path, capsys, which):
+    """`report --out`, `export --out` and `store export --out` into a read-only folder: one line naming the
+    option and the folder, as `eval --out` gets, before anything is written (they used to fail part-way, with
+    a PermissionError traceback)."""
+    store = tmp_path / "store"
+    assert main(_eval(world, tmp_path / "res", store)) == 0
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    fp = store / _result(tmp_path / "res")["model_fingerprint"]
+    args = {"report": ["report", str(tmp_path / "res"), "--out", str(folder / "rep")],
+            "export": ["export", str(tmp_path / "res"), "--format", "clip_benchmark", "--out", str(folder / "cb")],
+            "store-export": ["store", "export", str(fp), "--suite", "karpathy", "--annotations", str(world["ann"]),
+                             "--images", str(world["images"]), "--out", str(folder / "e.parquet")]}[which]
+    option = "file (--out)" if which == "store-export" else "out (--out"
+    with _read_only(folder):
+        capsys.readouterr()
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"option {option}" in err and str(folder) in err and "cannot be written" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert list(folder.iterdir()) == []
+    if which == "store-export":  # a folder where the file goes: named too
+        assert main([*args[:-1], str(folder)]) == 2
+        assert "which is a folder; name the Parquet file to write" in capsys.readouterr().err
+
+
+def test_export_training_with_a_wrong_name_is_refused_before_anything_is_embedded(world, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """`mine --export-training x.parquet` (no such format), or a NegCLIP table from inputs without (image,
+    caption) pairs: refused before the model is loaded (it used to be refused after the embedding)."""
+    import hardrank.embed.pipeline
+
+    work = []
+    monkeypatch.setattr(hardrank.embed.pipeline, "load_model", lambda spec: work.append(("load", spec)))
+    assert main(_mine(world, tmp_path / "a", tmp_path / "store", extra=("--export-training",
+                                                                          str(tmp_path / "x.parquet")))) == 2
+    err = capsys.readouterr().err
+    assert f"--export-training {tmp_path / 'x.parquet'}: name a .tsv or .csv" in err and "Traceback" not in err
+    assert work == [] and not list(tmp_path.rglob("shard-*.arrow"))
+    folder = tmp_path / "imgs"
+    shutil.copytree(world["images"], folder)  # an image folder: images without captions, so no pairs
+    args = ["mine", "--model", str(world["cfg"]), "--checkpoint", str(world["ckpts"][0]), "--corpus", str(folder),
+            "--queries", str(folder), "--direction", "i2i", "--out", str(tmp_path / "b"), "--store",
+            str(tmp_path / "store"), "--quiet", "--export-training", str(tmp_path / "t.tsv")]
+    assert main(args) == 2
+    assert "a NegCLIP --export-training table needs (image, caption) pairs" in capsys.readouterr().err
+    assert work == [] and not list(tmp_path.rglob("shard-*.arrow"))
+
+
+def test_an_empty_corpus_file_is_one_line_naming_it(world, tmp_path, capsys):
+    """An embeddings file with no rows (written the obvious way its columns are typed null: it said "column
+    'kind' is null, expected strings"), and an empty listing (it mined nothing and exited 0)."""
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"kind": [], "id": [], "embedding": []}), empty)
+    rng = np.random.default_rng(0)
+    full = tmp_path / "full.parquet"
+    pq.write_table(pa.table({"kind": ["text"] * 3, "id": ["a", "b", "c"],
+                             "embedding": rng.standard_normal((3, 4)).tolist()}), full)
+    listing = tmp_path / "listing.parquet"
+    pq.write_table(pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}), listing)
+    for corpus, message in ((empty, f"{empty}: holds no rows (an empty file); an embeddings file needs one row per "
+                                    f"item with kind"),
+                            (listing, f"corpus {listing} (parquet) holds no texts: it is empty; pass a corpus input "
+                                      f"with at least one text")):
+        assert main(["mine", "--corpus", str(corpus), "--queries", str(full), "--direction", "t2t", "--out",
+                     str(tmp_path / "out"), "--quiet"]) == 3
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out" / "summary.json").exists()
+    assert main(["eval", "--embeddings", str(empty), "--suite", "karpathy", "--annotations", str(world["ann"]),
+                 "--out", str(tmp_path / "e"), "--quiet"]) == 3
+    assert "holds no rows (an empty file)" in capsys.readouterr().err

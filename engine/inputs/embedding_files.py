@@ -57,6 +57,10 @@ def read_embedding_file(path: str | Path) -> dict[str, KindRows]:
         schema = pf.schema_arrow
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    if pf.metadata.num_rows == 0:  # before the types: an empty file's columns are often typed null
+        raise DataError(f"{path}: holds no rows (an empty file); an embeddings file needs one row per item "
+                        f"with kind ('image'|'text'), id and embedding (list of floats): write its rows, or "
+                        f"pass the file that holds them")
     missing = [c for c in _COLUMNS if c not in schema.names]
     if missing:
         raise DataError(f"{path}: missing column(s) {missing}; expected kind ('image'|'text'), id, embedding "

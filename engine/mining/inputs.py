@@ -10,12 +10,13 @@ import numpy as np
 from hardrank import urls
 from hardrank.config import DIRECTIONS, MineConfig
 from hardrank.embed import EmbedPipeline
-from hardrank.errors import UsageError
+from hardrank.errors import DataError, UsageError
 from hardrank.inputs import registry
 from hardrank.inputs.kind import Embeddings, InputOptions, Items, Source
 from hardrank.inputs.kinds.image_folder import IMAGE_EXTENSIONS
 from hardrank.items import ItemTable, Tables, text_key
 from hardrank.mining.problem import MineProblem, StoreRows
+from hardrank.mining.training_table import check_training_inputs
 from hardrank.models.runs import user_specs
 from hardrank.scoring.counts import embed_line
 from hardrank.store.embedding_store import EmbeddingStore
@@ -145,9 +146,15 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
             hint = f" ({src.hint})" if src.hint else ""
             raise UsageError(f"{role} {src.path} ({src.kind}) has no {mod}s, which direction {cfg.direction} "
                              f"needs{hint}; it has {sorted(src.items) or 'nothing'}")
+        if not len(src.items[mod].ids):
+            raise DataError(f"{role} {src.path} ({src.kind}) holds no {mod}s: it is empty; pass a {role} input "
+                            f"with at least one {mod}")
     if qsrc.group_names is not None and cmod not in qsrc.items:
         raise UsageError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
                          f"excluded) is known")
+    if cfg.export_training:  # before anything is embedded: pairs come from Karpathy files with their images
+        check_training_inputs(cfg.export_training, any(s.paired and s.path_ids and {"image", "text"} <= set(s.items)
+                                                       for s in (csrc, qsrc)))
     pipe, store, compatibility = _pipeline(cfg, [csrc, qsrc], echo, runner)
     sources = list({id(x): x for x in (qsrc, csrc)}.values())
     image_root = _rebase_image_ids(cfg, sources)

@@ -32,7 +32,7 @@ from hardrank.mining.block import mine_block
 from hardrank.mining.inputs import build_problem
 from hardrank.mining.problem import MineProblem, negatives_schema
 from hardrank.mining.searcher import build_searcher, measure_recall, written_recall
-from hardrank.mining.training_table import check_training, shard_path, write_training
+from hardrank.mining.training_table import check_training, shard_path, training_format, write_training
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.sharded import for_mining
@@ -347,6 +347,10 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     if cfg.model is not None:
         cfg.embed.check_store()
     if cfg.export_training:
+        training_format(cfg.export_training)  # .tsv / .csv / .jsonl: a wrong name fails before any work
+        if Path(cfg.export_training).is_dir():
+            raise UsageError(f"option export_training (--export-training) is {cfg.export_training!r}, which is a "
+                             f"folder; name the file to write (.tsv, .csv or .jsonl)")
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
     threads = use_threads(cfg.embed.threads)
     echo(f"threads: {threads.describe()}")

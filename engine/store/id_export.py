@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from hardrank import urls
 from hardrank.atomic import atomic_path
-from hardrank.config import EvalConfig, build
+from hardrank.config import EvalConfig, build, check_writable_dir
 from hardrank.embed import EmbedPipeline
 from hardrank.errors import DataError, UsageError
 from hardrank.items import ItemTable, Tables
@@ -118,6 +118,11 @@ def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, 
         cfg = build(EvalConfig, options)
     elif options:
         raise UsageError(f"pass an EvalConfig or keyword options, not both (got {sorted(options)})")
+    out = Path(out)
+    if out.is_dir():
+        raise UsageError(f"option file (--out) is {str(out)!r}, which is a folder; name the Parquet file to write "
+                         f"(e.g. {str(out / 'embeddings.parquet')!r})")
+    check_writable_dir(out.parent, "file (--out)")  # before the store is opened or an image hashed
     store = _store_for(cfg, folder)
     tables = Tables.empty()
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
@@ -154,8 +159,6 @@ def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, 
     meta = {"fingerprint": store.fingerprint, "suites": list(cfg.suites), "store": str(store.dir),
             "image_roots": [str(r) for r in roots], "missing": {m: len(v) for m, v in missing.items()}}
     table = table.replace_schema_metadata({**schema.metadata, b"hardrank_export": json.dumps(meta).encode()})
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     listing = missing_path(out)
     if any(missing.values()):
         with atomic_path(listing) as tmp, open(tmp, "w", encoding="utf-8") as f:

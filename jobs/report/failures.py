@@ -6,6 +6,7 @@ import io
 import logging
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from PIL import Image
@@ -20,9 +21,12 @@ _IMAGE_EXT = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 _COLUMNS = ["kind", "task", "view", "query_id", "rank", "top1_id", "top1_group"]
 
 
-def worst_failures(by_suite: dict[str, list[Result]], order: list[str], top: int) -> dict[str, dict]:
+def worst_failures(by_suite: dict[str, list[Result]], order: list[str], top: int,
+                   unreadable: list[tuple[Path, str]] | None = None) -> dict[str, dict]:
     """Per ranking suite: the last checkpoint's queries whose top-1 is a perturbed item, the most
-    persistent first (failing in most checkpoints), then the worst rank of the true match."""
+    persistent first (failing in most checkpoints), then the worst rank of the true match. A per-query
+    Parquet that cannot be read (truncated, overwritten, columns missing) is logged, appended to
+    ``unreadable`` as (path, why), and left out, as a checkpoint without one is."""
     out = {}
     for suite, rs in by_suite.items():
         rs = sorted([r for r in rs if r.ranking], key=lambda r: order.index(r.label))
@@ -31,7 +35,16 @@ def worst_failures(by_suite: dict[str, list[Result]], order: list[str], top: int
             p = r.path.with_suffix(".parquet")
             if not p.is_file():
                 continue
-            t = pq.read_table(p, columns=_COLUMNS)
+            try:
+                t = pq.read_table(p, columns=_COLUMNS)
+            except (pa.ArrowException, OSError) as exc:
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                log.warning("%s: not a readable per-query Parquet (%s); the worst failures leave out checkpoint "
+                            "%s (its metrics, from %s, are reported): run its `hardrank eval` again to rewrite "
+                            "it", p, why, r.label, r.path.name)
+                if unreadable is not None:
+                    unreadable.append((p, why))
+                continue
             mask = pc.and_(pc.and_(pc.equal(t["kind"], "ranking"), pc.not_equal(t["view"], "original")),
                            pc.not_equal(t["top1_group"], "original"))
             per_ckpt.append((r, t.filter(pc.fill_null(mask, False)).to_pylist()))
