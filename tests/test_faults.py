@@ -1077,3 +1077,55 @@ def test_an_empty_corpus_file_is_one_line_naming_it(world, tmp_path, capsys):
     assert main(["eval", "--embeddings", str(empty), "--suite", "karpathy", "--annotations", str(world["ann"]),
                  "--out", str(tmp_path / "e"), "--quiet"]) == 3
     assert "holds no rows (an empty file)" in capsys.readouterr().err
+
+
+_BENCH_WRAPPER = r"""
+import sys, time
+import hardrank.jobs.bench.naive as naive
+
+get = naive._ImageList.__getitem__
+def slow(self, i):  # in the DataLoader workers: the naive pass is under way, and stays so
+    print("HR-TEST naive decoding", file=sys.stderr, flush=True)
+    time.sleep(0.5)
+    return get(self, i)
+naive._ImageList.__getitem__ = slow
+from hardrank.jobs.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_bench_pipeline_stopped_by_a_group_sigterm_is_one_line_143(world, tmp_path):
+    """SIGTERM to the whole process group (Slurm, systemd, `timeout`) during the naive pass reaches its
+    DataLoader workers too: they died of it and torch raised their deaths into the cleanup, a 100-line
+    traceback exiting 1. Now the workers leave the stop to the parent: one line, 143, no worker left."""
+    log = tmp_path / "bench.log"
+    args = ["bench", "pipeline", "--model", world["cfg"], "--checkpoint", world["ckpts"][0], "--suite", "karpathy",
+            "--annotations", world["ann"], "--images", world["images"], "--naive-workers", "2", "--batch-size", "2",
+            "--out", tmp_path / "bench"]
+    proc = subprocess.Popen([sys.executable, "-c", _BENCH_WRAPPER, *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=open(log, "w"), start_new_session=True)
+    try:
+        _wait_for(log, "HR-TEST naive decoding", proc, timeout=300)
+        workers = [int(p) for t in Path(f"/proc/{proc.pid}/task").iterdir()
+                   for p in (t / "children").read_text().split()]
+        assert len(workers) >= 2, workers
+        for w in workers:  # the group's SIGTERM, reaching the workers a moment before their parent
+            os.kill(w, signal.SIGTERM)
+        time.sleep(1)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(120) == 143
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the workers end with their parent
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("a DataLoader worker outlived the command")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = [line for line in log.read_text().splitlines() if not line.startswith("HR-TEST")]
+    assert "Traceback" not in "\n".join(err), "\n".join(err)[-3000:]
+    assert err[-1].startswith("hardrank: terminated (SIGTERM)") and sum("hardrank:" in e for e in err) == 1
