@@ -1129,3 +1129,22 @@ def test_bench_pipeline_stopped_by_a_group_sigterm_is_one_line_143(world, tmp_pa
     err = [line for line in log.read_text().splitlines() if not line.startswith("HR-TEST")]
     assert "Traceback" not in "\n".join(err), "\n".join(err)[-3000:]
     assert err[-1].startswith("hardrank: terminated (SIGTERM)") and sum("hardrank:" in e for e in err) == 1
+
+
+def test_a_model_object_given_to_the_api_is_refused_in_one_short_line(tmp_path):
+    """`hardrank.evaluate(model=<a torch module>)` printed the module's whole repr (45 lines for a ViT); the
+    error names the type and what the option takes, on one line. (In-memory models are not taken yet.)"""
+    import hardrank
+    from hardrank.errors import UsageError
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(40)])
+    for kw in ({"model": model}, {"checkpoints": [model]}):
+        with pytest.raises(UsageError) as e:
+            hardrank.evaluate(suites=["toy"], out=str(tmp_path / "out"), **kw)
+        msg = str(e.value)
+        name = next(iter(kw))
+        assert len(msg.splitlines()) == 1 and len(msg) < 400 and "Linear" not in msg, msg
+        assert msg.startswith(f"option {name!r} must be a") and "got Sequential (a torch.nn.modules.container." \
+                                                                  "Sequential object)" in msg
+        assert f"; {name}: " in msg and ("open_clip model name" in msg or "checkpoint files" in msg)
+    assert not (tmp_path / "out").exists()
