@@ -1148,3 +1148,83 @@ def test_a_model_object_given_to_the_api_is_refused_in_one_short_line(tmp_path):
                                                                   "Sequential object)" in msg
         assert f"; {name}: " in msg and ("open_clip model name" in msg or "checkpoint files" in msg)
     assert not (tmp_path / "out").exists()
+
+
+# -- the store's compatibility rule: read what can be read, refuse what cannot, never destroy ----------------
+def _legacy_store():
+    """hardrank's store module of commit e619070, the layout before shards carried checksums (tests/legacy)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("store_e619070", Path(__file__).parent / "legacy" /
+                                                  "store_e619070.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_store_of_the_previous_layout_is_read_as_it_is(world, tmp_path, capsys):
+    """A store written by the code of the layout before checksums (e619070's writer, run here) serves every
+    embedding it holds: nothing is encoded again, no shard is moved, and the metrics are those of the run
+    that filled it."""
+    from hardrank.store.embedding_store import open_store
+
+    store = tmp_path / "store"
+    assert main(_eval(world, tmp_path / "first", store)) == 0
+    first = _result(tmp_path / "first")
+    folder = store / first["model_fingerprint"]
+    now = open_store(folder)
+    rows = {m: (now.keys(m), now.read(m, now.keys(m))) for m in ("image", "text")}
+    meta, dim, dtype = now.meta, now.dim, now.dtype
+    shutil.rmtree(folder)
+    old = _legacy_store().EmbeddingStore(store, folder.name, dim=dim, dtype=dtype, meta=meta)
+    for modality, (keys, emb) in rows.items():
+        old.write(modality, keys, emb)
+    shards = {k: v for k, v in _files(folder).items() if k.startswith(("image/", "text/"))}
+    assert len(shards) == 2 and all(b"hardrank_digest" not in data for data in shards.values())  # the old layout
+    assert main(_eval(world, tmp_path / "again", store)) == 0
+    again = _result(tmp_path / "again")
+    assert again["metrics"] == first["metrics"] and again["model_fingerprint"] == folder.name
+    assert again["provenance"]["embed"]["image"]["encoded"] == again["provenance"]["embed"]["text"]["encoded"] == 0
+    assert {k: v for k, v in _files(folder).items() if k.startswith(("image/", "text/"))} == shards  # none moved
+    assert not (folder / "quarantine").exists() and "Traceback" not in capsys.readouterr().err
+    for modality, (keys, emb) in rows.items():
+        assert np.array_equal(open_store(folder).read(modality, keys), emb)
+
+
+@pytest.mark.parametrize("where", ["manifest", "shards"])
+def test_a_store_of_a_newer_format_is_refused_in_one_line_and_left_as_it_is(world, tmp_path, capsys, monkeypatch,
+                                                                             where):
+    """A store a newer hardrank wrote (the writer with its format version raised: manifest and shards say 2)
+    was taken without a word; its shards, when they failed a check of this version, were quarantined and
+    encoded again. Now every command refuses it when the folder (or, the manifest gone, a shard) is opened:
+    one line naming the folder, its version, the versions read here and the fix; not a file moved or written."""
+    from hardrank.store import embedding_store
+
+    store = tmp_path / "store"
+    monkeypatch.setattr(embedding_store, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(embedding_store, "READS", (1, 2), raising=False)  # the newer one reads it
+    assert main(_eval(world, tmp_path / "newer", store)) == 0
+    monkeypatch.undo()
+    folder = store / _result(tmp_path / "newer")["model_fingerprint"]
+    if where == "shards":
+        (folder / "manifest.json").unlink()
+    before = _files(store)
+    capsys.readouterr()
+    what = "manifest.json" if where == "manifest" else "shard image/shard-"
+    for args in (_eval(world, tmp_path / "again", store), _mine(world, tmp_path / "mined", store),
+                 ["store", "export", str(folder), "--suite", "karpathy", "--annotations", str(world["ann"]),
+                  "--images", str(world["images"]), "--out", str(tmp_path / "e.parquet")]):
+        assert main(args) == 3, args
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert f"store folder {folder}: {what}" in err and "store format version 2, written by a newer hardrank; " \
+               "this one reads version 1: upgrade hardrank to use these embeddings, or pass another --store" in err
+    assert _files(store) == before  # every file as it was: nothing moved, rewritten or quarantined
+    assert not list(tmp_path.glob("again/**/karpathy.json")) and not (tmp_path / "e.parquet").exists()
+    if where == "manifest":
+        assert main(["store", "list", str(store)]) == 0
+        assert "(store format version 2: not readable by this hardrank, left as it is)" in capsys.readouterr().out

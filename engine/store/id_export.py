@@ -25,7 +25,7 @@ from hardrank.embed import EmbedPipeline
 from hardrank.errors import DataError, UsageError
 from hardrank.items import ItemTable, Tables
 from hardrank.models.runs import model_specs
-from hardrank.store.embedding_store import EmbeddingStore, open_store
+from hardrank.store.embedding_store import EmbeddingStore, open_store, reads_version
 from hardrank.suites import load_suites
 
 __all__ = ["export_embeddings", "export_schema", "list_stores", "image_id", "missing_path"]
@@ -176,7 +176,8 @@ def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, 
 def list_stores(root: str | os.PathLike) -> list[dict]:
     """Every fingerprint folder under a store root, from its manifest: what model, checkpoint,
     precision and decoder made it, and how many images and texts it holds. ``checkpoint_exists``:
-    whether the checkpoint file is still there (None: no file was recorded, or a URL)."""
+    whether the checkpoint file is still there (None: no file was recorded, or a URL); ``readable``:
+    whether its store format version (``schema_version``) is one this hardrank reads (``READS``)."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"store root {root} does not exist (the default is $HARDRANK_CACHE/store or "
@@ -192,7 +193,8 @@ def list_stores(root: str | os.PathLike) -> list[dict]:
         out.append({"folder": str(manifest.parent), "fingerprint": m.get("fingerprint"), "arch": meta.get("arch"),
                     "checkpoint": ck, "checkpoint_exists": Path(ck).is_file() if _local_file(ck) else None,
                     "precision": meta.get("precision"), "decoder": meta.get("decoder"), "dim": m.get("dim"),
-                    "rows": m.get("rows", {})})
+                    "rows": m.get("rows", {}), "schema_version": m.get("schema_version"),
+                    "readable": reads_version(m.get("schema_version"))})
     return sorted(out, key=lambda r: (str(r["arch"]), str(r["checkpoint"]), str(r["fingerprint"])))
 
 
