@@ -185,8 +185,19 @@ def option_kind(tp) -> tuple[object, bool, bool]:
     return tp, False, optional
 
 
-def _coerce(name: str, value, tp, where: str):
-    """A job-file / keyword value checked against the option's type; lists become tuples."""
+def _shown(v) -> str:
+    """A received value as a message shows it: a plain value's repr on one line, cut at 60 characters; any
+    other object by its type alone (a model's repr runs to dozens of lines)."""
+    if isinstance(v, (str, int, float, bool, os.PathLike, list, tuple, dict)) or v is None:
+        r = " ".join(repr(v).split())
+        return r if len(r) <= 60 else r[:57] + "..."
+    return f"(a {type(v).__module__}.{type(v).__qualname__} object)"
+
+
+def _coerce(name: str, value, tp, where: str, takes: str = ""):
+    """A job-file / keyword value checked against the option's type; lists become tuples. ``takes``: the
+    option's help, said when the value is refused."""
+    takes = f"; {name}: {takes}" if takes else ""
     scalar, is_list, optional = option_kind(tp)
     names = {str: "string", int: "integer", float: "number", bool: "boolean"}
     inner = tp
@@ -204,7 +215,7 @@ def _coerce(name: str, value, tp, where: str):
         if not ok:
             what = names.get(scalar, str(scalar))
             what = f"a list of {what}s" if is_list else ("an " if what[0] in "aeiou" else "a ") + what
-            raise UsageError(f"{where}option {name!r} must be {what}, got {type(v).__name__} {v!r}")
+            raise UsageError(f"{where}option {name!r} must be {what}, got {type(v).__name__} {_shown(v)}{takes}")
         return float(v) if scalar is float else (os.fspath(v) if scalar is str else v)
 
     if value is None:
@@ -215,7 +226,8 @@ def _coerce(name: str, value, tp, where: str):
         if isinstance(value, (str, int, float, os.PathLike)) and not isinstance(value, bool):
             value = [value]  # a single value where a list is expected is fine
         if not isinstance(value, (list, tuple)):
-            raise UsageError(f"{where}option {name!r} must be a list, got {type(value).__name__} {value!r}")
+            raise UsageError(f"{where}option {name!r} must be a list, got {type(value).__name__} {_shown(value)}"
+                             f"{takes}")
         return tuple(one(v) for v in value)
     return one(value)
 
@@ -246,7 +258,7 @@ def build(cls, values: Mapping, *, where: str = "", base: str | os.PathLike | No
                              + f"; known options: {', '.join(sorted(known))}")
 
     def coerced(name, f, tp, v):
-        v = _coerce(name, v, tp, where)
+        v = _coerce(name, v, tp, where, f.metadata.get("help", ""))
         if base is not None and f.metadata.get("path") and v is not None:
             v = _relative_to(base, v)
         return v

@@ -16,15 +16,15 @@ __all__ = ["opt", "check_options", "option_label"]
 def opt(default, help: str, *, choices=None, minimum=None, check=None, path: bool = False, flag: str | None = None,
         metavar: str | None = None, cli: bool = True, positional: bool = False, listing: str | None = None,
         repeat: bool = False, per_suite: bool = False, fetch: bool = False):
-    """A config field: its default and its one help text; ``choices``/``minimum`` are checked on
-    construction, then ``check(value, what)`` (a set value only; ``what`` names the option), which raises
-    UsageError for a value out of range (thread counts: ``hardrank.cpus.check_threads``); ``path`` values in
-    job files are relative to the file; ``flag`` overrides the ``--name`` on the command line; ``positional``
-    makes it a positional argument there (shown as ``metavar``); ``cli=False`` keeps it off the command line; ``listing`` names a registry whose
-    names the command line's help lists after the help text (``suites``: the suite registry); ``repeat``: a
-    list option whose flag may be given several times, each adding its values; ``per_suite`` (a suite option)
-    also takes a value per suite, ``SUITE=VALUE`` or ``{suite: value}``; ``fetch``: a URL given is read from a
-    local copy (``urls.fetch_input``), not in place."""
+    """A config field: its default and its one help text; ``choices``/``minimum`` are checked on construction, then
+    ``check(value, what)`` (a set value only; ``what`` names the option), which raises UsageError for a value out of
+    range (thread counts: ``hardrank.cpus.check_threads``); ``path`` values in job files are relative to the file;
+    ``flag`` overrides the ``--name`` on the command line; ``positional`` makes it a positional argument there
+    (shown as ``metavar``); ``cli=False`` keeps it off the command line; ``listing`` names a registry whose names
+    the command line's help lists after the help text (``suites``: the suite registry); ``repeat``: a list option
+    whose flag may be given several times, each adding its values; ``per_suite`` (a suite option) also takes a value
+    per suite, ``SUITE=VALUE`` or ``{suite: value}``; ``fetch``: a URL given is read from a local copy
+    (``urls.fetch_input``), not in place."""
     return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "check": check,
                                             "path": path, "flag": flag, "metavar": metavar, "cli": cli,
                                             "positional": positional, "listing": listing, "repeat": repeat,

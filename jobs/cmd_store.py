@@ -60,8 +60,10 @@ def _cmd_list(args) -> int:
     print(f"store {root}: {len(rows)} fingerprint folder(s)")
     for r in rows:
         rows_ = r["rows"] or {}
+        newer = "" if r["readable"] else (f"  (store format version {r['schema_version']}: not readable by this "
+                                          f"hardrank, left as it is)")
         print(f"  {r['fingerprint']}  {r['arch']} {r['precision']} {r['decoder'] or ''}  "
-              f"images {rows_.get('image', 0)}, texts {rows_.get('text', 0)}  {_checkpoint_words(r)}")
+              f"images {rows_.get('image', 0)}, texts {rows_.get('text', 0)}  {_checkpoint_words(r)}{newer}")
     return EXIT_OK
 
 

@@ -24,6 +24,7 @@ from hardrank.config import MineOptions
 from hardrank.executors.ray_embed import connect
 from hardrank.mining.problem import f32
 from hardrank.mining.searcher import merge_topk, searcher_for
+from hardrank.vectors import UnitRows
 
 __all__ = ["ShardedSearch", "ShardedSearchFactory"]
 
@@ -63,7 +64,8 @@ class _Shard:
         torch.set_num_threads(max(1, threads))
         # rows and queries arrive read-only (Ray's object store, memory maps); the kernels only read them
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        self.xb = np.asarray(rows)                                      # (n_s, d) store dtype
+        # (n_s, d) store dtype; a float16 file's UnitRows stays float16 (normalised on read)
+        self.xb = rows if isinstance(rows, UnitRows) else np.asarray(rows)
         self.search = searcher_for(self.xb, opts) if len(self.xb) else None
         self.budget = opts.budget_mb << 20
         self._flat = None  # exact search for the recall sample of an approximate shard, built when asked

@@ -1,6 +1,7 @@
 """Mining inputs: corpus and queries opened through the input registry, embedded, compiled into a problem."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -9,12 +10,13 @@ import numpy as np
 from hardrank import urls
 from hardrank.config import DIRECTIONS, MineConfig
 from hardrank.embed import EmbedPipeline
-from hardrank.errors import UsageError
+from hardrank.errors import DataError, UsageError
 from hardrank.inputs import registry
 from hardrank.inputs.kind import Embeddings, InputOptions, Items, Source
 from hardrank.inputs.kinds.image_folder import IMAGE_EXTENSIONS
 from hardrank.items import ItemTable, Tables, text_key
 from hardrank.mining.problem import MineProblem, StoreRows
+from hardrank.mining.training_table import check_training_inputs
 from hardrank.models.runs import user_specs
 from hardrank.scoring.counts import embed_line
 from hardrank.settings import RunSettings
@@ -148,9 +150,15 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
             hint = f" ({src.hint})" if src.hint else ""
             raise UsageError(f"{role} {src.path} ({src.kind}) has no {mod}s, which direction {cfg.direction} "
                              f"needs{hint}; it has {sorted(src.items) or 'nothing'}")
+        if not len(src.items[mod].ids):
+            raise DataError(f"{role} {src.path} ({src.kind}) holds no {mod}s: it is empty; pass a {role} input "
+                            f"with at least one {mod}")
     if qsrc.group_names is not None and cmod not in qsrc.items:
         raise UsageError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
                          f"excluded) is known")
+    if cfg.export_training:  # before anything is embedded: pairs come from Karpathy files with their images
+        check_training_inputs(cfg.export_training, any(s.paired and s.path_ids and {"image", "text"} <= set(s.items)
+                                                       for s in (csrc, qsrc)))
     pipe, store, compatibility = _pipeline(cfg, [csrc, qsrc], echo, runner, settings)
     sources = list({id(x): x for x in (qsrc, csrc)}.values())
     image_root = _rebase_image_ids(cfg, sources)
@@ -191,6 +199,10 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
             return src.embeddings.read(mod, sel, lazy=lazy)
         keys = [src.items[mod].keys[i] for i in sel]
         return StoreRows.of(store, mod, keys) if lazy else store.read(mod, keys)
+
+    def reread(src: Source, mod: str, sel):
+        """Rows ``sel`` read again from the input's files on each access (None: ``read`` reads them as stored)."""
+        return src.embeddings.reread(mod, sel) if src.embeddings is not None else None
 
     def gkey(it: Items, i: int) -> str:
         return it.group_key[i] if it.group_key is not None else it.keys[i]
@@ -254,7 +266,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
             "queries": {"path": cfg.queries, "kind": qsrc.kind, "rows": len(q_rows),
                         "skipped": sum(1 for k in qit.keys if not k)},
             "model_fingerprint": fp, "compatibility": compatibility, "embed": embed}
-    return MineProblem(
+    problem = MineProblem(
         xq=xq, xb=xb, query_ids=[qit.ids[i] for i in q_rows], corpus_ids=[cit.ids[i] for i in c_rows],
         modality=cmod, direction=cfg.direction,
         exclude_ptr=exclude_ptr, exclude_idx=np.array([r for e in excl for r in e], np.int64),
@@ -262,3 +274,9 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         pos_ids=[[pos_items.ids[p] for p in ps] for ps in q_pos] if pos_items is not None else None,
         query_keys=[qit.keys[i] for i in q_rows], corpus_keys=[cit.keys[i] for i in c_rows],
         pairs=_pairs(sources), meta=meta)
+    ref = {"xb": reread(csrc, cmod, c_rows), "xq": reread(qsrc, qmod, q_rows),
+           "pos_emb": reread(qsrc, cmod, flat_pos) if pos_items is not None and flat_pos else None}
+    ref = {name: r for name, r in ref.items() if r is not None}
+    if ref:
+        problem.reference = dataclasses.replace(problem, **ref)
+    return problem

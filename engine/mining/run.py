@@ -32,11 +32,12 @@ from hardrank.mining.block import mine_block
 from hardrank.mining.inputs import build_problem
 from hardrank.mining.problem import MineProblem, negatives_schema
 from hardrank.mining.searcher import build_searcher, measure_recall, written_recall
-from hardrank.mining.training_table import check_training, shard_path, write_training
+from hardrank.mining.training_table import check_training, shard_path, training_format, write_training
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.sharded import for_mining
 from hardrank.settings import RunSettings, start_run
+from hardrank.vectors import UnitRows
 
 __all__ = ["mine", "mine_arrays", "mining_settings", "recall_line"]
 
@@ -120,8 +121,10 @@ def _peak_rss() -> int:
 
 
 def _resident_bytes(*arrays) -> int:
-    """Bytes of the arrays held in memory (memory maps and lazy views are read on demand: not counted)."""
-    return sum(int(a.nbytes) for a in arrays if isinstance(a, np.ndarray) and not isinstance(a, np.memmap))
+    """Bytes of the arrays held in memory (memory maps and lazy views are read on demand: not counted; a
+    float16 file's ``UnitRows`` holds its values)."""
+    return sum(int(a.nbytes) for a in arrays
+               if isinstance(a, UnitRows) or isinstance(a, np.ndarray) and not isinstance(a, np.memmap))
 
 
 _BUDGET_BOUNDS = ("the search: its index (IVF lists and codes; exact search: the fp32 corpus it scores, a copy only "
@@ -350,6 +353,10 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     if cfg.model is not None:
         cfg.embed.check_store()
     if cfg.export_training:
+        training_format(cfg.export_training)  # .tsv / .csv / .jsonl: a wrong name fails before any work
+        if Path(cfg.export_training).is_dir():
+            raise UsageError(f"option export_training (--export-training) is {cfg.export_training!r}, which is a "
+                             f"folder; name the file to write (.tsv, .csv or .jsonl)")
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
     echo(f"threads: {settings.budget.describe()}")
     t0 = time.perf_counter()

@@ -51,6 +51,7 @@ import os
 from pathlib import Path
 
 from hardrank.atomic import write_json_atomic
+from hardrank.config import check_writable_dir
 from hardrank.errors import DataError
 from hardrank.scoring.results import read_results
 
@@ -210,7 +211,7 @@ def export_clip_benchmark(results_dir: str | os.PathLike, out: str | os.PathLike
     Returns ``{"written": [paths], "skipped": [(result path, why)]}``."""
     root, out = Path(results_dir), Path(out)
     results = read_results(root, skip=out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(out, "out (--out)")  # before any file is written
     written, skipped, names = [], [], {}
     for r in results:
         pretrained = r.path.parent.relative_to(root).as_posix() if r.path.parent != root else r.data["checkpoint"]
