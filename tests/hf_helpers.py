@@ -148,3 +148,59 @@ def make_siglip2(folder: Path, seed: int = 0, max_num_patches: int = 16, layout:
     image = Siglip2ImageProcessor(patch_size=8, max_num_patches=max_num_patches, do_convert_rgb=True)
     save_processor(folder, Siglip2Processor(image_processor=image, tokenizer=tok), layout)
     return folder
+
+
+# an open_clip model whose text side is Hugging Face's (SigLIP's shape: a T5-style tokenizer, canonicalised captions)
+OPEN_CLIP_CFG = {"embed_dim": 32, "init_logit_bias": -10, "custom_text": True,
+                 "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "head_width": 32, "patch_size": 16},
+                 "text_cfg": {"context_length": 16, "vocab_size": 64, "hf_tokenizer_name": "testorg/tiny-oc",
+                              "tokenizer_kwargs": {"clean": "canonicalize"}, "width": 32, "heads": 2, "layers": 1,
+                              "no_causal_mask": True, "proj_bias": True, "pool_type": "last",
+                              "norm_kwargs": {"eps": 1e-6}}}
+OPEN_CLIP_PREPROCESS = {"mean": [0.5] * 3, "std": [0.5] * 3, "interpolation": "bicubic", "resize_mode": "squash"}
+
+
+def make_open_clip(folder: Path, seed: int = 0) -> Path:
+    """A tiny open_clip model folder as open_clip's ``push_to_hf_hub`` lays one out: ``open_clip_config.json``
+    (model_cfg + preprocess_cfg), ``open_clip_model.safetensors`` (open_clip's own random weights) and the
+    tokenizer's files (``tokenizer.save_pretrained``); ``--model local-dir:FOLDER``."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok, _ = _unigram_tokenizer()
+    tok.save_pretrained(folder)
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": OPEN_CLIP_CFG,
+                                                              "preprocess_cfg": OPEN_CLIP_PREPROCESS}, indent=2))
+    torch.manual_seed(seed)
+    model = open_clip.create_model(f"local-dir:{folder}", load_weights=False)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "open_clip_model.safetensors"))
+    return folder
+
+
+def publish(folder: Path, hub: Path, repo: str) -> Path:
+    """``folder``'s files laid out as huggingface_hub caches a download of ``repo`` under ``hub``: each file's bytes in
+    ``blobs/<sha256>``, ``snapshots/<commit>/<name>`` a relative link to it, ``refs/main`` naming the commit (a link
+    already in ``folder`` is kept as it points). Returns the snapshot folder."""
+    import hashlib
+    import os
+
+    base = hub / f"models--{repo.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snap = base / "snapshots" / commit
+    (base / "blobs").mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True, exist_ok=True)
+    (base / "refs").mkdir(exist_ok=True)
+    (base / "refs" / "main").write_text(commit)
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        target = snap / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if p.is_symlink():
+            target.symlink_to(os.path.realpath(p))
+        elif p.is_file():
+            data = p.read_bytes()
+            blob = base / "blobs" / hashlib.sha256(data).hexdigest()
+            blob.write_bytes(data)
+            target.symlink_to(os.path.relpath(blob, target.parent))
+    return snap

@@ -42,9 +42,9 @@ __all__ = ["ModelFolder", "open_folder", "vet_config", "TOKENIZER_KWARGS", "WEIG
            "check_tokenizer", "quote"]
 
 # the JSON files of a folder that transformers or open_clip read as settings (vocabularies are data, not settings)
-CONFIG_FILES = ("config.json", "processor_config.json", "preprocessor_config.json", "tokenizer_config.json",
-                "special_tokens_map.json", "generation_config.json", "video_preprocessor_config.json",
-                "open_clip_config.json")
+CONFIG_FILES = ("open_clip_config.json", "config.json", "processor_config.json", "preprocessor_config.json",
+                "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                "video_preprocessor_config.json")
 # a save_pretrained folder's weights, in transformers' order of preference (an index names the shards)
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # the files a tokenizer may read besides its settings
