@@ -54,10 +54,13 @@ class _Payload:
 
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
-    """Each kind's stand-in (local-dir and hf-hub share the open_clip folder; hf-hub publishes it per test)."""
+    """Each kind's stand-in (local-dir and hf-hub share the open_clip folder; hf-hub publishes it per test). The
+    transformers folders are in transformers 4's layout, which hardrank read before this boundary existed, so a
+    case's refusal is about the case; ``hf-5`` / ``blip-5``: transformers 5's (processor_config.json)."""
     root = tmp_path_factory.mktemp("bases")
     oc = make_open_clip(root / "open_clip")
-    return {"hf": make_clip(root / "clip"), "blip": make_blip(root / "blip"), "local-dir": oc, "hf-hub": oc,
+    return {"hf": make_clip(root / "clip", layout="4"), "blip": make_blip(root / "blip", layout="4"),
+            "hf-5": make_clip(root / "clip5"), "blip-5": make_blip(root / "blip5"), "local-dir": oc, "hf-hub": oc,
             "world": make_karpathy_world(root / "world", n_images=2)}
 
 
@@ -119,7 +122,7 @@ def _auto_map_processor(folder, kind, tmp):
         image.update(image_processor_type="EvilImageProcessor",
                      auto_map={"AutoImageProcessor": "image_processing_evil.EvilImageProcessor"})
     _json(processor_file(folder), change)
-    return f"{processor_file(folder).name} sets image_processor."
+    return f"{processor_file(folder).name} sets image_processor"  # _type, or (transformers 5) .image_processor_type
 
 
 def _custom_tokenizer_class(folder, kind, tmp):
@@ -238,7 +241,7 @@ CASES = {  # name: (change, kinds)
     "auto_map-config": (_auto_map_config, HF),
     "auto_map-unknown-model-type": (_auto_map_unknown_type, HF),
     "auto_map-tokenizer": (_auto_map_tokenizer, KINDS),
-    "auto_map-processor": (_auto_map_processor, HF),
+    "auto_map-processor": (_auto_map_processor, (*HF, "hf-5", "blip-5")),
     "custom-tokenizer_class": (_custom_tokenizer_class, KINDS),
     "tokenizer_kwargs-trust_remote_code": (_tokenizer_kwargs_trust, OPEN_CLIP),
     "hub-kernels": (_hub_kernels, HF),
@@ -250,7 +253,7 @@ CASES = {  # name: (change, kinds)
     "tokenizer-linked-outside": (_tokenizer_linked_outside, KINDS),
     "pickle-bin": (_pickle_bin, HF),
     "oversized-config": (_oversized, KINDS),
-    "no-tokenizer": (_no_tokenizer, HF),
+    "no-tokenizer": (_no_tokenizer, ("hf",)),  # (blip: refused before this boundary too)
     "empty-vocabulary": (_empty_vocabulary, KINDS),
     "foreign-tokenizer": (_foreign_tokenizer, KINDS),
     "same-ids": (_same_ids, KINDS),
@@ -263,8 +266,8 @@ PARAMS = [pytest.param(case, kind, command, marks=() if i % len(COMMANDS) == COM
 
 
 def _spelling(kind: str, folder: Path) -> str:
-    return {"hf": f"hf:{folder}", "blip": f"blip:{folder}", "local-dir": f"local-dir:{folder}",
-            "hf-hub": f"hf-hub:{REPO}"}[kind]
+    return {"hf": f"hf:{folder}", "blip": f"blip:{folder}", "hf-5": f"hf:{folder}", "blip-5": f"blip:{folder}",
+            "local-dir": f"local-dir:{folder}", "hf-hub": f"hf-hub:{REPO}"}[kind]
 
 
 def _command(command: str, model: str, world: dict, tmp: Path) -> list[str]:
@@ -337,9 +340,10 @@ def test_a_crafted_folder_is_refused_before_anything_runs(case, kind, command, b
     assert written == [], written
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", (*KINDS, "hf-5", "blip-5"))
 def test_the_stand_ins_themselves_pass_every_check(kind, bases, tmp_path, capsys, monkeypatch):
-    """The uncrafted folders (the hf-hub one through its cache's blob links) evaluate: exit 0, a result written."""
+    """The uncrafted folders (the hf-hub one through its cache's blob links; both transformers layouts) evaluate:
+    exit 0, a result written."""
     net = empty_hf_cache_no_network(tmp_path / "hub", monkeypatch)
     folder = publish(bases[kind], net["hub"], REPO) if kind == "hf-hub" else bases[kind]
     if kind == "hf-hub":
