@@ -29,6 +29,7 @@ from helpers import empty_hf_cache_no_network, make_karpathy_world
 from hf_helpers import make_clip, make_open_clip, processor_file, publish
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from hardrank.errors import DataError
 from hardrank.jobs.cli import main
 
 KINDS = ("hf", "blip", "local-dir", "hf-hub")
@@ -296,9 +297,9 @@ def watched(tmp_path, monkeypatch):
     built: list[str] = []
 
     def watch(cls):
-        def init(self, *args, **kwargs):
+        def init(self, *args, **kwargs):  # refused as bad data, so the command goes on to say what else it did
             built.append(type(self).__name__)
-            raise RuntimeError(f"{type(self).__name__} was built")
+            raise DataError(f"{type(self).__name__} was built")
         monkeypatch.setattr(cls, "__init__", init)
 
     for cls in (transformers.PreTrainedModel, open_clip.model.CLIP, open_clip.model.CustomTextCLIP):

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from hardrank.errors import DataError
 
@@ -290,8 +291,6 @@ def vet_pickle(path: Path) -> None:
 def read_state_dict(path: Path) -> dict:
     """A weights file's tensors: safetensors, else a state dict read with ``weights_only`` (a training
     checkpoint's ``state_dict`` / ``model`` entry)."""
-    from safetensors.torch import load_file
-
     try:
         if is_safetensors(path):
             return load_file(str(path))
