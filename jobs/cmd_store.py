@@ -39,8 +39,7 @@ _EXPORT_OPTIONS = ("folder", "file", "suites", "model", "checkpoints", "pretrain
                    "images", "annotations", "image_variants", "seeds", "text_variants", "predictions", "captions",
                    "caption_protocol", "languages", "captions_per_image", "store", "precision", "device", "decoder",
                    "key_by")
-_EXPORT_HELP = {"model": "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder> that made the "
-                         "embeddings (with --checkpoint or --pretrained)",
+_EXPORT_HELP = {"model": "the model that made the embeddings (with --checkpoint or --pretrained)",
                 "checkpoints": "the checkpoint that made the embeddings (one)"}
 
 

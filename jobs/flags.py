@@ -7,6 +7,7 @@ import glob
 import typing
 
 from hardrank.config import build, flat_fields, option_kind
+from hardrank.models.forms import forms_help
 from hardrank.suites import ALIASES, SUITES
 
 __all__ = ["add_options", "add_cli_flags", "options_from_args", "expand_globs", "Formatter", "CLI_FLAGS",
@@ -38,7 +39,7 @@ def _suites() -> str:
     return ", ".join([*(f"{a} (= {' + '.join(m)})" for a, m in ALIASES.items()), *SUITES])
 
 
-_LISTINGS = {"suites": _suites}  # opt(listing=...) -> the names the help lists, from their registry
+_LISTINGS = {"suites": _suites, "models": forms_help}  # opt(listing=...) -> what the help lists, from its registry
 
 
 def add_cli_flags(parser: argparse.ArgumentParser, *names: str, help: dict[str, str] | None = None) -> None:

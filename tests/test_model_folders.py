@@ -376,3 +376,24 @@ def test_every_from_pretrained_call_refuses_remote_code():
                     if kw.get("trust_remote_code") is not False or kw.get("local_files_only") is not True:
                         bad.append(f"{path.relative_to(root.parent)}:{node.lineno}")
     assert calls >= 6 and bad == [], bad
+
+
+def test_every_model_option_names_every_model_form():
+    """Each command that loads any model (eval, mine, perturb, attack, store export) names every --model spelling
+    in its help, blip: included, from the one grammar in hardrank.models."""
+    from hardrank.jobs.cli import build_parser
+
+    helps, todo = {}, [("", build_parser())]
+    while todo:
+        name, parser = todo.pop(0)
+        for action in parser._actions:
+            if action.__class__.__name__ == "_SubParsersAction":
+                todo.extend((f"{name} {k}".strip(), v) for k, v in action.choices.items())
+            elif action.dest == "model":
+                helps[name] = " ".join((action.help or "").split())
+    loaders = ("eval", "mine", "perturb texts", "attack texts", "attack images", "store export")
+    assert set(loaders) <= set(helps), sorted(helps)
+    for name in loaders:
+        for spelling in ("NAME", "CONFIG.json", "hf-hub:ORG/NAME", "local-dir:FOLDER", "hf:FOLDER", "hf:ORG/NAME",
+                         "blip:FOLDER", "blip:ORG/NAME", "BlipForImageTextRetrieval"):
+            assert spelling in helps[name], (name, spelling, helps[name])

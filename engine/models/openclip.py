@@ -39,6 +39,7 @@ from safetensors import SafetensorError
 from hardrank.config import DATA_DIR, PRECISIONS, resolve_device
 from hardrank.errors import DataError, UsageError
 from hardrank.models.boundary import check_size, open_clip_params, open_folder, pickle_refusal, vet_config
+from hardrank.models.forms import forms_help
 from hardrank.models.hf_text import hf_text
 
 __all__ = ["ModelSpec", "LoadedModel", "load_model", "resolve_arch", "file_hash", "tag_preprocess", "PRECISIONS"]
@@ -152,8 +153,7 @@ def resolve_arch(arch: str) -> str:
         _config_files[path.stem] = str(path)
         return path.stem
     if arch not in open_clip.list_models():
-        raise UsageError(f"unknown model {arch!r}: not an open_clip model name, a config .json, 'hf-hub:ORG/NAME', "
-                         f"'local-dir:<folder>' or a transformers model 'hf:<folder or ORG/NAME>'. Known names "
+        raise UsageError(f"unknown model {arch!r}: --model takes {forms_help()}. Known open_clip names "
                          f"include {open_clip.list_models()[:5]}...")
     return arch
 
