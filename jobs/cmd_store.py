@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hardrank.config import EvalConfig, default_store, opt
 from hardrank.errors import EXIT_OK
 from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
+from hardrank.models.forms import forms_help
 from hardrank.store.id_export import export_embeddings, list_stores
 
 __all__ = ["add_store_parser", "StoreListConfig", "StoreExportConfig"]
@@ -39,7 +40,7 @@ _EXPORT_OPTIONS = ("folder", "file", "suites", "model", "checkpoints", "pretrain
                    "images", "annotations", "image_variants", "seeds", "text_variants", "predictions", "captions",
                    "caption_protocol", "languages", "captions_per_image", "store", "precision", "device", "decoder",
                    "key_by")
-_EXPORT_HELP = {"model": "the model that made the embeddings (with --checkpoint or --pretrained)",
+_EXPORT_HELP = {"model": f"the model that made the embeddings (with --checkpoint or --pretrained): {forms_help()}",
                 "checkpoints": "the checkpoint that made the embeddings (one)"}
 
 

@@ -75,7 +75,7 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, req
         flag = f.metadata.get("flag") or "--" + name.replace("_", "-")
         default = None if f.default is dataclasses.MISSING else f.default
         help_text = (help or {}).get(name, f.metadata.get("help", ""))
-        if f.metadata.get("listing"):
+        if f.metadata.get("listing") and name not in (help or {}):  # a command's own wording replaces it all
             help_text += ": " + _LISTINGS[f.metadata["listing"]]()
         if default not in (None, (), "", (None,)) and name not in required:
             shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
