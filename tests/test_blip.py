@@ -373,7 +373,7 @@ def _cfg(world, blip, tmp_path, **kw):
     return build(EvalConfig, base)
 
 
-@pytest.mark.parametrize("k", [3, 1000])
+@pytest.mark.parametrize("k", [3, 16, 1000])
 def test_evaluate_rerank_equals_brute_force_with_transformers(world, blip, tmp_path, k):
     """Engine (store, decoder, batched cross-encoder) == the reference loop on transformers' own features."""
     from transformers import AutoImageProcessor, AutoTokenizer, BlipForImageTextRetrieval

@@ -397,3 +397,25 @@ def test_every_model_option_names_every_model_form():
         for spelling in ("NAME", "CONFIG.json", "hf-hub:ORG/NAME", "local-dir:FOLDER", "hf:FOLDER", "hf:ORG/NAME",
                          "blip:FOLDER", "blip:ORG/NAME", "BlipForImageTextRetrieval"):
             assert spelling in helps[name], (name, spelling, helps[name])
+
+
+@pytest.mark.parametrize("kind", ["hf", "local-dir"])
+def test_random_weights_past_this_machines_memory_are_refused_unbuilt(kind, bases, watched, tmp_path):
+    """With --random-init and no weights to compare with, a config implying more memory than the machine has
+    (here ~10^13 parameters) is refused before any network is built, naming the config and the sizes."""
+    import hardrank
+    from hardrank.errors import DataError
+
+    folder = tmp_path / "model"
+    shutil.copytree(bases[kind], folder)
+    (folder / _weights_name(kind)).unlink()
+    path, text = _model_config(folder, kind)
+    if kind in OPEN_CLIP:
+        _json(path, lambda d: text(d).update(width=65536, heads=64, layers=512))
+    else:
+        _json(path, lambda d: text(d).update(hidden_size=65536, intermediate_size=65536, num_hidden_layers=512,
+                                             num_attention_heads=64))
+    with pytest.raises(DataError, match=rf"{path.name} implies a network of [\d.]+ billion parameters, [\d.]+ GB in "
+                                        r"fp32, more than this machine's [\d.]+ GB of memory"):
+        hardrank.load_model(hardrank.ModelSpec(_spelling(kind, folder), random_init=True, device="cpu"))
+    assert watched["built"] == [] and watched["tries"] == []
