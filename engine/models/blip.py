@@ -1,10 +1,12 @@
 """BLIP (``transformers``' ``BlipForImageTextRetrieval``) as a dual encoder with its cross-encoder, loaded offline.
 
 ``--model blip:<folder>`` (or ``blip:ORG/NAME``, a snapshot in the local Hugging Face cache) names a folder
-that ``save_pretrained`` wrote: ``config.json`` (model_type ``blip``), the weights, ``preprocessor_config.json``
-and the tokenizer files. Encoded as BLIP's retrieval evaluation encodes (salesforce/BLIP
-``train_retrieval.py``, RoCOCO's ``eval_blip_*.py``), which is what ``BlipForImageTextRetrieval(...,
-use_itm_head=False)`` computes:
+that ``save_pretrained`` wrote: ``config.json`` (model_type ``blip``), the weights (one file, shards with their
+index, or a Trainer's ``checkpoint-N/``), and ``BlipProcessor.save_pretrained``'s files (transformers 5's
+``processor_config.json`` or 4's ``preprocessor_config.json``, and the tokenizer's), every file read through
+``hardrank.models.boundary`` (no code from the folder, no path outside it, sizes and tokenizer checked).
+Encoded as BLIP's retrieval evaluation encodes (salesforce/BLIP ``train_retrieval.py``, RoCOCO's
+``eval_blip_*.py``), which is what ``BlipForImageTextRetrieval(..., use_itm_head=False)`` computes:
 
 - image: ``vision_proj(vision_model(pixels)[:, 0])``, pixels exactly as BLIP's own image processor makes them
   (``AutoImageProcessor.from_pretrained(folder)``, transformers 5's default torchvision backend): it runs in

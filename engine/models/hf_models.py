@@ -3,7 +3,12 @@
 ``--model hf:FOLDER`` (a ``save_pretrained`` folder) or ``--model hf:ORG/NAME`` (its snapshot in the local
 Hugging Face cache, ``HF_HOME`` / ``HF_HUB_CACHE``; never downloaded) names the architecture, the image
 processor and the tokenizer; the weights are the folder's, or each ``--checkpoint`` (a folder with its own
-``config.json`` + weights, as a Trainer's ``checkpoint-N/``, or a weights file of the folder's config).
+``config.json`` + weights, as a Trainer's ``checkpoint-N/``, or a weights file of the folder's config). Every
+file is read through ``hardrank.models.boundary``: settings that would run the folder's code, paths leading out
+of it, configs implying more than their weights hold and tokenizers that cannot be the model's are refused
+before transformers builds anything; every ``from_pretrained`` passes ``trust_remote_code=False``. Both
+processor layouts load: transformers 5's ``processor_config.json`` (the image processor nested) and 4's
+``preprocessor_config.json``.
 
 A model family is a small adapter registered by the config's ``model_type`` (``register_family``): the
 transformers class to build, how it encodes pixels and tokens, how long its captions are padded, and, for a
