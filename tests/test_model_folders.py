@@ -139,6 +139,17 @@ def _tokenizer_kwargs_trust(folder, kind, tmp):
     return "open_clip_config.json sets model_cfg.text_cfg.tokenizer_kwargs {'trust_remote_code': true}"
 
 
+def _tokenizer_named_by_path(folder, kind, tmp):
+    """open_clip reads hf_tokenizer_name as a folder when one exists there: the folder's tokenizer moved out of it."""
+    elsewhere = folder.parent / "elsewhere"
+    elsewhere.mkdir()
+    for p in folder.glob("tokenizer*"):
+        p.rename(elsewhere / p.name)
+    _json(folder / "open_clip_config.json",
+          lambda d: d["model_cfg"]["text_cfg"].update(hf_tokenizer_name=str(elsewhere)))
+    return "open_clip_config.json sets model_cfg.text_cfg.hf_tokenizer_name"
+
+
 def _hub_kernels(folder, kind, tmp):
     _json(folder / "config.json", lambda d: d.update(attn_implementation="kernels-community/evil-attention"))
     return "config.json sets attn_implementation"
@@ -245,6 +256,7 @@ CASES = {  # name: (change, kinds)
     "auto_map-processor": (_auto_map_processor, (*HF, "hf-5", "blip-5")),
     "custom-tokenizer_class": (_custom_tokenizer_class, KINDS),
     "tokenizer_kwargs-trust_remote_code": (_tokenizer_kwargs_trust, OPEN_CLIP),
+    "tokenizer-named-by-path": (_tokenizer_named_by_path, OPEN_CLIP),
     "hub-kernels": (_hub_kernels, HF),
     "index-outside": (_index_outside, HF),
     "index-absolute": (_index_absolute, HF),
