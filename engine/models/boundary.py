@@ -60,6 +60,7 @@ _ATTENTION_KEYS = ("attn_implementation", "_attn_implementation", "_attn_impleme
 _ATTENTION_OK = ("eager", "sdpa")  # transformers' built-in attention; flash_attention_* may fall back to hub kernels
 _PATH_KEY = re.compile(r"(_file|_files|_dir|_path)$")  # keys whose values are paths (vocab_file, tokenizer_file, ...)
 _NOT_PATHS = ("name_or_path", "_name_or_path")         # where a folder was saved from: recorded, never opened
+_REPO_KEYS = ("hf_tokenizer_name", "hf_model_name")    # open_clip: a Hugging Face repo id, or (open_clip) a path
 _MAX_JSON = 64 << 20         # a settings file larger than this is no settings file
 MIN_VOCAB = 32               # fewer tokens than this cannot tokenize captions (an empty tokenizer has 2 or 3)
 _SLACK = 1 << 20             # parameters an estimate may miss (biases, norms, small heads)
@@ -231,6 +232,11 @@ def vet_config(cfg: dict, folder: ModelFolder | str, name: str, what: str | None
                 raise refuse(f"sets {key} {{{', '.join(f'{k!r}: {_short(value[k])}' for k in extra)}}}, beyond the "
                              f"tokenizer options hardrank passes on ({', '.join(sorted(TOKENIZER_KWARGS))})",
                              "remove them: the tokenizer comes from the folder's own files, as open_clip saves them")
+        if leaf in _REPO_KEYS and isinstance(value, str) and isinstance(folder, ModelFolder) and (
+                value.startswith(("/", ".", "~")) or value.count("/") != 1 or "\\" in value):
+            raise refuse(f"sets {key} = {value!r}, a path outside the folder (open_clip would read it as a folder)",
+                         "a model folder names its tokenizer and text tower by Hugging Face repo id (ORG/NAME, from "
+                         "the local cache), or holds the tokenizer's files itself")
         if _PATH_KEY.search(leaf) and leaf not in _NOT_PATHS and value is not None:
             for v in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]):
                 if isinstance(v, str) and isinstance(folder, ModelFolder):
