@@ -348,7 +348,10 @@ def _held(files: list[Path]) -> tuple[int, int] | None:
                         nbytes += count * _DTYPE_BYTES.get(v.get("dtype"), 4)
             elif zipfile.is_zipfile(p):
                 with zipfile.ZipFile(p) as z:
-                    size = sum(i.file_size for i in z.infolist() if "/data/" in i.filename)
+                    records = z.infolist()
+                if not any(i.filename.endswith(("/data.pkl", "/constants.pkl")) for i in records):
+                    return None  # a zip of another kind (numpy's .npz): its loader reads it
+                size = sum(i.file_size for i in records if "/data/" in i.filename)
                 elements, nbytes = elements + size, nbytes + size
             else:
                 return None
