@@ -431,3 +431,42 @@ def test_random_weights_past_this_machines_memory_are_refused_unbuilt(kind, base
                                         r"fp32, more than this machine's [\d.]+ GB of memory"):
         hardrank.load_model(hardrank.ModelSpec(_spelling(kind, folder), random_init=True, device="cpu"))
     assert watched["built"] == [] and watched["tries"] == []
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip", "siglip2", "blip"])
+def test_the_size_estimate_is_within_a_few_percent_of_the_network(family):
+    """The parameters a config implies, from its sizes alone (nothing built), against the network transformers
+    builds from it (on the meta device: no memory), at the published base models' default sizes."""
+    import transformers
+
+    from hardrank.models.boundary import estimate_params
+
+    config_cls, model_cls = {"clip": ("CLIPConfig", "CLIPModel"), "siglip": ("SiglipConfig", "SiglipModel"),
+                             "siglip2": ("Siglip2Config", "Siglip2Model"),
+                             "blip": ("BlipConfig", "BlipForImageTextRetrieval")}[family]
+    config = getattr(transformers, config_cls)()
+    with torch.device("meta"):
+        built = sum(p.numel() for p in getattr(transformers, model_cls)(config).parameters())
+    assert 0.95 < estimate_params(config.to_dict()) / built < 1.05
+
+
+def test_the_size_check_reads_headers_and_leaves_unknown_formats_to_their_loader(tmp_path):
+    """safetensors: the header's shapes; a torch archive: its data records' bytes; a numpy .npz or a legacy pickle
+    tells neither, so only the memory check applies."""
+    import numpy as np
+    from safetensors.torch import save_file
+
+    from hardrank.errors import DataError
+    from hardrank.models.boundary import check_size
+
+    save_file({"w": torch.zeros(1000, 100)}, str(tmp_path / "w.safetensors"))
+    torch.save({"w": torch.zeros(1000, 100)}, tmp_path / "w.pt")
+    np.savez(tmp_path / "w.npz", w=np.zeros((1000, 100), np.float32))
+    torch.save({"w": torch.zeros(1000, 100)}, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    for name in ("w.safetensors", "w.pt"):
+        check_size(100_000, [tmp_path / name], what="m", config="c.json", precision="fp32")
+        with pytest.raises(DataError, match=r"c.json implies a network of 10.00 million parameters \(40.0 MB in fp32\)"
+                                            rf", but its weights \({tmp_path / name}\) hold 0.\d+ million"):
+            check_size(10_000_000, [tmp_path / name], what="m", config="c.json", precision="fp32")
+    for name in ("w.npz", "legacy.pt"):
+        check_size(10_000_000, [tmp_path / name], what="m", config="c.json", precision="fp32")
