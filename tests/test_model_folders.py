@@ -353,15 +353,18 @@ def test_a_crafted_folder_is_refused_before_anything_runs(case, kind, command, b
     assert written == [], written
 
 
-@pytest.mark.parametrize("kind", (*KINDS, "hf-5", "blip-5"))
+@pytest.mark.parametrize("kind", (*KINDS, "hf-5", "blip-5", "hf-cached"))
 def test_the_stand_ins_themselves_pass_every_check(kind, bases, tmp_path, capsys, monkeypatch):
-    """The uncrafted folders (the hf-hub one through its cache's blob links; both transformers layouts) evaluate:
-    exit 0, a result written."""
+    """The uncrafted folders (hf-hub: and hf:ORG/NAME through their cache's blob links; both transformers layouts)
+    evaluate: exit 0, a result written."""
     net = empty_hf_cache_no_network(tmp_path / "hub", monkeypatch)
-    folder = publish(bases[kind], net["hub"], REPO) if kind == "hf-hub" else bases[kind]
-    if kind == "hf-hub":
-        assert os.path.islink(folder / "tokenizer.json")
-    rc = main(_command("eval", _spelling(kind, folder), bases["world"], tmp_path))
+    if kind in ("hf-hub", "hf-cached"):
+        folder = publish(bases["hf-hub" if kind == "hf-hub" else "hf-5"], net["hub"], REPO)
+        assert os.path.islink(folder / "tokenizer.json") and os.path.islink(folder / "tokenizer_config.json")
+        model = f"hf-hub:{REPO}" if kind == "hf-hub" else f"hf:{REPO}"
+    else:
+        folder, model = bases[kind], _spelling(kind, bases[kind])
+    rc = main(_command("eval", model, bases["world"], tmp_path))
     assert rc == 0, capsys.readouterr().err
     assert list((tmp_path / "out").rglob("karpathy.json")) and net["tries"] == []
 
