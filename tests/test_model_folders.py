@@ -12,7 +12,8 @@ holds ``tokenization_evil.py``, ``modeling_evil.py``, ``configuration_evil.py`` 
 
 Through ``eval``, ``eval --dry-run``, ``mine`` and ``run`` each must exit 3 with one line naming the folder and
 the file or key, write no result and no store shard, import none of the folder's files, build no network (the
-model classes' constructors are watched) and open no connection (``socket`` refuses and counts). Every
+model classes' constructors are watched; a tensor the weights lack is found as they load into the small,
+size-checked network) and open no connection (``socket`` refuses and counts). Every
 (case, kind) pair runs through one command by default, the commands taking turns; ``-m matrix`` runs them all.
 """
 from __future__ import annotations
@@ -211,6 +212,16 @@ def _pickle_bin(folder, kind, tmp):
     return "posix.system"
 
 
+def _missing_tensor(folder, kind, tmp):
+    """Weights lacking one of the network's tensors (it would stay random: garbage scored)."""
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(folder / "model.safetensors"))
+    sd.pop(next(k for k in sorted(sd) if k.endswith("proj.weight") or k.endswith("projection.weight")))
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return "missing_keys"
+
+
 def _oversized(folder, kind, tmp):
     """A config asking for ~9.7 billion parameters (38 GB in fp32) beside the stand-in's small weights."""
     path, text = _model_config(folder, kind)
@@ -265,12 +276,14 @@ CASES = {  # name: (change, kinds)
     "weights-linked-outside": (_weights_linked_outside, KINDS),
     "tokenizer-linked-outside": (_tokenizer_linked_outside, KINDS),
     "pickle-bin": (_pickle_bin, HF),
+    "missing-tensor": (_missing_tensor, HF),
     "oversized-config": (_oversized, KINDS),
     "no-tokenizer": (_no_tokenizer, ("hf",)),  # (blip: refused before this boundary too)
     "empty-vocabulary": (_empty_vocabulary, KINDS),
     "foreign-tokenizer": (_foreign_tokenizer, KINDS),
     "same-ids": (_same_ids, KINDS),
 }
+BUILT_FIRST = ("missing-tensor",)  # found as the weights load into the (small, size-checked) network
 PAIRS = [(case, kind) for case, (_, kinds) in CASES.items() for kind in kinds]
 # each (case, kind) through one command by default, the commands taking turns; -m matrix: every command
 PARAMS = [pytest.param(case, kind, command, marks=() if i % len(COMMANDS) == COMMANDS.index(command) else
@@ -307,16 +320,21 @@ def watched(tmp_path, monkeypatch):
 
     net = empty_hf_cache_no_network(tmp_path / "hub", monkeypatch)
     built: list[str] = []
+    watch = {"refuse": True}  # a case found only once the weights load (a missing tensor) lets the network build
 
-    def watch(cls):
+    def watched_init(cls):
+        original = cls.__init__
+
         def init(self, *args, **kwargs):  # refused as bad data, so the command goes on to say what else it did
+            if not watch["refuse"]:
+                return original(self, *args, **kwargs)
             built.append(type(self).__name__)
             raise DataError(f"{type(self).__name__} was built")
         monkeypatch.setattr(cls, "__init__", init)
 
     for cls in (transformers.PreTrainedModel, open_clip.model.CLIP, open_clip.model.CustomTextCLIP):
-        watch(cls)
-    return {**net, "built": built}
+        watched_init(cls)
+    return {**net, "built": built, "watch": watch}
 
 
 def _crafted(bases, kind: str, case: str, tmp: Path, hub: Path) -> tuple[Path, str, Path]:
@@ -335,6 +353,7 @@ def _crafted(bases, kind: str, case: str, tmp: Path, hub: Path) -> tuple[Path, s
 @pytest.mark.parametrize(("case", "kind", "command"), PARAMS)
 def test_a_crafted_folder_is_refused_before_anything_runs(case, kind, command, bases, watched, tmp_path, capsys):
     folder, expected, sentinel = _crafted(bases, kind, case, tmp_path, watched["hub"])
+    watched["watch"]["refuse"] = case not in BUILT_FIRST
     rc = main(_command(command, _spelling(kind, folder), bases["world"], tmp_path))
     out = capsys.readouterr()
     text = out.out + out.err
@@ -347,7 +366,8 @@ def test_a_crafted_folder_is_refused_before_anything_runs(case, kind, command, b
         lines = [line for line in lines if ": error: " in line]
     assert len(lines) == 1 and "Traceback" not in text, text
     assert str(folder) in lines[0] and expected in lines[0], lines[0]
-    for advice in ("trust_remote_code=True", "pass the argument", "weights_only=False", "set to `False"):
+    for advice in ("trust_remote_code=True", "pass the argument", "weights_only=False", "set to `False",
+                   "ignore_mismatched_sizes"):
         assert advice not in text, text  # never relays a library's advice to turn a safeguard off
     written = [p for d in ("out", "store") for p in (tmp_path / d).rglob("*") if p.is_file()]
     assert written == [], written

@@ -484,7 +484,8 @@ def check_tokenizer(tokenize: Callable, *, size: int | None, vocab_size: int | N
 
 def quote(exc) -> str:
     """A library's error text for a message: its first lines, less any sentence advising to turn a safeguard
-    off (``trust_remote_code``, ``weights_only``)."""
+    off (``trust_remote_code``, ``weights_only``, ``ignore_mismatched_sizes``)."""
     text = " ".join(str(exc).split())
-    kept = [s for s in re.split(r"(?<=[.!?])\s+", text) if not re.search(r"trust_remote_code|weights_only", s)]
+    kept = [s for s in re.split(r"(?<=[.!?])\s+", text)
+            if not re.search(r"trust_remote_code|weights_only|ignore_mismatched_sizes", s)]
     return " ".join(kept)[:300] or type(exc).__name__

@@ -264,12 +264,14 @@ def build_model(cls, weights: _Weights, spec: ModelSpec, precision: str):
             return cls._from_config(weights.config)
     source = weights.folder or weights.files[0]
     try:
-        with _no_progress_bars():  # transformers draws a bar per load; hardrank's own progress says more
+        with _quiet_loading():
             if weights.folder is not None:
                 # in the file's dtype (transformers 5's default) and cast below: a widening cast is exact
                 model, info = cls.from_pretrained(str(weights.folder), config=weights.config, local_files_only=True,
                                                   trust_remote_code=False, output_loading_info=True)
-                wrong = {k: sorted(v)[:3] for k, v in info.items() if k != "error_msgs" and v}
+                # a tensor the network has but the files lack would stay random: refused (tensors the files hold
+                # beyond the network, e.g. a training wrapper's heads, are left out, as transformers leaves them)
+                wrong = {k: sorted(map(str, info[k]))[:3] for k in ("missing_keys", "mismatched_keys") if info.get(k)}
                 if wrong or info.get("error_msgs"):
                     raise RuntimeError(f"tensors {wrong or info['error_msgs']}")
             else:
@@ -284,15 +286,19 @@ def build_model(cls, weights: _Weights, spec: ModelSpec, precision: str):
 
 
 @contextlib.contextmanager
-def _no_progress_bars():
-    bars = _transformers("loading").utils.logging
-    was = bars.is_progress_bar_enabled()
-    bars.disable_progress_bar()
+def _quiet_loading():
+    """No bar per load (hardrank's own progress says more) and no load report on the terminal: a checkpoint
+    that does not fit is refused in one line, and the report's advice to ignore mismatched sizes never shows."""
+    logs = _transformers("loading").utils.logging
+    was, level = logs.is_progress_bar_enabled(), logs.get_verbosity()
+    logs.disable_progress_bar()
+    logs.set_verbosity_error()
     try:
         yield
     finally:
+        logs.set_verbosity(level)
         if was:
-            bars.enable_progress_bar()
+            logs.enable_progress_bar()
 
 
 def _output_size(proc: dict, arch: str) -> list[int]:
