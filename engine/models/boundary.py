@@ -161,6 +161,9 @@ def _read_json(folder: ModelFolder, name: str):
     except (ValueError, UnicodeDecodeError) as exc:
         raise folder.refuse(name, f"is not valid JSON ({str(exc)[:120]})",
                             "save the model again with save_pretrained") from None
+    except OSError as exc:  # a link into the cache's blobs whose blob is gone (an interrupted download), ...
+        raise folder.refuse(name, f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})",
+                            "copy or download the model folder again") from None
 
 
 def open_folder(path: str | os.PathLike, what: str) -> ModelFolder:
@@ -216,9 +219,10 @@ def vet_config(cfg: dict, folder: ModelFolder | str, name: str, what: str | None
                          "hardrank never runs a model folder's code: save the processor and tokenizer with the "
                          "transformers classes of the model (e.g. CLIPProcessor, BlipProcessor)")
         if leaf in _ATTENTION_KEYS and value is not None:
+            experts = leaf.lstrip("_").startswith("experts")  # MoE kernels: any built-in name, no hub repo
             for v in (value.values() if isinstance(value, dict) else [value]):
-                if v is not None and v not in _ATTENTION_OK and not (leaf.lstrip("_").startswith("experts")
-                                                                     and isinstance(v, str) and "/" not in v):
+                if v is not None and not (v in _ATTENTION_OK or experts and isinstance(v, str) and
+                                          not re.search(r"[/:]", v)):
                     raise refuse(f"sets {key} = {_short(v)}: an attention implementation transformers would fetch "
                                  f"from the Hugging Face hub's kernels or an extra library",
                                  "hardrank runs the model's built-in attention (eager or sdpa): remove the key")
