@@ -256,7 +256,9 @@ def _short(value) -> str:
 
 def _known_class(name) -> bool:
     """Whether transformers itself has the class ``name`` (its 4.x ``...Fast`` and feature-extractor spellings
-    included): a name it lacks could only come from the folder's code."""
+    included): a name it lacks could only come from the folder's code. Read from the names transformers exports
+    (its lazy module's ``__all__``), importing none of them: a lazy attribute looked up while another thread
+    imports the same submodule (a Ray actor decoding as it loads) can fail for a class transformers has."""
     if not isinstance(name, str) or not name.isidentifier():
         return False
     try:
@@ -264,6 +266,9 @@ def _known_class(name) -> bool:
     except ImportError:  # nothing can build it then; the loader names the missing extra
         return True
     names = {name, name.removesuffix("Fast"), name.replace("FeatureExtractor", "ImageProcessor")}
+    exported = getattr(transformers, "__all__", None)
+    if exported is not None:
+        return not names.isdisjoint(exported)
     return any(hasattr(transformers, n) for n in names)
 
 
