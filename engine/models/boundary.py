@@ -28,6 +28,7 @@ import os
 import pickle
 import re
 import struct
+import sys
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -266,10 +267,12 @@ def _known_class(name) -> bool:
     except ImportError:  # nothing can build it then; the loader names the missing extra
         return True
     names = {name, name.removesuffix("Fast"), name.replace("FeatureExtractor", "ImageProcessor")}
-    exported = getattr(transformers, "__all__", None)
-    if exported is not None:
-        return not names.isdisjoint(exported)
-    return any(hasattr(transformers, n) for n in names)
+    # `import transformers` in one thread while another still runs its __init__ (a Ray actor loading a model as it
+    # decodes) can give the half-made module, which exports nothing yet: then the finished one, if there is one
+    exported = getattr(sys.modules.get("transformers") or transformers, "__all__", None)
+    if exported is None:
+        return True  # cannot tell yet: transformers itself (trust_remote_code=False) refuses a class it lacks
+    return not names.isdisjoint(exported)
 
 
 # -- weights ----------------------------------------------------------------------------------------
