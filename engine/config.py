@@ -608,9 +608,8 @@ class EvalConfig:
 
     suites: tuple[str, ...] = opt((), "suites", flag="--suite", listing="suites")
     out: str = opt("", "results folder (one sub-folder per checkpoint)", path=True)
-    model: str | None = opt(None, "open_clip model name (ViT-B-32), config .json, hf-hub:ORG/NAME or "
-                            "local-dir:<folder>, or a transformers model hf:<folder or ORG/NAME> (not needed with "
-                            "--embeddings, --run, or mask suites scoring --predictions)")
+    model: str | None = opt(None, "the model (not needed with --embeddings, --run, or mask suites scoring "
+                            "--predictions)", listing="models")
     checkpoints: tuple[str | None, ...] = opt((None,), "checkpoint files (globs ok; for hf: models also "
                                               "save_pretrained folders); one result per checkpoint",
                                               flag="--checkpoint", path=True)
@@ -754,8 +753,7 @@ class MineConfig:
     queries: str = opt("", "the queries, same kinds (may equal --corpus)", path=True)
     out: str = opt("", "output folder: negatives/part-*.parquet, summary.json", path=True)
     direction: str = opt("t2i", "query modality 2 corpus modality", choices=tuple(DIRECTIONS))
-    model: str | None = opt(None, "open_clip model name, config .json, hf-hub:ORG/NAME, local-dir:<folder>, or "
-                            "hf:<folder or ORG/NAME> (transformers) (not needed when both inputs are store folders)")
+    model: str | None = opt(None, "the model (not needed when both inputs are store folders)", listing="models")
     checkpoint: str | None = opt(None, "weights file for --model", path=True)
     pretrained: str | None = opt(None, "open_clip pretrained tag: its preprocessing, and without --checkpoint its "
                                  "weights from the local cache")

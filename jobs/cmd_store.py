@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hardrank.config import EvalConfig, SuiteOptions, default_store, flat_fields, opt
 from hardrank.errors import EXIT_OK
 from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
+from hardrank.models.forms import forms_help
 from hardrank.store.id_export import export_embeddings, list_stores
 
 __all__ = ["add_store_parser", "StoreListConfig", "StoreExportConfig"]
@@ -45,8 +46,7 @@ def _export_options() -> tuple[str, ...]:
     return _EXPORT_OPTIONS + tuple(n for n, _, _ in flat_fields(SuiteOptions) if n not in _NOT_EXPORT_SUITE_OPTIONS)
 
 
-_EXPORT_HELP = {"model": "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder> that made the "
-                         "embeddings (with --checkpoint or --pretrained)",
+_EXPORT_HELP = {"model": f"the model that made the embeddings (with --checkpoint or --pretrained): {forms_help()}",
                 "checkpoints": "the checkpoint that made the embeddings (one)"}
 
 

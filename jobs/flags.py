@@ -9,6 +9,7 @@ import typing
 import hardrank.suites  # noqa: F401  (registers the suites: their own options are flags too)
 from hardrank import suite_registry
 from hardrank.config import build, flat_fields, option_kind
+from hardrank.models.forms import forms_help
 
 __all__ = ["add_options", "add_cli_flags", "options_from_args", "expand_globs", "Formatter", "CLI_FLAGS",
            "CONFIG_CLASS"]
@@ -34,7 +35,7 @@ _GROUPS = {"SuiteOptions": "suite inputs", "EmbedOptions": "embedding (model run
            "MineOptions": "mining", "ProbeOptions": "linear probe (suite linear_probe)"}
 
 
-_LISTINGS = {"suites": suite_registry.listing}  # opt(listing=...) -> the names the help lists, from their registry
+_LISTINGS = {"suites": suite_registry.listing, "models": forms_help}  # opt(listing=...) -> what the help lists
 
 
 def add_cli_flags(parser: argparse.ArgumentParser, *names: str, help: dict[str, str] | None = None) -> None:
@@ -74,7 +75,7 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, req
         flag = f.metadata.get("flag") or "--" + name.replace("_", "-")
         default = None if f.default is dataclasses.MISSING else f.default
         help_text = (help or {}).get(name, f.metadata.get("help", ""))
-        if f.metadata.get("listing"):
+        if f.metadata.get("listing") and name not in (help or {}):  # a command's own wording replaces it all
             help_text += ": " + _LISTINGS[f.metadata["listing"]]()
         if default not in (None, (), "", (None,)) and name not in required:
             shown = " ".join(map(str, default)) if isinstance(default, tuple) else default

@@ -44,7 +44,7 @@ decoder = "pillow"                     # or "dali"
 search = "exhaustive"                  # or "faiss:IVF1024,Flat"
 
 [[model]]
-model = "ViT-B-32"                     # open_clip name, config .json, hf-hub:ORG/NAME or local-dir:<folder>
+model = "ViT-B-32"                     # as --model: a name, config .json, hf-hub:, local-dir:, hf: or blip:
 pretrained = "laion2b_s34b_b79k"       # its weights from the local cache (no checkpoints given)
 
 [[model]]
@@ -102,7 +102,7 @@ class _Entry:
     """The keys of one [[model]] table."""
 
     name: str | None = opt(None, "results sub-folder: <out>/<name>/<checkpoint>/")
-    model: str | None = opt(None, "open_clip name, config .json, hf-hub:ORG/NAME or local-dir:")
+    model: str | None = opt(None, "the model", listing="models")
     pretrained: str | None = opt(None, "open_clip pretrained tag")
     random_init: bool = opt(False, "random weights on purpose")
     run: str | None = opt(None, "an open_clip training run folder", path=True)

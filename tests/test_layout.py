@@ -117,9 +117,10 @@ HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.embed.da
          # builds the Hugging Face tokenizers and towers with them), hf_models (transformers models themselves) and
          # blip (BLIP); tokenizers builds the tests' stand-in tokenizers
          # (and hardrank.jobs.bench.inputs, which saves random BLIP folders for the benchmarks)
-         # (and hardrank.openclip_import, which binds it into open_clip when a text tower needs it)
+         # (and hardrank.openclip_import, which binds it into open_clip when a text tower needs it; and
+         # hardrank.models.boundary, which asks it whether a class a folder's settings name is its own)
          "transformers": ("hardrank.models.hf_text", "hardrank.models.hf_models", "hardrank.models.blip",
-                          "hardrank.jobs.bench.inputs", "hardrank.openclip_import"),
+                          "hardrank.jobs.bench.inputs", "hardrank.openclip_import", "hardrank.models.boundary"),
          "sentencepiece": ("hardrank.models.hf_text",), "tokenizers": (),
          # the training dashboards (--log-to): each imported inside hardrank.dashboards' functions, when asked for
          "tensorboard": ("hardrank.dashboards",), "torch.utils.tensorboard": ("hardrank.dashboards",),

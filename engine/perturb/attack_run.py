@@ -68,7 +68,7 @@ class AttackConfig:
     """What both attacks take: the checkpoints attacked (each also evaluated on the others' variants),
     the clean Karpathy file and its images, the output folder, and how items are embedded."""
 
-    model: str = opt("", "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder>")
+    model: str = opt("", "the model attacked", listing="models")
     checkpoints: tuple[str | None, ...] = opt((None,), "weights file(s), globs ok: each is attacked, and every "
                                               "attack is evaluated on every checkpoint (the transfer matrix)",
                                               flag="--checkpoint", path=True)
