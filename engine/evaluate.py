@@ -18,7 +18,7 @@ from hardrank import cpus, urls
 from hardrank.config import EvalConfig, build, check_writable_dir, resolve_device
 from hardrank.embed import EmbedPipeline, make_scan_mapper
 from hardrank.embed.itm import ItmScorer
-from hardrank.errors import DataError, UsageError
+from hardrank.errors import DataError, UsageError, exit_code
 from hardrank.executors import executor
 from hardrank.inputs import registry, scan_with
 from hardrank.items import Tables
@@ -40,9 +40,21 @@ from hardrank.suites import expand_suites, load_suites
 from hardrank.suites.toy import TOY_SUITES, pending_world
 from hardrank.tasks import MaskTask, Suite
 
-__all__ = ["evaluate", "plan", "EvalReport"]
+__all__ = ["evaluate", "plan", "EvalReport", "SuitesNotLoaded"]
 
 log = logging.getLogger("hardrank.eval")
+
+
+class SuitesNotLoaded(DataError):
+    """Some suites of a run could not be loaded (the others ran and wrote their results); the exit code is
+    the first failure's own (3 for a bad file, 2 for a missing option)."""
+
+    def __init__(self, failed: dict[str, Exception]):
+        lines = "; ".join(f"suite {n}: {exc}" for n, exc in failed.items())
+        super().__init__(f"{len(failed)} suite(s) not run ({', '.join(failed)}); the others' results are written. "
+                         f"{lines}")
+        self.failed = failed
+        self.exit_code = exit_code(next(iter(failed.values())))
 
 
 @dataclass
@@ -50,12 +62,19 @@ class EvalReport:
     results: list[dict] = field(default_factory=list)      # the written result dicts
     files: list[Path] = field(default_factory=list)
     embed_stats: dict = field(default_factory=dict)        # modality -> EmbedStats.as_dict()
+    failed_suites: dict[str, Exception] = field(default_factory=dict)  # suites that could not be loaded
 
     def table_rows(self) -> list[tuple[str, dict]]:
         rows: dict[str, dict] = {}
         for r in self.results:
             rows.setdefault(r["checkpoint"], {}).update(summary_row(r))
         return list(rows.items())
+
+    def raise_failures(self) -> None:
+        """Raise ``SuitesNotLoaded`` if a suite could not be loaded (the command line's nonzero exit at the
+        end of a run whose other suites ran)."""
+        if self.failed_suites:
+            raise SuitesNotLoaded(self.failed_suites)
 
 
 @dataclass
@@ -293,17 +312,23 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
     if world is not None:
         echo(f"building the toy world in {world} (once, about 30 s; --data DIR names another folder)")
     mapper = make_scan_mapper(cfg.embed)
+    failed: dict[str, Exception] = {}
     try:
         with scan_with(mapper):  # with --executor ray, workers read the tar shards, not this process
-            suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+            suites = load_suites(list(cfg.suites), tables, cfg.suite_options, failures=failed)
     finally:
         if hasattr(mapper, "close"):
             mapper.close()
+    if failed and not suites:  # nothing else to run: the error as it is
+        raise next(iter(failed.values()))
+    for name, exc in failed.items():  # the other suites still run; the command exits nonzero at the end
+        log.warning("suite %s not run: %s", name, exc)
+        echo(f"suite {name} not run: {exc}")
     _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
     t_load = time.perf_counter() - t0
     echo(f"loaded {len(suites)} suite(s): {len(tables.images)} images (distinct paths), {len(tables.texts)} texts "
          f"(distinct normalised captions) ({t_load:.1f}s)")
-    report = EvalReport()
+    report = EvalReport(failed_suites=failed)
     common = {"failures": [], "versions": _versions(), "embed": {}, "t_load": t_load,
               "threads": cpus.current().record()}
     for suite in suites:  # answers that need no model: scored once, under the predictions' folder name

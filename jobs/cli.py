@@ -54,6 +54,7 @@ def _run_eval(cfg: EvalConfig, args, title: str | None = None) -> None:
     if title:
         print(title)
     print(format_table(report.table_rows()))
+    report.raise_failures()  # a suite that could not be loaded: the others ran; exit nonzero now
 
 
 def _cmd_eval(args) -> int:

@@ -9,7 +9,7 @@ from hardrank.config import SuiteOptions
 from hardrank.errors import DataError, UsageError
 from hardrank.text import caption_normaliser
 
-__all__ = ["SuiteOptions", "read_json", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS",
+__all__ = ["SuiteOptions", "read_json", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS", "release_folder",
            "caption_protocol", "IMAGE_CORRUPTIONS", "is_corruption_variant", "variant_hint"]
 
 # The ImageNet-C corruptions `hardrank perturb images --method corrupt:...` writes as <name>_<severity>_s<seed>
@@ -99,6 +99,18 @@ def read_bbox(path, index, item: dict, *, required: bool) -> tuple[float, float,
         raise SuiteFormatError(f"{path}: item {index} has an empty crop box (w={box[2]:g}, h={box[3]:g}); "
                                f"bbox_w and bbox_h must be > 0")
     return tuple(box)
+
+
+def release_folder(root: Path, subfolders: tuple[str, ...], names) -> Path:
+    """The folder holding a benchmark's files under ``--data``: ``root`` itself, else the first of
+    ``subfolders`` (the release's own folder names: a repository's ``data/``, the dataset repository's
+    name) that holds any of ``names``; ``root`` when none does (its errors then name ``root``). So one
+    ``--data`` folder can hold several benchmarks, each in its release layout under its own name."""
+    names = list(names)
+    for cand in (root, *(root / s for s in subfolders)):
+        if any((cand / n).exists() for n in names):
+            return cand
+    return root
 
 
 def find_annotation(opts: SuiteOptions, default_name: str, suite: str = "this suite") -> Path:

@@ -67,6 +67,12 @@ def main_metric(res: dict) -> tuple[str, float | None]:
             if num(m.get(role, {}).get("gIoU")) is not None:
                 return f"{role} gIoU", num(m[role]["gIoU"])
         return "-", None
+    head = (res.get("suite_meta") or {}).get("headline")  # a suite naming its headline (SugarCrepe++: ITT)
+    if isinstance(head, dict) and isinstance(head.get("entries"), list):
+        vals = [num((m.get(e) or {}).get("all", {}).get(head.get("key"))) for e in head["entries"]]
+        vals = [v for v in vals if v is not None]
+        if vals:
+            return f"{'/'.join(head['entries'])} {head.get('key')}", sum(vals) / len(vals)
     for key in _MAIN_CHOICE:
         vals = [num(m[t]["all"].get(key)) for t in top_level(m) if isinstance(m[t].get("all"), dict)
                 and key in m[t]["all"]]
