@@ -1,4 +1,4 @@
-"""MMVP-VLM (Tong et al., CVPR 2024): CLIP-blind image pairs, each statement to pick its own image, per visual pattern."""
+"""MMVP-VLM (Tong et al., CVPR 2024): CLIP-blind image pairs, each statement to pick its own image, by pattern."""
 from __future__ import annotations
 
 import csv
@@ -54,11 +54,11 @@ def _rows(path: Path) -> list[tuple[int, int, str, str]]:
 
 
 def load_mmvp_vlm(tables: Tables, opts: SuiteOptions, name: str = "mmvp_vlm") -> Suite:
-    """One pair_t2i task: each pair of consecutive rows of ``Questions.csv`` (an odd Question ID, then the
-    next) is two images ``MLLM_VLM Images/<Type>/<id>.jpg`` and two statements, fed as ``"a photo of " +
-    statement``. (An odd ID then an even one: the release numbers them 1..270.) Each statement picks the image it scores higher (a tie picks the second image, as the
-    reference's "probability of image 1 > 0.5"); a pair counts only when both statements pick their own
-    image. Subsets: the Type (visual pattern); ``pattern_mean`` = the mean over patterns."""
+    """One pair_t2i task: each pair of consecutive rows of ``Questions.csv`` (an odd Question ID, then an
+    even one: the release numbers them 1..270) is two images ``MLLM_VLM Images/<Type>/<id>.jpg`` and two
+    statements, fed as ``"a photo of " + statement``. Each statement picks the image it scores higher (a tie
+    picks the second image, as the reference's "probability of image 1 > 0.5"); a pair counts only when both
+    statements pick their own image. Subsets: the Type (visual pattern); ``pattern_mean`` = their mean."""
     if opts.data is None:
         raise UsageError(f"suite {name} needs --data DIR holding Questions.csv and '{MMVP_IMAGES}/' (the "
                          f"MMVP/MMVP_VLM dataset)")

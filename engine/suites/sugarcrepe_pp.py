@@ -1,4 +1,4 @@
-"""SugarCrepe++ (Dumpala et al., NeurIPS 2024): two paraphrased positives against one hard negative, with and without the image."""
+"""SugarCrepe++ (Dumpala et al., NeurIPS 2024): two paraphrases against a hard negative, with and without the image."""
 from __future__ import annotations
 
 import os
@@ -58,8 +58,8 @@ def load_sugarcrepe_pp(tables: Tables, opts: SuiteOptions, name: str = "sugarcre
         if opts.images and items:
             images = coco_images(images, items[0]["filename"])
         ids = [f"{stem}/{it.get('id', i)}" for i, it in enumerate(items)]
-        texts = tables.texts.add_many(c for it in items for c in (it["caption"], it["caption2"], it["negative_caption"]))
-        texts = texts.reshape(-1, 3)  # (n, 3): p1, p2, negative
+        texts = tables.texts.add_many(c for it in items for c in (it["caption"], it["caption2"],
+                                                                   it["negative_caption"])).reshape(-1, 3)  # p1, p2, n
         left = tables.images.add_many((ImageRef(os.fspath(images / it["filename"])) for it in items),
                                       (it["filename"] for it in items)).reshape(-1, 1)
         tasks.append(ChoiceTask(name=stem, rule="two_positives", left_modality="image", right_modality="text",

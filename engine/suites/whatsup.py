@@ -149,7 +149,8 @@ def load_whatsup(tables: Tables, opts: SuiteOptions, name: str = "whatsup") -> S
     found = [t.name for t in tasks]
     return Suite(name=name, choice=tasks, tie_rule="first_ties_win",
                  view_average={d: list(m) for d, m in WHATSUP_DATASETS.items() if set(m) <= set(found)},
-                 meta={"folder": str(folder), "files_found": [WHATSUP_FILES[t] for t in found], "files_missing": missing,
+                 meta={"folder": str(folder), "files_found": [WHATSUP_FILES[t] for t in found],
+                       "files_missing": missing,
                        "items": {t.name: len(t.ids) for t in tasks},
                        "caption_options": {t.name: int(t.right.shape[1]) for t in tasks}, **meta,
                        "datasets": {d: list(m) for d, m in WHATSUP_DATASETS.items()},
