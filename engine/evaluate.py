@@ -177,7 +177,7 @@ def _score_choice(suite: Suite, device: str, emb: dict[str, np.ndarray]) -> dict
         metrics[task.name] = m
         verdicts_by_task[task.name] = verdicts
         counts[task.name] = {"items": len(task.ids), "candidates": int(task.left.shape[1] * task.right.shape[1]),
-                             "skipped": task.skipped}
+                             "rule": task.rule, "skipped": task.skipped}
         main = verdicts.get("correct", verdicts.get("augmented", verdicts.get("group")))
         n = len(task.ids)
         outcomes.append(pa.Table.from_pydict({
