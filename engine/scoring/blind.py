@@ -60,13 +60,14 @@ def _unresolvable(task: ChoiceTask, texts: list[str], bags: dict) -> np.ndarray 
 
 def blind_summary(rule: str, correct: np.ndarray, unresolvable: np.ndarray) -> dict:
     """Accuracy beside the blind split: how many rows are unresolvable, the model's accuracy on the rows a
-    bag-of-words scorer can and cannot separate, and what every such scorer gets on the latter."""
+    bag-of-words scorer can and cannot separate, and what every such scorer gets on the latter. An empty part's
+    accuracy is None (as the JSON writes it), so results compare equal in memory and on disk."""
     correct, u = np.asarray(correct, dtype=bool), np.asarray(unresolvable, dtype=bool)
-    pct = (lambda x: 100.0 * float(x.mean()) if len(x) else float("nan"))
+    pct = (lambda x: 100.0 * float(x.mean()) if len(x) else None)
     nu = int(u.sum())
     return {"items_unresolvable": nu, "unresolvable_share": pct(u), "accuracy_resolvable": pct(correct[~u]),
             "accuracy_unresolvable": pct(correct[u]),
-            "bow_accuracy_unresolvable": (100.0 if FORCED_CORRECT[rule] else 0.0) if nu else float("nan")}
+            "bow_accuracy_unresolvable": (100.0 if FORCED_CORRECT[rule] else 0.0) if nu else None}
 
 
 def mark_blind(suite: Suite, texts: list[str]) -> Suite:
@@ -81,7 +82,7 @@ def mark_blind(suite: Suite, texts: list[str]) -> Suite:
         if t.blind is not None:
             nu = int(t.blind.sum())
             per_task[t.name] = {"items": len(t.blind), "unresolvable": nu,
-                                "unresolvable_share": 100.0 * nu / len(t.blind) if len(t.blind) else float("nan"),
+                                "unresolvable_share": 100.0 * nu / len(t.blind) if len(t.blind) else None,
                                 "forced_verdict": "correct" if FORCED_CORRECT[t.rule] else "wrong"}
     if per_task:
         suite.meta["blind"] = {"definition": BLIND_DEFINITION, "tasks": per_task}
