@@ -323,7 +323,6 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner) -> EvalReport:
         raise next(iter(failed.values()))
     for name, exc in failed.items():  # the other suites still run; the command exits nonzero at the end
         log.warning("suite %s not run: %s", name, exc)
-        echo(f"suite {name} not run: {exc}")
     _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
     t_load = time.perf_counter() - t0
     echo(f"loaded {len(suites)} suite(s): {len(tables.images)} images (distinct paths), {len(tables.texts)} texts "
