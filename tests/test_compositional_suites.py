@@ -428,3 +428,20 @@ def test_drop_keeps_facets_groups_and_blind_aligned():
     with pytest.raises(ValueError, match=r"per-row lists of lengths \{'facet tag': 2\}"):
         ChoiceTask(name="w", rule="grid2x2", left_modality="image", right_modality="text", left=t.left,
                    right=t.right, ids=t.ids, facets={"tag": [("x",), ()]}).validate()
+
+
+def test_one_data_folder_serves_every_release_layout(world, tmp_path):
+    """Each loader finds its release under its own folder name, and ARO its images in DATA/images when the shared
+    --images (the COCO folder here) lacks them; an --images that holds them is still used."""
+    root = world["root"]
+    tables = Tables.empty()
+    suites = load_suites(list(ALL), tables, SuiteOptions(data=str(root), images=str(root)))
+    assert [s.name for s in suites] == list(ALL)
+    aro = next(s for s in suites if s.name == "aro")
+    first = tables.images.entries[aro.choice[0].left[0, 0]].uri
+    assert first.startswith(str(root / "images")) and (root / "images").is_dir()
+    other = tmp_path / "vg"
+    shutil.copytree(root / "images", other)
+    t2 = Tables.empty()
+    (aro2,) = load_suites(["aro"], t2, SuiteOptions(data=str(root), images=str(other)))
+    assert t2.images.entries[aro2.choice[0].left[0, 0]].uri.startswith(str(other))

@@ -1,55 +1,21 @@
 """Winoground (Thrush et al., CVPR 2022): two images and two captions of the same words, scored as a 2x2 group."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from hardrank.errors import UsageError
 from hardrank.items import ImageRef, Tables
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, release_folder
+from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_jsonl, release_folder
 from hardrank.tasks import ChoiceTask, Suite
 
-__all__ = ["load_winoground", "read_jsonl", "WINOGROUND_KEYS", "WINOGROUND_ITEMS"]
+__all__ = ["load_winoground", "WINOGROUND_KEYS", "WINOGROUND_ITEMS"]
 
 # the fields of data/examples.jsonl in the facebook/winoground dataset, and their JSON types
 WINOGROUND_KEYS = {"id": int, "image_0": str, "image_1": str, "caption_0": str, "caption_1": str, "tag": str,
                    "secondary_tag": str, "num_main_preds": int, "collapsed_tag": str}
 WINOGROUND_ITEMS = 400
 _FACETS = ("tag", "secondary_tag", "num_main_preds")  # reported as "<facet>=<label>"; collapsed_tag: the subsets
-
-
-def read_jsonl(path: Path, keys: dict[str, type], release: str) -> list[dict]:
-    """The objects of a JSON Lines file (blank lines skipped), each checked for ``keys`` and their types;
-    errors name the file, the line and, for a file of another version, the keys it has."""
-    out = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise SuiteFormatError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); use the file of "
-                               f"the {release} release as downloaded") from None
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SuiteFormatError(f"{path}: line {no} is not valid JSON ({exc.msg} at column {exc.colno}); "
-                                   f"each line must be one JSON object, as in the {release} release") from None
-        if not isinstance(item, dict):
-            raise SuiteFormatError(f"{path}: line {no} is a JSON {type(item).__name__}, expected an object "
-                                   f"with keys {list(keys)}")
-        missing = [k for k in keys if k not in item]
-        if missing:
-            raise SuiteFormatError(f"{path}: line {no} lacks key(s) {missing}; it has {sorted(item)}: a file of "
-                                   f"another version? hardrank reads the {release} release")
-        for k, t in keys.items():
-            v = item[k]
-            if isinstance(v, bool) or not isinstance(v, t):
-                raise SuiteFormatError(f"{path}: line {no} key {k!r} is {v!r} ({type(v).__name__}), "
-                                       f"expected {t.__name__}")
-        out.append(item)
-    return out
 
 
 def _images_folder(folder: Path, path: Path, first: dict) -> Path:
