@@ -445,3 +445,11 @@ def test_one_data_folder_serves_every_release_layout(world, tmp_path):
     t2 = Tables.empty()
     (aro2,) = load_suites(["aro"], t2, SuiteOptions(data=str(root), images=str(other)))
     assert t2.images.entries[aro2.choice[0].left[0, 0]].uri.startswith(str(other))
+
+
+def test_sugarcrepe_and_sugarcrepe_pp_files_of_one_name_side_by_side(world, tmp_path):
+    # both releases name their files replace_att.json ...: each suite looks in its own repository's folder first
+    shutil.copytree(world["root"] / "sugar-crepe" / "data", tmp_path / "data")  # SugarCrepe's repo root: --data
+    shutil.copytree(world["root"] / "scpp", tmp_path / "scpp")
+    sc, pp = load_suites(["sugarcrepe", "sugarcrepe_pp"], Tables.empty(), SuiteOptions(data=str(tmp_path)))
+    assert sc.meta["files_missing"] == [] and pp.meta["folder"] == str(tmp_path / "scpp" / "data")

@@ -134,13 +134,13 @@ def read_bbox(path, index, item: dict, *, required: bool) -> tuple[float, float,
     return tuple(box)
 
 
-def release_folder(root: Path, subfolders: tuple[str, ...], names) -> Path:
-    """The folder holding a benchmark's files under ``--data``: ``root`` itself, else the first of
-    ``subfolders`` (the release's own folder names: a repository's ``data/``, the dataset repository's
-    name) that holds any of ``names``; ``root`` when none does (its errors then name ``root``). So one
-    ``--data`` folder can hold several benchmarks, each in its release layout under its own name."""
+def release_folder(root: Path, candidates: tuple[str, ...], names) -> Path:
+    """The folder holding a benchmark's files under ``--data``: the first of ``candidates`` (paths under
+    ``root``, ``"."`` for ``root`` itself: the release's own folder names, a repository's ``data/``) that
+    holds any of ``names``; ``root`` when none does (its errors then name ``root``). So one ``--data``
+    folder can hold several benchmarks, each in its release layout under its own name."""
     names = list(names)
-    for cand in (root, *(root / s for s in subfolders)):
+    for cand in (root / c for c in candidates):
         if any((cand / n).exists() for n in names):
             return cand
     return root

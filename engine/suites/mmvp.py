@@ -63,7 +63,7 @@ def load_mmvp_vlm(tables: Tables, opts: SuiteOptions, name: str = "mmvp_vlm") ->
         raise UsageError(f"suite {name} needs --data DIR holding Questions.csv and '{MMVP_IMAGES}/' (the "
                          f"MMVP/MMVP_VLM dataset)")
     root = Path(opts.data)
-    folder = release_folder(root, ("MMVP_VLM",), ("Questions.csv",))
+    folder = release_folder(root, (".", "MMVP_VLM"), ("Questions.csv",))
     path, images = folder / "Questions.csv", folder / MMVP_IMAGES
     if not path.is_file():
         raise FileNotFoundError(f"{root}: no Questions.csv (looked in it and in MMVP_VLM/); --data names the "

@@ -34,8 +34,9 @@ def _read_file(path: Path) -> list[tuple[str, dict]]:
 
 
 def _data_folder(root: Path) -> Path:
-    """``--data`` itself, the repository root (its ``data/``) or a folder holding the repository (``sugar-crepe/``)."""
-    return release_folder(root, ("data", "sugar-crepe/data"), (f"{s}.json" for s in SUGARCREPE_FILES))
+    """A folder holding the repository (``sugar-crepe/data``), ``--data`` itself, or the repository root (``data/``)."""
+    return release_folder(root, ("sugar-crepe/data", ".", "data"),  # first: SugarCrepe++'s files share names
+                          (f"{s}.json" for s in SUGARCREPE_FILES))
 
 
 def coco_images(images: Path, first: str) -> Path:

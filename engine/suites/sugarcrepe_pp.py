@@ -46,7 +46,8 @@ def load_sugarcrepe_pp(tables: Tables, opts: SuiteOptions, name: str = "sugarcre
     errors = [] if opts.images is not None else [
         ValueError(f"suite {name} needs --images DIR holding the COCO val2017 images (e.g. 000000331352.jpg)")]
     root = Path(opts.data)
-    folder = release_folder(root, ("data", "scpp/data"), (f"{s}.json" for s in SUGARCREPE_PP_FILES))
+    folder = release_folder(root, ("scpp/data", ".", "data"),  # scpp/ first: SugarCrepe's files have the same names
+                            (f"{s}.json" for s in SUGARCREPE_PP_FILES))
     images = Path(opts.images or "")  # no --images: the file names as written (ids for bring-your-own embeddings)
     tasks, missing, counts, same = [], [], {}, {}
     for stem in SUGARCREPE_PP_FILES:

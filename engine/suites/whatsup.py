@@ -132,7 +132,7 @@ def load_whatsup(tables: Tables, opts: SuiteOptions, name: str = "whatsup") -> S
         raise UsageError(f"suite {name} needs --data DIR holding What's Up's data/ folder "
                          f"({', '.join(WHATSUP_FILES.values())} and their images)")
     root = Path(opts.data)
-    folder = release_folder(root, ("data", "whatsup_vlms/data"), WHATSUP_FILES.values())
+    folder = release_folder(root, (".", "data", "whatsup_vlms/data"), WHATSUP_FILES.values())
     tasks, missing, meta = [], [], {}
     for task, fname in WHATSUP_FILES.items():
         path = folder / fname

@@ -38,7 +38,7 @@ def load_winoground(tables: Tables, opts: SuiteOptions, name: str = "winoground"
         raise UsageError(f"suite {name} needs --data DIR holding examples.jsonl and images/ (the data/ folder "
                          f"of the facebook/winoground dataset)")
     root = Path(opts.data)
-    folder = release_folder(root, ("data", "winoground/data", "winoground"), ("examples.jsonl",))
+    folder = release_folder(root, (".", "data", "winoground/data", "winoground"), ("examples.jsonl",))
     path = folder / "examples.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{root}: no examples.jsonl (looked in it and in data/, winoground/data/, "
