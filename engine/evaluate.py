@@ -19,7 +19,7 @@ from hardrank.config import EvalConfig, build, check_writable_dir, resolve_devic
 from hardrank.dashboards import Dashboards
 from hardrank.embed import EmbedPipeline, make_scan_mapper
 from hardrank.embed.itm import ItmScorer
-from hardrank.errors import DataError, UsageError
+from hardrank.errors import DataError, UsageError, exit_code
 from hardrank.executors import executor
 from hardrank.inputs import registry, scan_with
 from hardrank.items import Tables
@@ -45,9 +45,21 @@ from hardrank.suites import expand_suites, load_suites
 from hardrank.suites.toy import TOY_SUITES, pending_world
 from hardrank.tasks import MaskTask, Suite
 
-__all__ = ["evaluate", "plan", "EvalReport"]
+__all__ = ["evaluate", "plan", "EvalReport", "SuitesNotLoaded"]
 
 log = logging.getLogger("hardrank.eval")
+
+
+class SuitesNotLoaded(DataError):
+    """Some suites of a run could not be loaded (the others ran and wrote their results); the exit code is
+    the first failure's own (3 for a bad file, 2 for a missing option)."""
+
+    def __init__(self, failed: dict[str, Exception]):
+        lines = "; ".join(f"suite {n}: {exc}" for n, exc in failed.items())
+        super().__init__(f"{len(failed)} suite(s) not run ({', '.join(failed)}); the others' results are written. "
+                         f"{lines}")
+        self.failed = failed
+        self.exit_code = exit_code(next(iter(failed.values())))
 
 
 @dataclass
@@ -56,6 +68,7 @@ class EvalReport:
     files: list[Path] = field(default_factory=list)
     embed_stats: dict = field(default_factory=dict)        # modality -> EmbedStats.as_dict()
     subsets: dict = field(default_factory=dict)            # suite -> its --subset record (results' "subset")
+    failed_suites: dict[str, Exception] = field(default_factory=dict)  # suites that could not be loaded
 
     def table_rows(self) -> list[tuple[str, dict]]:
         """One row per checkpoint (its suites' columns side by side), or, where two of its results share a column
@@ -79,6 +92,12 @@ class EvalReport:
         for r in self.results:
             out.setdefault(r["checkpoint"], {}).update(summary_intervals(r))
         return out
+
+    def raise_failures(self) -> None:
+        """Raise ``SuitesNotLoaded`` if a suite could not be loaded (the command line's nonzero exit at the
+        end of a run whose other suites ran)."""
+        if self.failed_suites:
+            raise SuitesNotLoaded(self.failed_suites)
 
 
 @dataclass
@@ -183,7 +202,7 @@ def _score_choice(suite: Suite, device: str, emb: dict[str, np.ndarray]) -> dict
         metrics[task.name] = m
         verdicts_by_task[task.name] = verdicts
         counts[task.name] = {"items": len(task.ids), "candidates": int(task.left.shape[1] * task.right.shape[1]),
-                             "skipped": task.skipped}
+                             "rule": task.rule, "skipped": task.skipped}
         main = verdicts.get("correct", verdicts.get("augmented", verdicts.get("group")))
         n = len(task.ids)
         outcomes.append(pa.Table.from_pydict({
@@ -357,14 +376,19 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards, settings: Run
     if world is not None:
         echo(f"building the toy world in {world} (once, about 30 s; --data DIR names another folder)")
     mapper = make_scan_mapper(cfg.embed, settings)
+    failed: dict[str, Exception] = {}
     try:
         with scan_with(mapper):  # with --executor ray, workers read the tar shards, not this process
-            suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+            suites = load_suites(list(cfg.suites), tables, cfg.suite_options, failures=failed)
     finally:
         if hasattr(mapper, "close"):
             mapper.close()
+    if failed and not suites:  # nothing else to run: the error as it is
+        raise next(iter(failed.values()))
+    for name, exc in failed.items():  # the other suites still run; the command exits nonzero at the end
+        log.warning("suite %s not run: %s", name, exc)
     _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
-    report = EvalReport()
+    report = EvalReport(failed_suites=failed)
     if cfg.subset:  # a lite run: a stratified sample of each suite's units, and only their items in the tables
         suites, tables, report.subsets = subset_suites(suites, tables, cfg.subset, cfg.seed)
         echo("lite subset: " + "; ".join(f"{n}: {r['units']} of {r['of']} {r['unit']}s"

@@ -5,15 +5,31 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["RankingTask", "ChoiceTask", "MaskTask", "ClassifyTask", "ProbeTask", "Suite", "CHOICE_RULES"]
+__all__ = ["RankingTask", "ChoiceTask", "RowGroups", "MaskTask", "ClassifyTask", "ProbeTask", "Suite",
+           "CHOICE_RULES"]
 
 # Choice rules (docs/choice.md, "The choice task"): how a row's (A, B) score grid becomes a verdict.
 CHOICE_RULES = (
     "first_strict",   # candidate 0 is correct; correct iff it scores strictly above every other (ties wrong)
-    "first_ties_win", # candidate 0 is correct; correct iff no other scores strictly above it (ARO order)
+    "first_ties_win", # candidate 0 is correct; correct iff no other scores strictly above it (ARO order, What's Up)
     "triplet",        # candidates (c, c_P, c_N): hard-positives orderings, strict
-    "grid2x2",        # 2 images x 2 texts, matched on the diagonal: Winoground-style text/image/group
+    "grid2x2",        # 2 images x 2 texts, matched on the diagonal: Winoground-style text/image/group, strict
+    "pair_t2i",       # 2 images x 2 texts: each text picks an image, text j's is image j; a tie picks image 1
+                      # (MMVP-VLM: image 0 only when its probability > 0.5); correct iff both texts pick theirs
+    "two_positives",  # 1 anchor x (p1, p2, n): correct iff both positives score strictly above n (SugarCrepe++ ITT)
+    "text_triplet",   # texts (p1, p2, n) x the same three: correct iff s(p1, p2) > s(p1, n) and > s(p2, n), strict
+                      # (SugarCrepe++ TOT)
 )
+
+
+@dataclass(frozen=True)
+class RowGroups:
+    """Sets of rows that count as one unit: a set is correct only when it is complete (``size`` rows)
+    and every row of it is correct; its accuracy is over ``rows / size`` sets, as What's Up's code
+    divides (a set missing a row counts wrong)."""
+
+    labels: list[str | None]   # (n,) set label per row; None: the row is in no set
+    size: int                  # rows a complete set has
 
 
 @dataclass
@@ -147,6 +163,14 @@ class ChoiceTask:
     ids: list[str]            # (n,) item ids for the per-item outcomes
     subset: list[str] | None = None  # (n,) label for per-subset metrics (concept, relation, ...)
     skipped: dict[str, int] = field(default_factory=dict)
+    # further breakdowns: facet -> (n,) labels per row (a row may carry several, or none: ()), reported as
+    # metrics "<facet>=<label>" (Winoground's tag, secondary_tag, num_main_preds)
+    facets: dict[str, list[tuple[str, ...]]] = field(default_factory=dict)
+    # set accuracies: name -> RowGroups, reported as "<name>_accuracy" over all rows (What's Up pair / set)
+    groups: dict[str, RowGroups] = field(default_factory=dict)
+    # (n,) bool: a bag-of-words text-only scorer cannot separate the candidates this rule compares, so its
+    # verdict is forced (scoring/blind.py); None where the check does not apply. Set when the suite loads.
+    blind: np.ndarray | None = None
 
     def validate(self) -> None:
         if self.rule not in CHOICE_RULES:
@@ -154,19 +178,32 @@ class ChoiceTask:
         if self.left.ndim != 2 or self.right.ndim != 2 or len(self.left) != len(self.right):
             raise ValueError(f"task {self.name}: left {self.left.shape} / right {self.right.shape} "
                              f"must be (n, A) / (n, B)")
+        n = len(self.ids)
+        labels = {"ids": self.ids, "subset": self.subset, **{f"facet {k}": v for k, v in self.facets.items()},
+                  **{f"group {k}": g.labels for k, g in self.groups.items()}}
+        wrong = {k: len(v) for k, v in labels.items() if v is not None and len(v) != len(self.left)}
+        if wrong or (self.blind is not None and len(self.blind) != n):
+            raise ValueError(f"task {self.name}: {len(self.left)} rows but per-row lists of lengths {wrong}")
 
     def drop(self, bad_left: np.ndarray, bad_right: np.ndarray) -> ChoiceTask:
         """Remove rows that touch a failed item (row-wise masks)."""
         bad = bad_left.any(1) | bad_right.any(1)
         if not bad.any():
             return self
-        keep = ~bad
         skipped = dict(self.skipped)
         skipped["unreadable"] = skipped.get("unreadable", 0) + int(bad.sum())
-        return replace(self, left=self.left[keep], right=self.right[keep],
-                       ids=[i for i, k in zip(self.ids, keep) if k],
-                       subset=None if self.subset is None else [s for s, k in zip(self.subset, keep) if k],
-                       skipped=skipped)
+        return replace(self.keep_rows(~bad), skipped=skipped)
+
+    def keep_rows(self, keep: np.ndarray) -> ChoiceTask:
+        """The task with only the rows ``keep`` (n,) bool marks: every per-row field cut alike (a lite subset,
+        rows of failed items)."""
+        def rows(values):
+            return None if values is None else [v for v, k in zip(values, keep) if k]
+
+        return replace(self, left=self.left[keep], right=self.right[keep], ids=rows(self.ids),
+                       subset=rows(self.subset), facets={k: rows(v) for k, v in self.facets.items()},
+                       groups={k: RowGroups(rows(g.labels), g.size) for k, g in self.groups.items()},
+                       blind=None if self.blind is None else self.blind[keep])
 
 
 @dataclass

@@ -56,6 +56,7 @@ def _run_eval(cfg: EvalConfig, args, title: str | None = None) -> None:
     if title:
         print(title)
     print(format_table(report.table_rows(), intervals=report.table_intervals()))
+    report.raise_failures()  # a suite that could not be loaded: the others ran; exit nonzero now
 
 
 def _cmd_eval(args) -> int:

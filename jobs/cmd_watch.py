@@ -67,6 +67,7 @@ def _watch(cfg: EvalConfig, interval: float, settle: float, until: int | None, o
                 except MissingExtra as exc:
                     echo(f"watch: report not refreshed: {exc}")
                     report = False
+            rep.raise_failures()  # a suite that cannot load would be retried at every look: stop, as a load error did
         if once or (until is not None and f"epoch_{until}" in done + [p.stem for p in run_checkpoints(cfg.run)
                                                                       if _evaluated(cfg, p.stem)]):
             return done

@@ -375,6 +375,7 @@ def _run_entry(job: JobFile, m: JobModel, args) -> None:
     report = evaluate(m.config, progress=make_progress(args.quiet), echo=echo,
                       runner=_shared_runner(m.config, runners) if runners is not None else None)
     print(format_table(report.table_rows()))
+    report.raise_failures()  # a suite that could not be loaded: the others ran; exit nonzero now
 
 
 def _shared_runner(cfg: EvalConfig, runners: dict):

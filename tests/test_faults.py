@@ -1401,7 +1401,7 @@ def test_a_model_object_given_to_the_api_is_refused_in_one_short_line(tmp_path):
         assert len(msg.splitlines()) == 1 and len(msg) < 400 and "Linear" not in msg, msg
         assert msg.startswith(f"option {name!r} must be a") and "got Sequential (a torch.nn.modules.container." \
                                                                   "Sequential object)" in msg
-        assert f"; {name}: " in msg and ("open_clip model name" in msg or "checkpoint files" in msg)
+        assert f"; {name}: " in msg and ("the model" in msg or "checkpoint files" in msg)  # its help, said
     assert not (tmp_path / "out").exists()
 
 

@@ -90,6 +90,8 @@ def _karpathy_name(result: dict) -> str:
 
 def _one_image(all_: dict) -> dict:
     """image_caption_selection metrics of a task with one image and K captions."""
+    if "statement_accuracy" in all_:  # MMVP-VLM: each caption picks one of two images; a pair counts when both do
+        return {"acc": _frac(all_["accuracy"]), "image_acc": _frac(all_["accuracy"])}
     if "accuracy" in all_:
         acc = _frac(all_["accuracy"])
         return {"acc": acc, "text_acc": acc, "image_acc": 1.0}
@@ -107,8 +109,9 @@ def _one_image(all_: dict) -> dict:
     return {}
 
 
-def _choice(suite: str, metrics: dict) -> list[tuple[str, dict]]:
-    entries = {k: v for k, v in metrics.items() if isinstance(v, dict) and isinstance(v.get("all"), dict)}
+def _choice(suite: str, metrics: dict, counts: dict) -> list[tuple[str, dict]]:
+    entries = {k: v for k, v in metrics.items() if isinstance(v, dict) and isinstance(v.get("all"), dict)
+               and (counts.get(k) or {}).get("rule") != "text_triplet"}  # a text-only task selects no caption
     out = []
     if suite == "sugarcrepe":
         return [(f"sugar_crepe/{t}", _one_image(entries[t]["all"])) for t in _SUGARCREPE if t in entries]
@@ -189,7 +192,7 @@ def clip_benchmark_records(result: dict, pretrained: str) -> tuple[list[dict], s
         base["caption_protocol"] = (result.get("caption_protocol")
                                     or (result.get("suite_meta") or {}).get("caption_protocol") or "blip")
     elif task_type == "choice":
-        pairs, task = _choice(suite, metrics), "image_caption_selection"
+        pairs, task = _choice(suite, metrics, result.get("counts") or {}), "image_caption_selection"
     elif task_type == "classification":
         pairs, task = _classification(result), "zeroshot_classification"
     elif task_type == "linear_probe":

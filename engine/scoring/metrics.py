@@ -6,9 +6,10 @@ from collections import defaultdict
 
 import numpy as np
 
+from hardrank.scoring.blind import blind_summary
 from hardrank.tasks import ChoiceTask, RankingTask
 
-__all__ = ["view_outcomes", "recall_metrics", "ranking_metrics", "choice_verdicts", "choice_metrics",
+__all__ = ["view_outcomes", "recall_metrics", "ranking_metrics", "choice_verdicts", "choice_metrics", "group_accuracy",
            "add_drops", "average_views", "corruption_severity", "variant_entries", "RECALL_KS", "CLASSIFY_SUMMARY_KEYS"]
 
 RECALL_KS = (1, 5, 10)
@@ -138,40 +139,90 @@ def choice_verdicts(task: ChoiceTask, scores: np.ndarray) -> dict[str, np.ndarra
         return {"i2t_0": i2t0, "i2t_1": i2t1, "t2i_0": t2i0, "t2i_1": t2i1,
                 "text": text, "image": image, "group": text & image,
                 "tie": (s00 == s01) | (s11 == s10) | (s00 == s10) | (s11 == s01)}
+    if task.rule == "pair_t2i":
+        # s[:, a, b] = image a . text b; text b picks image 0 iff s[0, b] > s[1, b] (MMVP-VLM's
+        # "probability of image 0 > 0.5"), else image 1: a tie picks image 1
+        t0, t1 = s[:, 0, 0] > s[:, 1, 0], ~(s[:, 0, 1] > s[:, 1, 1])
+        return {"t2i_0": t0, "t2i_1": t1, "correct": t0 & t1,
+                "tie": (s[:, 0, 0] == s[:, 1, 0]) | (s[:, 0, 1] == s[:, 1, 1])}
+    if task.rule == "two_positives":
+        p1, p2, n = s[:, 0, 0], s[:, 0, 1], s[:, 0, 2]
+        return {"correct": (p1 > n) & (p2 > n), "p1": p1 > n, "p2": p2 > n, "tie": (p1 == n) | (p2 == n)}
+    if task.rule == "text_triplet":
+        p1p2, p1n, p2n = s[:, 0, 1], s[:, 0, 2], s[:, 1, 2]
+        return {"correct": (p1p2 > p1n) & (p1p2 > p2n), "tie": (p1p2 == p1n) | (p1p2 == p2n)}
     raise ValueError(f"unknown choice rule {task.rule!r}")
+
+
+def _blind(task: ChoiceTask, v: dict[str, np.ndarray], sel: np.ndarray) -> dict | None:
+    """Accuracy on the rows a bag-of-words text-only scorer can and cannot separate (scoring/blind.py)."""
+    if task.blind is None:
+        return None
+    main = v.get("correct", v.get("augmented", v.get("group")))
+    return blind_summary(task.rule, main[sel], task.blind[sel])
 
 
 def _summarise(task: ChoiceTask, v: dict[str, np.ndarray], sel: np.ndarray) -> dict:
     n = int(sel.sum())
     pct = (lambda x: 100.0 * float(x[sel].mean()) if n else float("nan"))
+    both = (lambda a, b: 100.0 * float(np.concatenate([a[sel], b[sel]]).mean()) if n else float("nan"))
     if task.rule in ("first_strict", "first_ties_win"):
-        return {"accuracy": pct(v["correct"]), "items": n, "ties": int(v["tie"][sel].sum())}
-    if task.rule == "triplet":
+        out = {"accuracy": pct(v["correct"]), "items": n, "ties": int(v["tie"][sel].sum())}
+    elif task.rule == "triplet":
         out = {"original_accuracy": pct(v["original"]), "augmented_accuracy": pct(v["augmented"]),
                "brittleness": pct(v["brittle"]), "items": n, "ties": int(v["tie"][sel].sum())}
         out["orderings"] = {k: int(v[k][sel].sum()) for k in v if "_gt_" in k}
-        return out
-    if task.rule == "grid2x2":
-        i2t = np.concatenate([v["i2t_0"][sel], v["i2t_1"][sel]])
-        t2i = np.concatenate([v["t2i_0"][sel], v["t2i_1"][sel]])
-        return {"i2t_accuracy": 100.0 * float(i2t.mean()) if n else float("nan"),
-                "t2i_accuracy": 100.0 * float(t2i.mean()) if n else float("nan"),
-                "text_score": pct(v["text"]), "image_score": pct(v["image"]), "group_score": pct(v["group"]),
-                "items": n, "ties": int(v["tie"][sel].sum())}
-    raise ValueError(task.rule)
+    elif task.rule == "grid2x2":
+        out = {"i2t_accuracy": both(v["i2t_0"], v["i2t_1"]), "t2i_accuracy": both(v["t2i_0"], v["t2i_1"]),
+               "text_score": pct(v["text"]), "image_score": pct(v["image"]), "group_score": pct(v["group"]),
+               "items": n, "ties": int(v["tie"][sel].sum())}
+    elif task.rule == "pair_t2i":
+        out = {"accuracy": pct(v["correct"]), "statement_accuracy": both(v["t2i_0"], v["t2i_1"]),
+               "items": n, "ties": int(v["tie"][sel].sum())}
+    elif task.rule == "two_positives":
+        out = {"accuracy": pct(v["correct"]), "p1_accuracy": pct(v["p1"]), "p2_accuracy": pct(v["p2"]),
+               "items": n, "ties": int(v["tie"][sel].sum())}
+    elif task.rule == "text_triplet":
+        out = {"accuracy": pct(v["correct"]), "items": n, "ties": int(v["tie"][sel].sum())}
+    else:
+        raise ValueError(task.rule)
+    blind = _blind(task, v, sel)
+    if blind is not None:
+        out["blind"] = blind
+    return out
+
+
+def group_accuracy(correct: np.ndarray, labels: list[str | None], size: int) -> float:
+    """% of sets correct, over ``len(rows) / size`` sets (What's Up's denominator): a set is correct when
+    it has all ``size`` of its rows and each is correct. Rows labelled None are in no set."""
+    members: dict[str, list[bool]] = defaultdict(list)
+    for ok, lab in zip(np.asarray(correct, dtype=bool).tolist(), labels):
+        if lab is not None:
+            members[lab].append(ok)
+    whole = sum(len(m) == size and all(m) for m in members.values())
+    return 100.0 * whole / (len(labels) / size) if len(labels) else float("nan")
 
 
 def choice_metrics(task: ChoiceTask, scores: np.ndarray) -> tuple[dict, dict]:
-    """{"all": {...}, "<subset>": {...}} and the per-row verdicts."""
+    """{"all": {...}, "<subset>": {...}, "<facet>=<label>": {...}} and the per-row verdicts. Set
+    accuracies (``task.groups``) are added to "all" as ``<name>_accuracy``."""
     v = choice_verdicts(task, scores)
     n = len(task.ids)
     out = {"all": _summarise(task, v, np.ones(n, dtype=bool))}
+    for name, g in task.groups.items():
+        out["all"][f"{name}_accuracy"] = group_accuracy(v["correct"], g.labels, g.size)
+        out["all"][f"{name}_sets"] = len({lab for lab in g.labels if lab is not None})
+    breakdowns = []
     if task.subset is not None:
+        breakdowns.append(("", [(s,) for s in task.subset]))
+    breakdowns.extend((f"{facet}=", labels) for facet, labels in task.facets.items())
+    for prefix, labels in breakdowns:
         groups = defaultdict(list)
-        for i, s in enumerate(task.subset):
-            groups[s].append(i)
+        for i, labs in enumerate(labels):
+            for lab in labs:
+                groups[lab].append(i)
         for s, rows in sorted(groups.items()):
             sel = np.zeros(n, dtype=bool)
             sel[rows] = True
-            out[s] = _summarise(task, v, sel)
+            out[f"{prefix}{s}"] = _summarise(task, v, sel)
     return out, v

@@ -6,7 +6,9 @@ plus one ``register`` line below: its flags, job-file keys, keywords and help co
 from __future__ import annotations
 
 from hardrank import suite_registry
+from hardrank.errors import INPUT_FILE_ERRORS, HardrankError
 from hardrank.items import Tables
+from hardrank.scoring.blind import mark_blind
 from hardrank.suite_registry import SuiteSpec, alias, register, unregister
 from hardrank.suites._common import SuiteFormatError, SuiteOptions
 from hardrank.suites.amodal import AmodalOptions, amodal_needs_model, load_amodal_suite
@@ -16,9 +18,13 @@ from hardrank.suites.hard_positives import load_hard_positives
 from hardrank.suites.inpaintcoco import load_inpaintcoco
 from hardrank.suites.karpathy import load_karpathy, load_rococo
 from hardrank.suites.linear_probe import LinearProbeOptions, load_linear_probe
+from hardrank.suites.mmvp import load_mmvp_vlm
 from hardrank.suites.sugarcrepe import load_sugarcrepe
+from hardrank.suites.sugarcrepe_pp import load_sugarcrepe_pp
 from hardrank.suites.toy import TOY_SUITES, load_toy
 from hardrank.suites.webdataset import WdsOptions, load_wds
+from hardrank.suites.whatsup import load_whatsup
+from hardrank.suites.winoground import load_winoground
 from hardrank.suites.xm3600 import XM3600Options, load_xm3600
 from hardrank.tasks import Suite
 
@@ -34,6 +40,13 @@ register("sugarcrepe", load_sugarcrepe, None, "SugarCrepe: caption vs a fluent h
 register("aro", load_aro, None, "ARO VG-Relation + VG-Attribution (whichever files --data holds)")
 register("coco_order", load_coco_order, None, "ARO COCO-Order from a Karpathy file (--annotations, --images)")
 register("flickr_order", load_flickr_order, None, "ARO Flickr30k-Order from a Karpathy file")
+register("winoground", load_winoground, None, "Winoground: two images, two captions of the same words (examples.jsonl "
+         "+ images/)")
+register("mmvp_vlm", load_mmvp_vlm, None, "MMVP-VLM: image pairs CLIP confuses, one statement each, per visual "
+         "pattern (Questions.csv + MLLM_VLM Images/)")
+register("whatsup", load_whatsup, None, "What's Up: spatial relations (Controlled-A/-B, COCO- and GQA-spatial)")
+register("sugarcrepe_pp", load_sugarcrepe_pp, None, "SugarCrepe++: two paraphrased positives vs a negative, "
+         "image-to-text and text-only (--images COCO val2017)")
 register("amodal", load_amodal_suite, AmodalOptions, "AmodalReasonSeg-style masks: predictions, or the "
          "clip-regions baseline", needs_model=amodal_needs_model)
 register("wds", load_wds, WdsOptions, "retrieval over WebDataset shards' / img2dataset outputs' own captions")
@@ -58,15 +71,28 @@ def expand_suites(names: list[str]) -> list[str]:
     return suite_registry.expand(names)
 
 
-def load_suites(names: list[str], tables: Tables, opts: SuiteOptions) -> list[Suite]:
+def load_suites(names: list[str], tables: Tables, opts: SuiteOptions,
+                failures: dict[str, Exception] | None = None) -> list[Suite]:
     """Load every named suite (aliases such as ``toy`` expanded) into the shared ``tables``, each with the
     options as it sees them (its per-suite values, its own options), recorded on it (``Suite.options``). A
-    loader returns one Suite, or a list (xm3600: one per language, each its own result)."""
+    loader returns one Suite, or a list (xm3600: one per language, each its own result). Choice tasks get their
+    blind check (``scoring.blind``). With ``failures`` (a dict), a suite that cannot be loaded (a file missing,
+    malformed or of another release, an option it lacks) is recorded there under its name, the rows it had added
+    are removed, and the other suites load; without it the first such error is raised."""
     out = []
     for n in expand_suites(names):
-        loaded = suite_registry.get(n)(tables, opts)
+        marks = (len(tables.images), len(tables.texts))
+        try:
+            loaded = suite_registry.get(n)(tables, opts)
+        except (HardrankError, *INPUT_FILE_ERRORS) as exc:
+            if failures is None:
+                raise
+            tables.images.truncate(marks[0])
+            tables.texts.truncate(marks[1])
+            failures[n] = exc
+            continue
         record = opts.record(n)
         for s in loaded if isinstance(loaded, list) else [loaded]:
             s.options = record
-            out.append(s)
+            out.append(mark_blind(s, tables.texts.entries))
     return out

@@ -69,6 +69,11 @@ def main_paths(res: dict) -> tuple[str, list[tuple[str, ...]]]:
             if num(m.get(role, {}).get("gIoU")) is not None:
                 return f"{role} gIoU", [(role, "gIoU")]
         return "-", []
+    head = (res.get("suite_meta") or {}).get("headline")  # a suite naming its headline (SugarCrepe++: ITT)
+    if isinstance(head, dict) and isinstance(head.get("entries"), list):
+        paths = present([(e, "all", head.get("key")) for e in head["entries"]])
+        if paths:
+            return f"{'/'.join(head['entries'])} {head.get('key')}", paths
     for key in _MAIN_CHOICE:
         paths = present([(t, "all", key) for t in top_level(m) if isinstance(m[t].get("all"), dict)])
         if paths:
