@@ -25,13 +25,13 @@ COLA_IMAGE_FOLDERS = ("vg_gqa_images", "VG_100K", "VG_100K_2", "images", "gqa/im
 
 def find_image(images: Path, written: str, folders: tuple[str, ...] = COLA_IMAGE_FOLDERS) -> tuple[str, str]:
     """(path on disk, id) of an image the release names by URL or by a path of the authors' machine: under
-    ``images``, the path as written from its last components down to the file name, then the file name in each
+    ``images``, the path as written (its last six components at most) down to the file name, then the file name in each
     of ``folders``; the first that exists, else the file name in ``images`` (its absence is recorded when read).
     The id (for ``--embeddings``) is the file name [ours]."""
     parts = PurePosixPath(urlparse(written).path if "://" in written else written).parts
     parts = [p for p in parts if p not in ("/", "..", ".")]
     base = parts[-1] if parts else written
-    for k in range(min(len(parts), 3), 0, -1):  # at most the last three components: never the authors' root
+    for k in range(min(len(parts), 6), 0, -1):  # the path as written (up to six components), then shorter tails
         cand = images.joinpath(*parts[-k:])
         if cand.is_file():
             return os.fspath(cand), base

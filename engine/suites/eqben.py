@@ -50,11 +50,12 @@ def _caption(path: Path, i: int, it: dict, key: str) -> str:
 
 def load_eqben(tables: Tables, opts: SuiteOptions, name: str = "eqben") -> Suite:
     """One grid2x2 task over EqBen's Winoground-style annotation (``--data``: the JSON list of ``{image0,
-    caption0, image1, caption1}``, or its folder); images under ``--images`` (default: the annotation's folder, or
-    its ``images/``) by the paths the items write. Text, image and group scores as the toolkit's
-    ``cal_wino_score`` (strict ``>``, a tie is wrong), overall and per sub-dataset (an image path's first folder).
-    Rows whose images are YouCook2's BGR ``.npy`` frames are left out and counted (no image file to decode)
-    [ours]; with ``.png`` paths missing beside ``.jpg`` files (the light release), the ``.jpg`` is read."""
+    caption0, image1, caption1}``, or its folder); images by the paths the items write, under the first of the
+    annotation's ``images/``, its folder, ``--images`` and its ``images/`` that holds the first item's image.
+    Text, image and group scores as the toolkit's ``cal_wino_score`` (strict ``>``, a tie is wrong), overall and
+    per sub-dataset (an image path's first folder). Rows whose images are YouCook2's BGR ``.npy`` frames are left
+    out and counted (no image file to decode) [ours]; with ``.png`` paths missing beside ``.jpg`` files (the light
+    release), the ``.jpg`` is read."""
     if opts.data is None:
         raise UsageError(f"suite {name} needs --data naming EqBen's annotation JSON (a list of "
                          f"{{{', '.join(EQBEN_KEYS)}}} items) and --images its image folder")
@@ -75,18 +76,19 @@ def load_eqben(tables: Tables, opts: SuiteOptions, name: str = "eqben") -> Suite
                 raise SuiteFormatError(f"{path}: item {i} key {k!r} is {it[k]!r}, expected an image path")
     if not data:
         raise SuiteFormatError(f"{path}: holds no items")
-    if opts.images:
-        images = Path(opts.images)
-    else:
-        images = path.parent / "images" if (path.parent / "images").is_dir() else path.parent
     npy = {i for i, it in enumerate(data) if it["image0"].endswith(".npy") or it["image1"].endswith(".npy")}
     keep = [it for i, it in enumerate(data) if i not in npy]
     ids = [str(i) for i in range(len(data)) if i not in npy]
     if not keep:
         raise SuiteFormatError(f"{path}: every item's images are .npy frames, which hardrank does not decode")
     first = keep[0]["image0"]
-    jpg = (first.endswith(".png") and not (images / first).is_file()
-           and (images / (first[:-4] + ".jpg")).is_file())  # the light release: png converted to jpg
+    # the images: beside the annotation (its images/, as the release's folder), else --images (or its images/)
+    roots = [path.parent / "images", path.parent, *([Path(opts.images), Path(opts.images) / "images"]
+                                                    if opts.images else [])]
+    names = (first, first[:-4] + ".jpg") if first.endswith(".png") else (first,)
+    images = next((r for r in roots if any((r / n).is_file() for n in names)),
+                  Path(opts.images) if opts.images else roots[0] if roots[0].is_dir() else path.parent)
+    jpg = first.endswith(".png") and not (images / first).is_file() and (images / names[-1]).is_file()  # light
 
     def ref(rel: str) -> ImageRef:
         return ImageRef(os.fspath(images / (rel[:-4] + ".jpg" if jpg and rel.endswith(".png") else rel)))
