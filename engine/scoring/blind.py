@@ -18,8 +18,8 @@ BLIND_DEFINITION = (
     "pair_t2i: always (choosing between images, or each image its own caption, needs the image: forced wrong); "
     "text_triplet: not applicable (a text-only task); multilabel: not applicable (no per-row verdict)")
 # the verdict a bag-of-words scorer is forced to on an unresolvable row, per rule
-FORCED_CORRECT = {"first_strict": False, "first_ties_win": True, "triplet": False, "two_positives": False,
-                  "grid2x2": False, "pair_t2i": False}
+FORCED_CORRECT = {"first_strict": False, "first_ties_win": True, "first_rank": True, "triplet": False,
+                  "two_positives": False, "grid2x2": False, "pair_t2i": False}
 _WORD = re.compile(r"\w+")
 
 
