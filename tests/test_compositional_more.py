@@ -385,3 +385,16 @@ def test_missing_image_is_recorded_by_its_file_and_the_row_dropped(world, tmp_pa
     assert r["failed_items"] == 1 and valid[0]["image_file"] in r["failures"][0]["source"]
     assert r["counts"]["existence"]["skipped"] == {"unreadable": lost}
     assert r["metrics"]["existence"]["all"]["items"] == len(valid) - lost
+
+
+def test_every_compositional_suite_from_one_data_folder(tmp_path):
+    """The compositional releases side by side under one --data and one --images, as the benchmark runs
+    them: each loader finds its own files (EqBen its annotation though ARO's JSON files sit at the top)."""
+    from hardrank.jobs.bench.standins import STANDIN_SUITES as SUITES
+
+    write_standins(tmp_path, scale=0.005, image_size=(8, 6), seed=3)
+    failures = {}
+    suites = load_suites(list(SUITES), Tables.empty(), SuiteOptions(data=str(tmp_path), images=str(tmp_path)),
+                         failures=failures)
+    assert failures == {} and [s.name for s in suites] == list(SUITES)
+    assert next(s for s in suites if s.name == "eqben").meta["annotations"].endswith("eqben_vllm/all_select.json")

@@ -25,18 +25,20 @@ def _annotation(root: Path) -> Path:
         return root
     if not root.is_dir():
         raise FileNotFoundError(f"{root} does not exist; --data names EqBen's annotation JSON (or its folder)")
-    for sub in (root, root / "eqben", root / "EqBen", root / "eqben_vllm"):
+    subs = [d for d in (root / "eqben", root / "EqBen", root / "eqben_vllm", root) if d.is_dir()]
+    for sub in subs:  # the known names first, in each folder
         for n in EQBEN_ANNOTATIONS:
             if (sub / n).is_file():
                 return sub / n
-        found = sorted(sub.glob("*.json")) if sub.is_dir() else []
+    for sub in subs:  # then a folder's only JSON file
+        found = sorted(sub.glob("*.json"))
         if len(found) == 1:
             return found[0]
-        if len(found) > 1:
+        if len(found) > 1 and sub != root:
             raise UsageError(f"{sub}: several JSON files ({', '.join(f.name for f in found[:5])}); name EqBen's "
                              f"annotation with --data eqben=FILE")
     raise FileNotFoundError(f"{root}: no EqBen annotation JSON (looked for {list(EQBEN_ANNOTATIONS)} or a single "
-                            f".json file in it and in eqben/, eqben_vllm/)")
+                            f".json file in it and in eqben/, eqben_vllm/); name it with --data eqben=FILE")
 
 
 def _caption(path: Path, i: int, it: dict, key: str) -> str:
