@@ -178,6 +178,9 @@ def test_cola_matches_its_pair_metric_and_map(world, tmp_path):
         assert m[task]["all"]["classes"] == len(aps)
         assert rows[(task, "0")]["scores"] == pytest.approx(preds[0], abs=1e-6)  # the row's class scores
     assert r["suite_meta"]["headline"] == {"entries": ["multi_object"], "key": "image_score"}
+    from hardrank.scoring.results import summary_row
+
+    assert summary_row(r)["single_gqa mAP"] == m["single_gqa"]["all"]["mAP"]  # in the terminal table
     from hardrank.jobs.report.tables import main_metric
 
     assert main_metric(r) == ("multi_object image_score", pytest.approx(_pct(list(image_ok.values()))))
@@ -359,8 +362,11 @@ def test_new_suites_in_one_command_and_a_broken_one(world, tmp_path):
     root = tmp_path / "data"
     shutil.copytree(world["root"], root, ignore=shutil.ignore_patterns("*.jpg", "*.png", "*.npy"))
     (root / "VALSE" / "data" / "plurals.json").write_text("{not json")
-    rep = evaluate(embeddings=str(world["byo"]), suites=list(NEW), data=str(root), out=str(tmp_path / "res"))
+    rep = evaluate(embeddings=str(world["byo"]), suites=list(NEW), data=str(root), out=str(tmp_path / "res"),
+                   bootstrap=20)
     assert [r["suite"] for r in rep.results] == ["cola", "eqben", "crepe"]
+    crepe = rep.results[-1]  # intervals from the outcomes: R@1 of a rank rule, no verdict rows for the mAP
+    assert len(crepe["ci95"]["prod_atom_c4"]["all"]["accuracy"]) == 2
     assert list(rep.failed_suites) == ["valse"] and "plurals.json: not valid JSON" in str(rep.failed_suites["valse"])
 
 
