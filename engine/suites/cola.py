@@ -46,6 +46,8 @@ def _multi(tables: Tables, path: Path, images: Path | None) -> ChoiceTask:
     if not isinstance(data, list):
         raise SuiteFormatError(f"{path}: a JSON {type(data).__name__}, expected a list of [image 1, caption 1, "
                                f"image 2, caption 2] items (COLA's data/{COLA_MULTI})")
+    if not data:
+        raise SuiteFormatError(f"{path}: holds no items; use COLA's data/{COLA_MULTI}")
     for i, it in enumerate(data):
         if not (isinstance(it, list) and len(it) == 4 and all(isinstance(x, str) for x in it)):
             raise SuiteFormatError(f"{path}: item {i} is {str(it)[:200]}, expected [image 1, caption 1, image 2, "

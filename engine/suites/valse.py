@@ -51,6 +51,8 @@ def _read_piece(path: Path) -> list[tuple[str, dict]]:
     if not isinstance(data, dict):
         raise SuiteFormatError(f"{path}: a JSON {type(data).__name__}, expected an object keyed by item id (the "
                                f"VALSE release's data/{path.name})")
+    if not data:
+        raise SuiteFormatError(f"{path}: holds no items; use the file of the VALSE release (data/{path.name})")
     for key, it in data.items():
         if not isinstance(it, dict):
             raise SuiteFormatError(f"{path}: item {key!r} is a {type(it).__name__}, expected an object with "
