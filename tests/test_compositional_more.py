@@ -118,6 +118,7 @@ def test_valse_real_annotation_schema_is_read(tmp_path):
      r"lacks key\(s\) \['mturk'\].*carry the mturk validation votes"),
     (lambda d: {k: {**v, "mturk": {"caption": "3"}} for k, v in d.items()}, r"'mturk' is .* expected integer vote"),
     (lambda d: list(d.values()), r"existence\.json: a JSON list, expected an object keyed by item id"),
+    (lambda d: {}, r"existence\.json: holds no items"),
 ])
 def test_valse_bad_pieces(world, tmp_path, edit, message):
     d = tmp_path / "VALSE"
@@ -201,6 +202,7 @@ def test_average_precision_groups_ties_and_matches_a_step_reference():
 @pytest.mark.parametrize("fname, edit, message", [
     ("COLA_multiobjects_matching_benchmark.json", lambda d: d[:1] + [d[1][:3]] + d[2:],
      r"item 1 is .* expected \[image 1, caption 1, image 2, caption 2\]"),
+    ("COLA_multiobjects_matching_benchmark.json", lambda d: [], r"matching_benchmark\.json: holds no items"),
     ("COLA_singleobjects_benchmark_GQA.json", lambda d: [d["labels"], d["data"]],
      r"has a JSON list, expected an object with keys 'labels'"),
     ("COLA_singleobjects_benchmark_CLEVR.json", lambda d: {**d, "data": d["data"][:2] + [d["data"][2][:2]]},
