@@ -114,3 +114,112 @@ def test_the_command_exits_quickly_yet_flushes_and_runs_exit_handlers(tmp_path):
                       "--out", tmp_path / "o2")
     assert missing.returncode not in (0, 1) and "nope.pt" in missing.stderr and "Traceback" not in missing.stderr
     assert flag.read_text() == "ran"
+
+
+
+# A subprocess's code that holds the thread named "first" as it starts executing the first module whose name
+# starts with HOLD (its import of the package above it has begun), until `release` is set; `inside` says it
+# is held. It holds in the loader, not the finder: Python 3.11 calls finders under its global import lock.
+_HOLD = """
+    import importlib.machinery, sys, threading
+    inside, release = threading.Event(), threading.Event()
+
+    class Hold:
+        def find_spec(self, name, path=None, target=None):
+            if not name.startswith(HOLD) or threading.current_thread().name != "first" or inside.is_set():
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+            real = spec.loader
+
+            class Held:
+                def create_module(self, spec):
+                    return real.create_module(spec)
+
+                def exec_module(self, module):
+                    inside.set()
+                    release.wait()
+                    real.exec_module(module)
+
+            spec.loader = Held()
+            return spec
+
+    sys.meta_path.insert(0, Hold())
+"""
+
+
+def _held(before: str, hold: str, after: str) -> str:
+    """Code: ``before``, then the holding finder for modules named ``hold...``, then ``after``."""
+    return textwrap.dedent(before) + f"HOLD = {hold!r}\n" + textwrap.dedent(_HOLD) + textwrap.dedent(after)
+
+
+def test_a_thread_that_imports_transformers_while_another_does_gets_the_whole_module():
+    """Two threads' first use of transformers (a Ray actor decodes one batch while it loads the model for
+    another): the second waits for the first thread's `import transformers`, whose package replaces itself
+    in sys.modules (a lazy module) at its end. The `import` statement then hands the waiting thread the
+    module object it found before waiting, an empty shell ("module 'transformers' has no attribute
+    'CLIPImageProcessor'"); hardrank takes transformers from ``openclip_import.import_transformers``.
+    The interleaving is forced: the first thread is held inside transformers' ``__init__`` until the second
+    waits for it."""
+    pytest.importorskip("transformers")
+    p = _python(_held("""
+        import sys, threading, time
+        import hardrank
+        from hardrank.models.hf_models import hf_image_processor
+        assert "transformers" not in sys.modules
+    """, "transformers.", """
+        first = threading.Thread(target=lambda: __import__("transformers"), name="first")
+        first.start()
+        inside.wait()
+        got = {}
+
+        def second():
+            try:
+                cfg = {"hf_image_processor": {"image_processor_type": "CLIPImageProcessor"}}
+                got["processor"] = type(hf_image_processor(cfg)).__name__
+            except Exception as exc:
+                got["error"] = f"{type(exc).__name__}: {exc}"
+
+        t = threading.Thread(target=second)
+        t.start()
+        deadline = time.monotonic() + 120  # a hang guard, not a timing: the second thread blocks at once
+        while t.is_alive() and time.monotonic() < deadline:  # until it waits on the module lock of transformers
+            f = sys._current_frames().get(t.ident)
+            if f is not None and f.f_code.co_name == "acquire" and "importlib._bootstrap" in f.f_code.co_filename:
+                break
+            time.sleep(0.01)
+        waited = t.is_alive()
+        release.set()
+        first.join()
+        t.join()
+        print(waited, got)
+    """))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == "True {'processor': 'CLIPImageProcessor'}", p.stdout
+
+
+def test_open_clip_imported_in_one_thread_hides_transformers_from_that_thread_alone():
+    """The hiding lasts while open_clip is imported, in the thread that imports it: another thread's
+    `import transformers` meanwhile gets transformers, not an ImportError (nor a MissingExtra telling the
+    user to install what is installed). Forced: the first thread is held inside open_clip's import."""
+    pytest.importorskip("transformers")
+    p = _python(_held("""
+        import importlib.util
+        import torch  # as hardrank's own imports do, before open_clip
+    """, "open_clip.", """
+        spec = importlib.util.spec_from_file_location("oci", sys.argv[1])  # runs import_open_clip at its import
+        first = threading.Thread(target=lambda: spec.loader.exec_module(importlib.util.module_from_spec(spec)),
+                                 name="first")
+        first.start()
+        inside.wait()
+        try:
+            import transformers
+            got = type(transformers.AutoConfig).__name__
+        except ImportError as exc:
+            got = f"ImportError: {exc}"
+        release.set()
+        first.join()
+        from open_clip import hf_model
+        print(got, hf_model.transformers is sys.modules.get("transformers"))
+    """), ROOT / "engine" / "openclip_import.py")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == "type True", p.stdout
