@@ -7,7 +7,7 @@ from hardrank import urls
 from hardrank.errors import DataError, UsageError
 from hardrank.inputs import SampleSet, parse_captions, read_samples, read_shards, sample_captions
 from hardrank.items import ImageRef, Tables
-from hardrank.perturb.shards import variant_shards
+from hardrank.perturb import shards as variant_files  # the module: hardrank.perturb imports the suites back
 from hardrank.suites._common import SuiteFormatError, SuiteOptions, caption_protocol, is_corruption_variant
 from hardrank.suites.karpathy import N_PERTURBED, ROCOCO_TEXT_VARIANTS, build_retrieval, image_variant_names
 from hardrank.tasks import Suite
@@ -67,7 +67,7 @@ def load_wds(tables: Tables, opts: SuiteOptions, name: str = "wds") -> Suite:
 
 
 def _variant(ss: SampleSet, v: str, required: bool) -> SampleSet | None:
-    shards = variant_shards(ss, "", v)
+    shards = variant_files.variant_shards(ss, "", v)
     missing = [s for s in shards if not urls.exists(s)]
     if missing:
         if required:
