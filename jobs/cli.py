@@ -29,23 +29,6 @@ _FRONT = ("-h", "--help", "--version")  # answered by the front page alone: no c
 _LIBRARY_VERBOSITY = ("TRANSFORMERS_VERBOSITY", "HF_HUB_VERBOSITY")  # their log levels, read when they load
 
 
-class _Version(argparse.Action):
-    """``--version``: hardrank's version from its installed metadata (read only when asked)."""
-
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,
-                         help="print hardrank's version and exit")
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            found = version("hardrank")
-        except PackageNotFoundError:  # a checkout on sys.path, never installed
-            found = "unknown (not installed: pip install -e .)"
-        print(f"hardrank {found}")  # on stdout, as argparse's own version action
-        parser.exit()
-
-
 def _add_command(subparsers: argparse._SubParsersAction, name: str) -> None:
     """The sub-command ``name``'s parser, from its module (imported here: the commands import torch)."""
     if name == "eval":
@@ -115,8 +98,7 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
                                         "  hardrank watch logs/exp1 --suite toy --out results/exp1\n"
                                         "  hardrank run grid.toml --dry-run\n"
                                         "  hardrank bench pipeline\n\n" + EXIT_CODES_HELP)
-    add_cli_flags(ap, "verbose")
-    ap.add_argument("--version", action=_Version)
+    add_cli_flags(ap, "verbose", "version")
     sub = ap.add_subparsers(dest="command", required=True)
     for name, line in COMMANDS.items():
         if commands is None or name in commands:

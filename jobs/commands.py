@@ -36,11 +36,29 @@ CLI_FLAGS = {
     "dry_run": (("--dry-run",), "print the plan (suites, unique items, store hits per checkpoint) and encode nothing"),
     "verbose": (("-v", "--verbose"), "log what happens (INFO), Ray's and transformers' own messages included; "
                 "`hardrank run` also prints a failing entry's traceback"),
+    "version": (("--version",), "print hardrank's version and exit"),
 }
+
+
+class _Version(argparse.Action):
+    """``--version``: hardrank's version from its installed metadata (read only when asked), on stdout."""
+
+    def __init__(self, option_strings, dest, help=None, **kwargs):
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            found = version("hardrank")
+        except PackageNotFoundError:  # a checkout on sys.path, never installed
+            found = "unknown (not installed: pip install -e .)"
+        print(f"hardrank {found}")
+        parser.exit()
 
 
 def add_cli_flags(parser: argparse.ArgumentParser, *names: str, help: dict[str, str] | None = None) -> None:
     """The command-line-only flags ``names`` (keys of ``CLI_FLAGS``); ``help`` rewords one for a command."""
     for name in names:
         flags, text = CLI_FLAGS[name]
-        parser.add_argument(*flags, dest=name, action="store_true", help=(help or {}).get(name, text))
+        parser.add_argument(*flags, dest=name, action=_Version if name == "version" else "store_true",
+                            help=(help or {}).get(name, text))

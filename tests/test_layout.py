@@ -88,9 +88,11 @@ def test_nothing_imports_the_folder_names():
                 assert all(a.name.split(".")[0] not in FOLDERS for a in node.names), test.name
 
 
-# the two front doors, which import what they name on first use so that `import hardrank` and `hardrank --help`
-# need no torch: the package's public API (``hardrank.__getattr__``) and the command line's sub-commands
-LAZY_FRONTS = {"hardrank": "hardrank.", "hardrank.jobs.cli": "hardrank.jobs."}
+# the front doors, which import what they name on first use, so that `import hardrank` and `hardrank --help`
+# need no torch: the package's public API (``hardrank.__getattr__``), the command line's sub-commands
+# (``jobs.cli``) and ``--version``'s package metadata (``jobs.commands``)
+LAZY_FRONTS = {"hardrank": ("hardrank.",), "hardrank.jobs.cli": ("hardrank.jobs.",),
+               "hardrank.jobs.commands": ("importlib.metadata",)}
 
 
 def test_function_level_imports_only_for_heavy_optional_dependencies():
@@ -102,7 +104,7 @@ def test_function_level_imports_only_for_heavy_optional_dependencies():
         for m in _imports(name)[1]:
             if name == "hardrank.openclip_import" and m.split(".")[0] == "open_clip":
                 continue  # binds transformers into open_clip's module when a text tower needs it
-            if name in LAZY_FRONTS and (m.startswith(LAZY_FRONTS[name]) or m == "importlib.metadata"):
+            if name in LAZY_FRONTS and m.startswith(LAZY_FRONTS[name]):
                 continue
             if not (_heavy(m) or m in holds_heavy or any(m.startswith(h + ".") for h in holds_heavy)):
                 offenders.append(f"{MODULES[name].relative_to(ROOT)}: {m}")
