@@ -353,3 +353,101 @@ def test_importing_every_module_changes_no_process_setting_but_the_wait_policy()
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["after"] == got["before"]
     assert len(got["skipped"]) < len(MODULES) // 4, got["skipped"]
+
+
+# The rooms (engine's top-level packages and modules, kernels, jobs) bottom to top, as README "Layout" draws
+# them: a room may import only rooms below it (function-level imports included), so no circle can form.
+# A new room takes its place here (and in README); a new arrow up means a shared piece belongs lower:
+# move it into the lowest room that every user can import (formats/ holds the file formats several rooms read).
+LAYERS = [
+    "errors", "text", "tasks", "openmp", "urls", "vectors", "atomic", "items", "options", "openclip_import", "cpus",
+    "settings", "suite_registry", "kernels",
+    "formats",
+    "scoring", "config", "models", "store", "inputs", "embed", "executors", "mining", "suites", "perturb",
+    "toyworld", "subsets", "dashboards", "compare", "evaluate", "attack", "exports",
+    "jobs",
+]
+# up-arrows not yet cut, as (file, imported module): this list may only shrink (the test fails when one is gone)
+UP_ALLOWED: set[tuple[str, str]] = {
+    ('engine/embed/pipeline.py', 'hardrank.executors'),
+    ('engine/executors/ray_rank.py', 'hardrank.mining.problem'),
+    ('engine/executors/ray_search.py', 'hardrank.mining.problem'),
+    ('engine/executors/ray_search.py', 'hardrank.mining.searcher'),
+    ('engine/inputs/convert.py', 'hardrank.suites.karpathy'),
+    ('engine/inputs/kinds/karpathy_json.py', 'hardrank.suites.karpathy'),
+    ('engine/inputs/kinds/xm3600_jsonl.py', 'hardrank.suites.xm3600'),
+    ('engine/perturb/attack_run.py', 'hardrank.evaluate'),
+    ('engine/scoring/clip_benchmark_export.py', 'hardrank.config'),
+    ('engine/scoring/mask_score.py', 'hardrank.config'),
+    ('engine/scoring/mask_score.py', 'hardrank.suites.amodal'),
+    ('engine/store/id_export.py', 'hardrank.embed'),
+    ('engine/store/id_export.py', 'hardrank.suites'),
+    ('engine/suites/classification.py', 'hardrank.perturb.shards'),
+    ('engine/suites/toy.py', 'hardrank.toyworld.world'),
+    ('engine/suites/webdataset.py', 'hardrank.perturb.shards'),
+}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    if parts[1] in ("kernels", "jobs"):
+        return parts[1]
+    return parts[1] if len(parts) > 1 else "hardrank"
+
+
+def _up_arrows() -> set[tuple[str, str]]:
+    rank = {r: i for i, r in enumerate(LAYERS)}
+    rooms = {_room(m) for m in MODULES if m != "hardrank"}
+    unplaced = sorted(rooms - set(rank))
+    assert not unplaced, f"rooms {unplaced} are not in tests/test_layout.py LAYERS: place each (and in README Layout)"
+    up = set()
+    for name, path in MODULES.items():
+        if name == "hardrank":  # the front door: its public names load on first use
+            continue
+        top, inner = _imports(name)
+        for m in top + inner:
+            if m in MODULES and m != "hardrank" and rank[_room(m)] > rank[_room(name)]:
+                up.add((str(path.relative_to(ROOT)), m))
+    return up
+
+
+def test_every_import_points_down_the_layers():
+    """Rooms in the written order (LAYERS, README "Layout"): every import, function-level ones included, goes to
+    a room below; the remaining allow-listed arrows up are exactly those listed (the list only shrinks)."""
+    up = _up_arrows()
+    new = sorted(up - UP_ALLOWED)
+    assert not new, "imports pointing up the layers (tests/test_layout.py LAYERS):\n" + "\n".join(
+        f"{f} imports {m} (room {_room(m)!r} sits above)  fix: move what it needs into the lowest room both can "
+        f"import, or move the importer up" for f, m in new)
+    gone = sorted(UP_ALLOWED - up)
+    assert not gone, f"allow-listed up-arrows now gone: {gone}; remove them from UP_ALLOWED"
+
+
+def test_no_circle_between_rooms():
+    """No circle of rooms (a room's modules count as one node), function-level imports included (the allow-listed
+    arrows up aside, while there are any)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        if name == "hardrank":
+            continue
+        top, inner = _imports(name)
+        graph.setdefault(_room(name), set()).update(
+            _room(m) for m in top + inner if m in MODULES and m != "hardrank" and _room(m) != _room(name)
+            and (str(path.relative_to(ROOT)), m) not in UP_ALLOWED)
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(r):
+        state[r] = 1
+        stack.append(r)
+        for n in sorted(graph.get(r, ())):
+            if state.get(n) == 1:
+                raise AssertionError("rooms in a circle: " + " -> ".join(stack[stack.index(n):] + [n]))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[r] = 2
+
+    for r in sorted(graph):
+        if r not in state:
+            visit(r)
