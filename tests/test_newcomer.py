@@ -23,7 +23,7 @@ from hardrank.jobs.cli import main
 from hardrank.jobs.progress import _LogLines, _Meter
 from hardrank.jobs.report import build_report
 from hardrank.scoring.counts import embed_line, item_counts
-from hardrank.store.id_export import export_embeddings, list_stores
+from hardrank.exports.store_ids import export_embeddings, list_stores
 
 
 # -- progress: throughput measured after the first batch -------------------------------------------

@@ -14,7 +14,7 @@ from hardrank.jobs.report.load import checkpoint_axis, load_results
 from hardrank.jobs.report.render import render_html, render_md
 from hardrank.jobs.report.significance import main_marks
 from hardrank.jobs.report.tables import leaderboard, write_csv
-from hardrank.perturb.attack_run import TRANSFER_KIND
+from hardrank.attack_run import TRANSFER_KIND
 
 __all__ = ["build_report", "plot_bench"]
 
