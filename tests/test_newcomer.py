@@ -18,12 +18,12 @@ import pytest
 from helpers import make_karpathy_world, save_random_checkpoint, write_image, write_tiny_config
 
 from hardrank import evaluate, plan
+from hardrank.exports.store_ids import export_embeddings, list_stores
 from hardrank.items import ImageRef, ItemTable
 from hardrank.jobs.cli import main
 from hardrank.jobs.progress import _LogLines, _Meter
 from hardrank.jobs.report import build_report
 from hardrank.scoring.counts import embed_line, item_counts
-from hardrank.exports.store_ids import export_embeddings, list_stores
 
 
 # -- progress: throughput measured after the first batch -------------------------------------------
