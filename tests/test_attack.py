@@ -10,6 +10,7 @@ import torch
 
 from hardrank.config import EmbedOptions, SuiteOptions
 from hardrank.embed import EmbedPipeline
+from hardrank.formats.karpathy import read_karpathy
 from hardrank.items import ImageRef, Tables
 from hardrank.jobs.cli import main
 from hardrank.models.openclip import ModelSpec, load_model
@@ -30,7 +31,6 @@ from hardrank.perturb.attack import (
 from hardrank.perturb.images import _alter_batch, _load, _rand_box, _save_jpeg, _to_uint8
 from hardrank.suites import load_suites
 from hardrank.suites.aro import _tag
-from hardrank.suites.karpathy import read_karpathy
 from hardrank.text import pre_caption
 from hardrank.toyworld import TOY_CHECKPOINTS, TOY_MODEL, WorldConfig, build_world
 

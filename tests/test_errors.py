@@ -17,7 +17,7 @@ from hardrank.errors import (
     UsageError,
     exit_code,
 )
-from hardrank.suites._common import SuiteFormatError
+from hardrank.formats.annotations import SuiteFormatError
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,6 +26,7 @@ from PIL import Image
 from hardrank import urls
 from hardrank.config import resolve_device
 from hardrank.errors import DataError, UsageError
+from hardrank.formats.variants import N_PERTURBED
 from hardrank.inputs.webdataset import (
     SampleSet,
     _common_dir,
@@ -39,7 +40,6 @@ from hardrank.perturb.corruptions import JPEG_QUALITY, corrupt_named, encode_lik
 from hardrank.perturb.corruptions import variant_name as corruption_variant
 from hardrank.perturb.images import _altered_batches, _check_args, _plan, variant_name
 from hardrank.perturb.texts import _check_kind, _perturb
-from hardrank.suites.karpathy import N_PERTURBED
 from hardrank.text import pre_caption
 
 __all__ = ["alter_shards", "corrupt_shards", "perturb_shard_texts", "variant_shards"]

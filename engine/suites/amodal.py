@@ -10,10 +10,10 @@ from PIL import Image
 
 from hardrank.config import SuiteOptions, opt
 from hardrank.errors import DataError, UsageError
+from hardrank.formats.annotations import SuiteFormatError, read_json
 from hardrank.inputs.masks import polygons_to_mask, rle_decode
 from hardrank.items import ImageRef, Tables
 from hardrank.kernels.masks import PRED_KINDS
-from hardrank.suites._common import SuiteFormatError, read_json
 from hardrank.tasks import MaskTask, Suite
 
 # ---------------------------------------------------------------------------------------------

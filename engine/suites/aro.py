@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 
 from hardrank.errors import UsageError
+from hardrank.formats.annotations import SuiteFormatError, read_bbox, read_json, require_keys
+from hardrank.formats.karpathy import merge_repeated_images, read_karpathy
 from hardrank.items import ImageRef, Tables
 from hardrank.scoring.choice_macro import ChoiceAggregate, attach_aggregates
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, find_annotation, read_bbox, read_json, require_keys
-from hardrank.suites.karpathy import merge_repeated_images, read_karpathy
+from hardrank.suites._common import SuiteOptions, find_annotation
 from hardrank.tasks import ChoiceTask, Suite
 from hardrank.text import pre_caption
 

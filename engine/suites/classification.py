@@ -15,12 +15,14 @@ import pyarrow.parquet as pq
 from hardrank import urls
 from hardrank.config import opt
 from hardrank.errors import DataError, UsageError
+from hardrank.formats.annotations import SuiteFormatError
+from hardrank.formats.variants import image_variant_names, variant_hint, variants_beside
 from hardrank.inputs import read_shards
 from hardrank.inputs.kinds.image_folder import IMAGE_EXTENSIONS
 from hardrank.inputs.webdataset import Sample, SampleSet
 from hardrank.items import ImageRef, Tables
 from hardrank.perturb import shards as variant_files  # the module: hardrank.perturb imports the suites back
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, variant_hint, variants_beside
+from hardrank.suites._common import SuiteOptions
 from hardrank.suites.imagenet import (
     IMAGENET_WNIDS,
     TEMPLATE_SETS,
@@ -29,7 +31,6 @@ from hardrank.suites.imagenet import (
     imagenet_classnames,
     shift_subset,
 )
-from hardrank.suites.karpathy import image_variant_names
 from hardrank.tasks import ClassifyTask, Suite
 
 __all__ = ["load_classification", "ClassNamesOptions", "ClassificationOptions", "read_classnames", "read_templates",
