@@ -14,16 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from hardrank.atomic import atomic_path, copy_into, write_json_atomic, write_text_atomic
-from hardrank.config import (
-    EmbedOptions,
-    EvalConfig,
-    SuiteOptions,
-    build,
-    check_options,
-    check_writable_dir,
-    opt,
-    resolve_device,
-)
+from hardrank.config import EmbedOptions, EvalConfig, SuiteOptions, build, check_options, check_writable_dir, opt
+from hardrank.devices import resolve_device
 from hardrank.embed import EmbedPipeline
 from hardrank.errors import DataError, UsageError
 from hardrank.evaluate import evaluate

@@ -191,7 +191,7 @@ ALLOWED_VALUE_ERRORS = {
     ("engine/store/key_index.py", "KeyIndex._append"): 1,
     ("engine/items.py", "ItemTable.set_keys"): 1,
     ("engine/perturb/attack.py", "own_scores"): 1,
-    ("engine/inputs/masks.py", "rle_encode"): 1,  # writes the toy world's masks
+    ("engine/formats/masks.py", "rle_encode"): 1,  # writes the toy world's masks
     # a value already checked upstream (the task's rule, the perturbation method) or made by the toy world
     ("engine/scoring/metrics.py", "choice_verdicts"): 1,
     ("engine/scoring/metrics.py", "_summarise"): 1,

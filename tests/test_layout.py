@@ -361,7 +361,7 @@ def test_importing_every_module_changes_no_process_setting_but_the_wait_policy()
 # move it into the lowest room that every user can import (formats/ holds the file formats several rooms read).
 LAYERS = [
     "errors", "text", "tasks", "openmp", "urls", "vectors", "atomic", "items", "options", "openclip_import", "cpus",
-    "settings", "suite_registry", "kernels",
+    "devices", "settings", "suite_registry", "kernels",
     "formats",
     "scoring", "config", "models", "store", "inputs", "embed", "executors", "mining", "suites", "perturb",
     "toyworld", "subsets", "dashboards", "compare", "evaluate", "attack_run", "exports",
@@ -373,11 +373,7 @@ UP_ALLOWED: set[tuple[str, str]] = {
     ('engine/executors/ray_rank.py', 'hardrank.mining.problem'),
     ('engine/executors/ray_search.py', 'hardrank.mining.problem'),
     ('engine/executors/ray_search.py', 'hardrank.mining.searcher'),
-    ('engine/scoring/mask_score.py', 'hardrank.config'),
-    ('engine/scoring/mask_score.py', 'hardrank.suites.amodal'),
-    ('engine/suites/classification.py', 'hardrank.perturb.shards'),
     ('engine/suites/toy.py', 'hardrank.toyworld.world'),
-    ('engine/suites/webdataset.py', 'hardrank.perturb.shards'),
 }
 
 

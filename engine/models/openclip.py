@@ -36,7 +36,8 @@ from open_clip.model import resize_pos_embed, resize_text_pos_embed
 from open_clip.transform import PreprocessCfg
 from safetensors import SafetensorError
 
-from hardrank.config import DATA_DIR, PRECISIONS, resolve_device
+from hardrank.config import DATA_DIR, PRECISIONS
+from hardrank.devices import resolve_device
 from hardrank.errors import DataError, UsageError
 from hardrank.models.boundary import check_size, open_clip_params, open_folder, pickle_refusal, vet_config
 from hardrank.models.forms import forms_help

@@ -10,8 +10,8 @@ from hardrank.errors import DataError, UsageError
 from hardrank.formats.annotations import SuiteFormatError
 from hardrank.formats.variants import N_PERTURBED, TEXT_VARIANTS, image_variant_names, is_corruption_variant
 from hardrank.inputs import SampleSet, parse_captions, read_samples, read_shards, sample_captions
+from hardrank.inputs.webdataset import variant_shards
 from hardrank.items import ImageRef, Tables
-from hardrank.perturb import shards as variant_files  # the module: hardrank.perturb imports the suites back
 from hardrank.suites._common import SuiteOptions, caption_protocol
 from hardrank.suites.karpathy import build_retrieval
 from hardrank.tasks import Suite
@@ -80,7 +80,7 @@ def load_wds(tables: Tables, opts: SuiteOptions, own: WdsOptions, name: str = "w
 
 def _variant(ss: SampleSet, v: str, required: bool, folder: str = "") -> SampleSet | None:
     """The variant shards ``<folder>/<v>/<shard>`` (``folder``: default the shards' own folder)."""
-    shards = variant_files.variant_shards(ss, folder, v)
+    shards = variant_shards(ss, folder, v)
     missing = [s for s in shards if not urls.exists(s)]
     if missing:
         if required:
