@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from hardrank.store.rows import StoreRows  # re-exported: it was defined here
 
-__all__ = ["MineProblem", "StoreRows", "negatives_schema", "csr_take", "f32", "gather"]
+__all__ = ["MineProblem", "StoreRows", "negatives_schema", "csr_take", "gather"]
 
 
 @dataclass
@@ -83,10 +83,6 @@ def csr_take(ptr, vals, rows):
     np.cumsum(lens, out=new_ptr[1:])
     src = np.repeat(ptr[:-1][rows] - new_ptr[:-1], lens) + np.arange(new_ptr[-1])
     return new_ptr, vals[src]
-
-
-def f32(x) -> np.ndarray:
-    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 def gather(xb, I) -> np.ndarray:
