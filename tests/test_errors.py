@@ -185,7 +185,7 @@ ALLOWED_VALUE_ERRORS = {
     ("engine/scoring/faiss_index.py", "recall_at_k"): 1,
     ("engine/scoring/faiss_index.py", "faiss_grouped_ranks"): 2,
     ("engine/scoring/mask_score.py", "clip_regions"): 2,
-    ("engine/embed/job.py", "EmbedSink.add"): 1,
+    ("engine/encoding/job.py", "EmbedSink.add"): 1,
     ("engine/store/embedding_store.py", "EmbeddingStore.write"): 1,
     ("engine/store/key_index.py", "as_string_array"): 1,  # a shard's null keys: caught there, shard quarantined
     ("engine/store/key_index.py", "KeyIndex._append"): 1,
@@ -198,7 +198,7 @@ ALLOWED_VALUE_ERRORS = {
     ("engine/text.py", "caption_normaliser"): 1,  # --caption-protocol's choices are checked by the option
     ("engine/scoring/rerank.py", "rescored_ranks"): 2,  # the tie rule (an option's choice), the task's positives
     # the processor's settings fix its output shapes (checked when the model loads); a change is a bug
-    ("engine/embed/decode.py", "ProcessorDecoder._arrays"): 1,
+    ("engine/encoding/decode.py", "ProcessorDecoder._arrays"): 1,
     ("engine/perturb/images.py", "_alter_batch"): 2,
     ("engine/toyworld/scenes.py", "render"): 1,
     ("engine/toyworld/variants.py", "perturb_caption"): 2,

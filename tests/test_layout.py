@@ -114,7 +114,7 @@ def test_function_level_imports_only_for_heavy_optional_dependencies():
 
 
 # where each heavy dependency may be imported (module names, or a prefix ending in "_")
-HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.embed.dali",),
+HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.encoding.dali",),
          "faiss": ("hardrank.scoring.faiss_index",),
          "matplotlib": ("hardrank.jobs.report.plots",),
          # fsspec only in hardrank.urls, inside its functions: local paths never import it; its backends
@@ -236,7 +236,7 @@ def test_missing_extra_names_the_install_command(tmp_path, monkeypatch, capsys):
     assert main([*base, "--out", str(tmp_path / "o1"), "--executor", "ray"]) == 1
     assert "pip install 'hardrank[ray]'" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)
-    monkeypatch.delitem(sys.modules, "hardrank.embed.dali", raising=False)
+    monkeypatch.delitem(sys.modules, "hardrank.encoding.dali", raising=False)
     assert main([*base, "--out", str(tmp_path / "o2"), "--decoder", "dali"]) == 1
     assert "pip install 'hardrank[dali]'" in capsys.readouterr().err
 
@@ -363,20 +363,15 @@ LAYERS = [
     "errors", "text", "word_tags", "tasks", "openmp", "urls", "vectors", "atomic", "items", "options",
     "openclip_import", "cpus", "devices", "settings", "suite_registry", "kernels",
     "formats",
-    "scoring", "config", "models", "store", "inputs", "embed", "executors", "mining", "perturb", "toyworld",
-    "suites", "subsets", "dashboards", "compare", "evaluate", "attack_run", "exports",
+    "scoring", "config", "models", "store", "inputs", "encoding", "executors", "embed", "mining", "perturb",
+    "toyworld", "suites", "subsets", "dashboards", "compare", "evaluate", "attack_run", "exports",
     "jobs",
 ]
-# up-arrows not yet cut, as (file, imported module): this list may only shrink (the test fails when one is gone)
-UP_ALLOWED: set[tuple[str, str]] = {
-    ('engine/embed/pipeline.py', 'hardrank.executors'),
-}
 
 
 def _room(module: str) -> str:
+    """``hardrank.scoring.rank`` -> ``scoring``; ``hardrank.jobs.cli`` -> ``jobs``."""
     parts = module.split(".")
-    if parts[1] in ("kernels", "jobs"):
-        return parts[1]
     return parts[1] if len(parts) > 1 else "hardrank"
 
 
@@ -398,27 +393,22 @@ def _up_arrows() -> set[tuple[str, str]]:
 
 def test_every_import_points_down_the_layers():
     """Rooms in the written order (LAYERS, README "Layout"): every import, function-level ones included, goes to
-    a room below; the remaining allow-listed arrows up are exactly those listed (the list only shrinks)."""
-    up = _up_arrows()
-    new = sorted(up - UP_ALLOWED)
-    assert not new, "imports pointing up the layers (tests/test_layout.py LAYERS):\n" + "\n".join(
+    a room below."""
+    up = sorted(_up_arrows())
+    assert not up, "imports pointing up the layers (tests/test_layout.py LAYERS):\n" + "\n".join(
         f"{f} imports {m} (room {_room(m)!r} sits above)  fix: move what it needs into the lowest room both can "
-        f"import, or move the importer up" for f, m in new)
-    gone = sorted(UP_ALLOWED - up)
-    assert not gone, f"allow-listed up-arrows now gone: {gone}; remove them from UP_ALLOWED"
+        f"import, or move the importer up" for f, m in up)
 
 
 def test_no_circle_between_rooms():
-    """No circle of rooms (a room's modules count as one node), function-level imports included (the allow-listed
-    arrows up aside, while there are any)."""
+    """No circle of rooms (a room's modules count as one node), function-level imports included."""
     graph: dict[str, set[str]] = {}
-    for name, path in MODULES.items():
+    for name in MODULES:
         if name == "hardrank":
             continue
         top, inner = _imports(name)
         graph.setdefault(_room(name), set()).update(
-            _room(m) for m in top + inner if m in MODULES and m != "hardrank" and _room(m) != _room(name)
-            and (str(path.relative_to(ROOT)), m) not in UP_ALLOWED)
+            _room(m) for m in top + inner if m in MODULES and m != "hardrank" and _room(m) != _room(name))
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -436,3 +426,18 @@ def test_no_circle_between_rooms():
     for r in sorted(graph):
         if r not in state:
             visit(r)
+
+
+def test_readme_layout_draws_the_layers_in_order():
+    """README "Layout" lists the rooms top to bottom: the reverse of LAYERS, every room once."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    drawn = []
+    for line in block.splitlines():
+        if not line.strip() or line[0].isspace():
+            continue  # a description's continuation
+        left = line.split("  ", 1)[0]
+        drawn += [t.removesuffix("/").removesuffix(".py") for t in left.split()]
+    drawn = [r for r in drawn if r != "assets"]  # package data, no code
+    assert drawn[::-1] == LAYERS, (f"README Layout draws (bottom to top) {drawn[::-1]}; tests/test_layout.py "
+                                   f"LAYERS is {LAYERS}: draw the rooms in LAYERS' order")

@@ -405,7 +405,7 @@ def test_small_batches_build_stages_and_commit_shards_once_per_run(kworld, tmp_p
     """--batch-size 1: every batch is encoded by K checkpoints, but the decoder, the encoder stage and
     each store's shard are made once per modality, not once per batch."""
     from hardrank import EmbedOptions, EmbedPipeline, Tables
-    from hardrank.embed import decode, job
+    from hardrank.encoding import decode, job
     from hardrank.store import EmbeddingStore
     from hardrank.suites import SuiteOptions, load_suites
 
