@@ -35,7 +35,7 @@ from hardrank.evaluate import EvalReport, evaluate, plan
 from hardrank.items import ImageRef, Tables
 from hardrank.mining import mine
 from hardrank.models.load import load_model
-from hardrank.models.openclip import LoadedModel, ModelSpec
+from hardrank.models.spec import LoadedModel, ModelSpec
 from hardrank.perturb import PerturbImagesConfig, PerturbTextsConfig, perturb_images, perturb_texts
 from hardrank.perturb.attack_run import AttackImagesConfig, AttackTextsConfig, attack_images, attack_texts
 from hardrank.scoring.backends import SearchSpec

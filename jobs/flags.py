@@ -9,7 +9,7 @@ import typing
 import hardrank.suites  # noqa: F401  (registers the suites: their own options are flags too)
 from hardrank import suite_registry
 from hardrank.config import build, flat_fields, option_kind
-from hardrank.models.forms import forms_help
+from hardrank.models.spec import forms_help
 
 __all__ = ["add_options", "add_cli_flags", "options_from_args", "expand_globs", "Formatter", "CLI_FLAGS",
            "CONFIG_CLASS"]
