@@ -10,9 +10,10 @@ processor as ``preprocess`` and a ``tokenizer``), run by the family adapters of 
 are. Both encode exactly as the same weights loaded from files do.
 
 The caller's model is borrowed, never changed: it is encoded where it is and in its dtype (``--device`` /
-``--precision`` other than that are refused), in eval mode under ``torch.inference_mode`` while it encodes (no
-gradient is recorded), and every submodule's train/eval mode is restored after, also on an error; parameters,
-``requires_grad`` flags and ``.grad`` are never touched. Its embeddings are stored only under a ``fingerprint`` the
+``--precision`` other than that are refused), in eval mode, its parameters not requiring grad, under
+``torch.inference_mode`` while it encodes (no gradient is recorded), and every submodule's train/eval mode and
+every parameter's ``requires_grad`` are restored after, also on an error; its values and ``.grad`` are never
+touched. Its embeddings are stored only under a ``fingerprint`` the
 caller gives (the weights' name: a training step); without one nothing is read from or written to a store.
 """
 from __future__ import annotations
@@ -63,16 +64,22 @@ def accepts(obj) -> bool:
 
 @contextlib.contextmanager
 def as_found(module: torch.nn.Module):
-    """Hold ``module`` in eval mode, and this thread in inference mode, while it encodes; every submodule's
-    train/eval mode is set back after (also on an error) as it was, submodule by submodule."""
+    """Hold ``module`` as a loaded model is held while it encodes: in eval mode, its parameters not requiring
+    grad (torch then takes the same kernels as for the same weights loaded from files, which the loaders set so:
+    equal embeddings bit for bit), and this thread in inference mode; every submodule's train/eval mode and every
+    parameter's ``requires_grad`` are set back after, also on an error, each as it was."""
     modes = [(m, m.training) for m in module.modules()]
+    flags = [(p, p.requires_grad) for p in module.parameters()]
     try:
         module.eval()
+        module.requires_grad_(False)
         with torch.inference_mode():
             yield
     finally:
         for m, training in modes:
             m.training = training
+        for p, flag in flags:
+            p.requires_grad_(flag)
 
 
 def _placed(spec: ModelSpec, model: torch.nn.Module) -> tuple[str, str]:
