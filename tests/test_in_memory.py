@@ -95,7 +95,8 @@ def test_without_a_fingerprint_no_store_is_read_or_written(world, tmp_path):
     assert not store.exists() and rep.results[0]["model_fingerprint"] is None
     assert rep.results[0]["checkpoint"] == "in-memory" and rep.embed_stats["image"]["from_store"] == 0
     # a store already holding this model's embeddings (under a fingerprint) is not read either, nor changed
-    _run(world, tmp_path, "b", model=model, tokenizer=tok, store=str(store), fingerprint="s")
+    stored = _run(world, tmp_path, "b", model=model, tokenizer=tok, store=str(store), fingerprint="s")
+    assert stored.results[0]["metrics"] == rep.results[0]["metrics"]  # memory and a store folder give the same
     before = sorted((p, p.stat().st_mtime_ns) for p in store.rglob("*"))
     rep2 = _run(world, tmp_path, "c", model=model, tokenizer=tok, store=str(store))
     assert rep2.embed_stats["image"]["from_store"] == 0 and rep2.embed_stats["image"]["encoded"] > 0
