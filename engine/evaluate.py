@@ -24,8 +24,8 @@ from hardrank.executors import executor
 from hardrank.inputs import registry, scan_with
 from hardrank.items import Tables
 from hardrank.models.blip import has_itm
-from hardrank.models.runs import model_specs
-from hardrank.models.spec import LiveModel, ModelSpec, split_live
+from hardrank.models.runs import model_specs, object_spec
+from hardrank.models.spec import ModelSpec, split_live
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.sharded import for_ranking
@@ -128,12 +128,7 @@ def _config(cfg: EvalConfig | None, options: dict) -> tuple[EvalConfig, ModelSpe
         raise UsageError(f"pass an EvalConfig or keyword options, not both (got {sorted(options)})")
     live, options = split_live(options)
     cfg = cfg if cfg is not None else build(EvalConfig, options)
-    return cfg, _live_spec(cfg, live)
-
-
-def _live_spec(cfg: EvalConfig, live: LiveModel | None) -> ModelSpec | None:
-    return None if live is None else ModelSpec(live.describe(), precision=cfg.embed.precision,
-                                               device=cfg.embed.device, live=live)
+    return cfg, None if live is None else object_spec(live, precision=cfg.embed.precision, device=cfg.embed.device)
 
 
 def _specs(cfg: EvalConfig, live: ModelSpec | None) -> list[ModelSpec]:

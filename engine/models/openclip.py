@@ -40,7 +40,7 @@ from hardrank.config import DATA_DIR
 from hardrank.errors import DataError, UsageError
 from hardrank.models.boundary import check_size, open_clip_params, open_folder, pickle_refusal, vet_config
 from hardrank.models.hf_text import hf_text
-from hardrank.models.spec import Kind, LoadedModel, ModelSpec, forms_help
+from hardrank.models.spec import Kind, LoadedModel, ModelSpec, forms_help, kind_of
 
 __all__ = ["NAME_KIND", "CONFIG_KIND", "HUB_KIND", "FOLDER_KIND", "load_model", "resolve_arch", "file_hash",
            "tag_preprocess"]
@@ -75,24 +75,25 @@ def _register_bundled() -> None:
 
 def resolve_arch(arch: str) -> str:
     """Return an open_clip model name for ``arch`` (registering a config JSON if given a path)."""
-    return _open_clip_name(ModelSpec(arch))
+    kind = kind_of(arch)
+    return _open_clip_name(kind.name, arch[len(kind.prefix):] if kind.prefix else arch, arch)
 
 
-def _open_clip_name(spec: ModelSpec) -> str:
-    """The name open_clip creates ``spec``'s model by: its own ``hf-hub:`` / ``local-dir:`` spelling, a config
-    JSON's stem (the config registered under it), or a known model name."""
+def _open_clip_name(kind: str, name: str, arch: str) -> str:
+    """The name open_clip creates a model of ``kind`` by: its own ``hf-hub:`` / ``local-dir:`` spelling
+    (``arch``), a config JSON's stem (the config registered under it), or a known model name."""
     _register_bundled()
-    if spec.kind in (HUB, FOLDER):
-        return spec.arch
-    if spec.kind == CONFIG:
-        return _register_config(spec.name)
-    if spec.kind != NAME:
-        raise UsageError(f"{spec.arch} is a {spec.kind} model, not an open_clip one; pass an open_clip model name "
-                         f"or config .json")
-    if spec.name not in open_clip.list_models():
-        raise UsageError(f"unknown model {spec.name!r}: --model takes {forms_help()}. Known open_clip names "
+    if kind in (HUB, FOLDER):
+        return arch
+    if kind == CONFIG:
+        return _register_config(name)
+    if kind != NAME:
+        raise UsageError(f"{arch} is a {kind} model, not an open_clip one; pass an open_clip model name or config "
+                         f".json")
+    if name not in open_clip.list_models():
+        raise UsageError(f"unknown model {name!r}: --model takes {forms_help()}. Known open_clip names "
                          f"include {open_clip.list_models()[:5]}...")
-    return spec.name
+    return name
 
 
 def _register_config(arch: str) -> str:
@@ -379,7 +380,7 @@ def _open_clip_tokenizer(name: str, context_length: int | None):
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Create the model offline as its source says (tag, hub snapshot, folder, config) and load its
     weights; refuse a model without weights unless ``spec.random_init``."""
-    name = _open_clip_name(spec)
+    name = _open_clip_name(spec.kind, spec.name, spec.arch)
     device, precision = spec.resolved_device(), spec.resolved_precision()
     src = _source(spec, name)
     if src.weights is None and not spec.random_init:

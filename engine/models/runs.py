@@ -22,10 +22,10 @@ import open_clip
 from hardrank.config import EvalConfig
 from hardrank.errors import DataError, UsageError
 from hardrank.models.openclip import resolve_arch
-from hardrank.models.spec import ModelSpec
+from hardrank.models.spec import LiveModel, ModelSpec
 
-__all__ = ["read_params", "run_checkpoints", "run_spec", "model_specs", "user_specs", "checkpoint_complete",
-           "checkpoint_step"]
+__all__ = ["read_params", "run_checkpoints", "run_spec", "model_specs", "user_specs", "object_spec",
+           "checkpoint_complete", "checkpoint_step"]
 
 _EPOCH = re.compile(r"^epoch_(\d+)\.(pt|pth|safetensors)$")
 # "step0200", "epoch_3", "iter-1000", "global_step5", "checkpoint-500" (transformers' Trainer): the unit and
@@ -132,6 +132,11 @@ def user_specs(model: str, checkpoints: Sequence[str | None] = (None,), *, preci
     spelling parsed once, by ``ModelSpec``: a bare folder becomes ``local-dir:`` or ``hf:`` by what it holds)."""
     first = ModelSpec(model, precision=precision, device=device, pretrained=pretrained, random_init=random_init)
     return [replace(first, checkpoint=c) for c in checkpoints or (None,)]
+
+
+def object_spec(live: LiveModel, *, precision: str = "auto", device: str = "auto") -> ModelSpec:
+    """The spec of a model object given to the Python API (``hardrank.models.spec.split_live``)."""
+    return ModelSpec(live.describe(), precision=precision, device=device, live=live)
 
 
 def model_specs(cfg: EvalConfig) -> list[ModelSpec]:
