@@ -91,6 +91,10 @@ def test_an_open_clip_object_scores_and_embeds_exactly_as_its_checkpoint_file(wo
 def test_without_a_fingerprint_no_store_is_read_or_written(world, tmp_path):
     model, _, _, tok = _open_clip(world, seed=3)
     store = tmp_path / "store"
+    plan = hardrank.plan(model=model, tokenizer=tok, store=str(store), suites=["rococo"], out=str(tmp_path / "p"),
+                         annotations=str(world["annotations"]), images=str(world["images"]), device="cpu")
+    (row,) = plan["checkpoints"]
+    assert row["fingerprint"] is None and row["image_hits"] == 0 and row["image_to_encode"] == row["image_unique"] > 0
     rep = _run(world, tmp_path, "a", model=model, tokenizer=tok, store=str(store))
     assert not store.exists() and rep.results[0]["model_fingerprint"] is None
     assert rep.results[0]["checkpoint"] == "in-memory" and rep.embed_stats["image"]["from_store"] == 0

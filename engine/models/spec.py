@@ -2,11 +2,12 @@
 
 A model kind is one ``Kind`` in this module's registry: its name, how it is recognised (a prefix such as ``hf:``,
 a predicate for an unprefixed spelling such as a ``.json`` or a folder, or a predicate for an in-memory object),
-its loader and its help lines. ``hardrank.models.kinds`` registers the built-in ones, one ``register_kind`` line
-each; a new kind is its module in ``hardrank.models`` plus its line there. ``ModelSpec`` parses its spelling
-when it is made (``kind``, ``name``), so every room after the parser reads the spec, never the string: the
-loaders (``hardrank.models.load``), job files (``rebased``, ``label``), the executors (``portable``) and every
-help text and refusal (``forms_help``, ``object_refusal``). The registry imports no loader: it sits below them.
+its loader and its help lines. ``hardrank.models`` (its ``__init__``) registers the built-in ones, one
+``register_kind`` line each; a new kind is its module in ``hardrank.models`` plus its line there.
+``ModelSpec`` parses its spelling when it is made (``kind``, ``name``), so every room after the parser reads the
+spec, never the string: the loaders (``hardrank.models.load``), job files (``rebased``, ``label``), the
+executors (``portable``) and every help text and refusal (``forms_help``, ``object_refusal``). The registry
+imports no loader: it sits below them.
 """
 from __future__ import annotations
 
