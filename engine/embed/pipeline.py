@@ -18,12 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from hardrank import urls
+from hardrank import (
+    executors,  # the module, not its names: hardrank.executors imports this package back
+    urls,
+)
 from hardrank.config import DECODERS, EmbedOptions
 from hardrank.embed.decode import is_processor_cfg
 from hardrank.embed.job import EmbedJob, EmbedSink, EmbedStats, check_failures
 from hardrank.errors import UsageError
-from hardrank.executors import LocalRunner, executor
 from hardrank.items import ItemTable, Tables
 from hardrank.models.load import load_model
 from hardrank.models.runs import user_specs
@@ -41,13 +43,13 @@ log = logging.getLogger("hardrank.embed")
 def make_runner(options: EmbedOptions, models: list[LoadedModel], settings: RunSettings | None = None):
     """The embed runner of the executor ``options.executor`` names (``hardrank.executors``), for the run
     ``settings`` describe (None: its threads from ``options``)."""
-    return executor(options, settings).embed_runner(models)
+    return executors.executor(options, settings).embed_runner(models)
 
 
 def make_scan_mapper(options: EmbedOptions, settings: RunSettings | None = None):
     """How tar shards are scanned (``hardrank.inputs.scan_with``): None (threads here) for the local
     executor; with ``ray``, Ray tasks, so the workers read the shards and the driver reads none."""
-    return executor(options, settings).scan_mapper()
+    return executors.executor(options, settings).scan_mapper()
 
 
 def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[EmbeddingStore], *,
@@ -107,7 +109,7 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
                 work.append(job_sink)
         try:
             if work:  # one call for both modalities: workers start once; runners add their time to the stats
-                (runner or LocalRunner(models))(work)
+                (runner or executors.LocalRunner(models))(work)
         finally:  # also on errors and interrupts: whatever was encoded is committed
             for _, sink in work:
                 sink.flush()
@@ -262,7 +264,7 @@ class EmbedPipeline:
         if not specs:
             raise UsageError("an embed pipeline needs at least one model")
         bound = [s for s in specs if not s.spec_kind.portable]
-        if bound and runner is None and not executor(options, settings).live_models:
+        if bound and runner is None and not executors.executor(options, settings).live_models:
             raise UsageError(f"model {bound[0].arch} encodes in this process only (a model object cannot travel to "
                              f"--executor {options.executor}'s workers): use the local executor (the default)")
         self.options = options

@@ -52,6 +52,7 @@ from hardrank.models.boundary import (
 from hardrank.models.hf_text import snapshot
 from hardrank.models.openclip import EMBED_VERSION, file_hash
 from hardrank.models.spec import Kind, LoadedModel, ModelSpec
+from hardrank.openclip_import import import_transformers
 
 __all__ = ["KIND", "Family", "FAMILIES", "register_family", "family_of", "load_hf_model", "hf_image_processor",
            "processor_preprocess_cfg", "image_processor_cfg", "tokenizer_of", "weights_of", "build_model",
@@ -146,10 +147,9 @@ def family_of(config) -> Family:
 
 def _transformers(what: str):
     try:
-        import transformers
+        return import_transformers()  # not `import transformers`: a Ray actor's two threads first use it at once
     except ImportError as exc:
         raise MissingExtra(what, "hf", "transformers") from exc
-    return transformers
 
 
 def _folder(spec: ModelSpec) -> ModelFolder:
