@@ -220,6 +220,6 @@ def load_in_memory(spec: ModelSpec) -> LoadedModel:
 
 
 KIND = Kind("in_memory", load_in_memory, accepts=accepts, portable=False, forms=(
-    ("an open_clip model", "with tokenizer= and, optionally, preprocess= its eval transform"),
-    ("a transformers dual encoder such as CLIPModel", "with processor= (or preprocess= an image processor and "
-                                                      "tokenizer=)")))
+    ("an open_clip model", "with tokenizer=; preprocess=, its eval transform, optional"),
+    ("a transformers dual encoder such as CLIPModel", "with processor=, or its image processor as preprocess= "
+                                                      "with tokenizer=")))

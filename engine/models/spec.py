@@ -263,8 +263,8 @@ def object_refusal(obj) -> str:
     t = type(obj)
     objects = "; ".join(f"{spelling} ({what})" for k in KINDS.values() if k.accepts is not None
                         for spelling, what in k.forms)
-    return (f"option 'model' got {t.__name__} (a {t.__module__}.{t.__qualname__} object), which is no model hardrank "
-            f"can run; it takes a --model spelling (a string: NAME, CONFIG.json, hf:FOLDER, ...) or a model object: "
+    return (f"option 'model' got {t.__name__} (a {t.__module__}.{t.__qualname__} object), which is no model "
+            f"hardrank runs; give a --model spelling (NAME, CONFIG.json, hf:FOLDER, ...) or a model object: "
             f"{objects}")
 
 
