@@ -44,6 +44,7 @@ class SuiteSpec:
     help: str = ""
     needs_model: Callable[[object], bool] = _always
     match: Callable[[str], bool] | None = None  # a family: the names it stands for (``name`` is its listing)
+    examples: tuple[str, ...] = ()  # a family's names to suggest for a mistyped one
 
     def __call__(self, tables, opts):
         """Load this suite into ``tables`` with ``opts`` (a ``SuiteOptions``)."""
@@ -67,11 +68,12 @@ def _declarer(cls: type, name: str) -> type:
 
 
 def register(name: str, load: Callable, options: type | None = None, help: str = "", *,
-             needs_model: Callable[[object], bool] = _always, match: Callable[[str], bool] | None = None
-             ) -> SuiteSpec:
+             needs_model: Callable[[object], bool] = _always, match: Callable[[str], bool] | None = None,
+             examples: Iterable[str] = ()) -> SuiteSpec:
     """Add suite ``name`` (see ``SuiteSpec``); returns its spec. With ``match``, a family: every name
     ``match(name)`` accepts (and no registered suite or alias holds) is a suite of its own, loaded by ``load`` with
-    its own name, ``name`` being the family's listing (``wds/<name>``). A taken name, an options class that is
+    its own name, ``name`` being the family's listing (``wds/<name>``; ``examples``: names it suggests for a
+    mistyped one). A taken name, an options class that is
     no frozen dataclass, or an option name another class already declares is a ValueError."""
     if not name or any(c in name for c in "=, ") or name in SUITES or name in ALIASES or name in FAMILIES:
         raise ValueError(f"suite name {name!r} is empty, holds '=', ',' or a space, or is taken")
@@ -85,7 +87,7 @@ def register(name: str, load: Callable, options: type | None = None, help: str =
             if other is not None:
                 raise ValueError(f"suite {name!r}: option {f.name!r} is declared already by suite {other.name!r} "
                                  f"({other.options.__name__}); share that class or pick another name")
-    spec = SuiteSpec(name, load, options, help, needs_model, match)
+    spec = SuiteSpec(name, load, options, help, needs_model, match, tuple(sorted(examples)))
     (FAMILIES if match is not None else SUITES)[name] = spec
     return spec
 
@@ -154,7 +156,7 @@ def get(name: str) -> SuiteSpec:
     family = _family(name)
     if family is None:
         raise UsageError(_unknown(name))
-    _MADE[name] = dataclasses.replace(family, name=name, match=None)
+    _MADE[name] = dataclasses.replace(family, name=name, match=None, examples=())
     return _MADE[name]
 
 
@@ -172,7 +174,7 @@ def result_stem(name: str) -> str:
 
 def _unknown(name: str) -> str:
     known = [*SUITES, *ALIASES, *FAMILIES]
-    hint = difflib.get_close_matches(name, known, n=1)
+    hint = difflib.get_close_matches(name, [*known, *(e for f in FAMILIES.values() for e in f.examples)], n=1)
     return (f"unknown suite {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
             + f"; choose from {', '.join(sorted(known))}")
 

@@ -15,7 +15,7 @@ from hardrank.suites.amodal import AmodalOptions, amodal_needs_model, load_amoda
 from hardrank.suites.aro import load_aro, load_coco_order, load_flickr_order
 from hardrank.suites.classification import ClassificationOptions, load_classification
 from hardrank.suites.collections import CB_COLLECTIONS, datacomp_members
-from hardrank.suites.datasets import DatasetOptions, is_dataset_name, load_dataset
+from hardrank.suites.datasets import PLAIN_NAMES, DatasetOptions, is_dataset_name, load_dataset
 from hardrank.suites.hard_positives import load_hard_positives
 from hardrank.suites.inpaintcoco import load_inpaintcoco
 from hardrank.suites.karpathy import load_karpathy, load_rococo
@@ -64,7 +64,7 @@ for _name, _help in zip(TOY_SUITES, ("RoCOCO-style retrieval", "hard positives",
 alias("toy", TOY_SUITES)
 register("wds/<name>", load_dataset, DatasetOptions, "a dataset by CLIP_benchmark's name: wds/vtab/cifar10, or "
          "the plain names (cifar10, imagenet1k, vtab/pets, mscoco_captions) and DataComp's task keys; its root from "
-         "--data-root, its task from --task", match=is_dataset_name)
+         "--data-root, its task from --task", match=is_dataset_name, examples=PLAIN_NAMES)
 for _name, _members in CB_COLLECTIONS.items():  # CLIP_benchmark's collections: vtab, vtab+, retrieval, ...
     alias(_name, _members)
 alias("datacomp", datacomp_members)
