@@ -66,9 +66,9 @@ class SuitesNotLoaded(DataError):
     the first failure's own (3 for a bad file, 2 for a missing option)."""
 
     def __init__(self, failed: dict[str, Exception]):
-        lines = "; ".join(str(exc) if str(exc).startswith(f"{n}: ") else f"suite {n}: {exc}"
-                          for n, exc in failed.items())
-        super().__init__(f"{len(failed)} suite(s) not run ({', '.join(failed)}); the others' results are written. "
+        lines = "".join("\n  " + (str(exc) if str(exc).startswith(f"{n}: ") else f"suite {n}: {exc}")
+                        for n, exc in failed.items())  # one line each: the suite (a dataset's name) and the fix
+        super().__init__(f"{len(failed)} suite(s) not run ({', '.join(failed)}); the others' results are written:"
                          f"{lines}")
         self.failed = failed
         self.exit_code = exit_code(next(iter(failed.values())))

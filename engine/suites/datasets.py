@@ -156,7 +156,7 @@ def _root(name: str, key: str, opts: SuiteOptions, own: DatasetOptions) -> str:
     """The dataset's root: ``--images`` as it sees them, else the first existing folder ``--data-root`` names."""
     if opts.images:
         if not urls.exists(opts.images):
-            raise DataError(f"{name}: {opts.images} does not exist; " + _fetch_hint(key, opts.images))
+            raise DataError(f"{name}: {opts.images} does not exist; " + _fetch_hint(name, opts.images))
         return opts.images
     if not own.data_root:
         raise UsageError(f"{name}: where is it? give --data-root DIR (a folder holding "
@@ -165,18 +165,19 @@ def _root(name: str, key: str, opts: SuiteOptions, own: DatasetOptions) -> str:
     tried = candidates(key, own.data_root)
     found = next((c for c in tried if urls.exists(c)), None)
     if found is None:
-        raise DataError(f"{name}: no dataset folder {' or '.join(tried)}; " + _fetch_hint(key, tried[0]))
+        raise DataError(f"{name}: no dataset folder {' or '.join(tried)}; " + _fetch_hint(name, tried[0]))
     return found
 
 
-def _fetch_hint(key: str, folder: str) -> str:
-    where = mirror(key)
+def _fetch_hint(name: str, folder: str) -> str:
+    """How to get dataset ``name`` into ``folder``: its mirror, else CLIP_benchmark's converter; or name another."""
+    where = mirror(dataset_key(name))
     if where is None:
         return (f"put CLIP_benchmark's WebDataset root there (classnames.txt, test/0.tar ...: its "
-                f"clip_benchmark_export_wds writes one), or name it with --images {key}=ROOT")
+                f"clip_benchmark_export_wds writes one), or name it with --images {name}=ROOT")
     repo = where.split("/datasets/", 1)[1]
     return (f"it comes from {where} (nothing is downloaded: e.g. `huggingface-cli download --repo-type dataset "
-            f"{repo} --local-dir {folder}`), or name another folder with --images {key}=ROOT")
+            f"{repo} --local-dir {folder}`), or name another folder with --images {name}=ROOT")
 
 
 def _dataset_type(root: str) -> str | None:
@@ -232,15 +233,18 @@ def _spec(name: str, key: str, own: DatasetOptions) -> TaskSpec | None:
     """This dataset's entry in the run's task list (``--tasklist``, default DataComp's), if it has one; its entry's
     own problem (an unknown metric) as the DataError naming it."""
     tl = load_tasklist(own.tasklist)
-    if key in tl.errors:
-        raise DataError(f"{name}: {tl.errors[key]}")
-    return tl.tasks.get(key)
+    for k in (name, key):  # a task list may key it as given (wds/vtab/pets) or as DataComp does (vtab/pets)
+        if k in tl.errors:
+            raise DataError(f"{name}: {tl.errors[k]}")
+        if k in tl.tasks:
+            return tl.tasks[k]
+    return None
 
 
 def _check_wds(name: str, key: str, root: str, split: str = "test") -> None:
     if not wds_split_exists(root, split):
         raise DataError(f"{name}: {root} holds no {split} split ({urls.join(root, split)}/0.tar ... with "
-                        f"nshards.txt, CLIP_benchmark's layout); " + _fetch_hint(key, root))
+                        f"nshards.txt, CLIP_benchmark's layout); " + _fetch_hint(name, root))
 
 
 def _classification(tables: Tables, opts: SuiteOptions, own: DatasetOptions, root: str, key: str,
@@ -257,14 +261,14 @@ def _classification(tables: Tables, opts: SuiteOptions, own: DatasetOptions, roo
     release = _RELEASES.get(_ROOT_OF.get(key, key))
     if release is None or urls.is_url(root):
         raise DataError(f"{name}: {root} is not CLIP_benchmark's WebDataset root (no {CB_CLASSNAMES}, no test/ "
-                        f"shards); " + _fetch_hint(key, root))
+                        f"shards); " + _fetch_hint(name, root))
     folder, classnames = release
     if classnames is None:  # ObjectNet: its own classes, from the release's mapping files
         return _objectnet(tables, opts, own, root, name)
     images = os.path.join(root, folder) if folder else root
     if not os.path.isdir(images):
         raise DataError(f"{name}: {root} is neither CLIP_benchmark's WebDataset root ({CB_CLASSNAMES}, test/) nor "
-                        f"the release layout its loader reads ({images}/<class>/<image>); " + _fetch_hint(key, root))
+                        f"the release layout its loader reads ({images}/<class>/<image>); " + _fetch_hint(name, root))
     own = replace(own, classnames=own.classnames or classnames)
     suite = load_classification(tables, replace(opts, images=images), own, name=name)
     suite.meta["layout"] = f"release folder ({folder or 'class folders'})"
@@ -323,7 +327,7 @@ def _retrieval(tables: Tables, opts: SuiteOptions, root: str, name: str) -> Suit
         keys.append(s.image_key)
     if not clean:
         raise DataError(f"{name}: {folder} holds {len(ss.samples)} sample(s) and none has an image and a txt member "
-                        f"(its captions, one a line: CLIP_benchmark's retrieval layout); " + _fetch_hint(key, root))
+                        f"(its captions, one a line: CLIP_benchmark's retrieval layout); " + _fetch_hint(name, root))
     protocol, normalise = caption_protocol(opts, default="raw")
     tasks = build_retrieval(tables, None, clean, refs=refs, image_keys=keys, normalise=normalise)
     return Suite(name=name, ranking=tasks, tie_rule=opts.tie_rule,
