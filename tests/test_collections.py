@@ -238,7 +238,7 @@ def test_main_metric_dispatch_and_missing_fields():
     assert main_metric(tasks["imagenet1k"], out) == pytest.approx(50.0)
     assert main_metric(tasks["vtab/pets"], out) == pytest.approx(100 * np.mean([1.0, 0.0, 0.5]))
     assert main_metric(tasks["fairness/dollar_street"], out) == pytest.approx(100 * 2 / 3)  # group 9: rank 7 misses
-    assert main_metric(tasks["retrieval/flickr30k"], out) == 70.0
+    assert main_metric(tasks["retrieval/flickr_1k_test_image_text_retrieval"], out) == 70.0
     assert main_metric(tasks["wilds/iwildcam"], out) == pytest.approx(macro_f1(pred, labels))
     assert set(METRICS) >= {t.main_metric for t in tasks.values()}
     # group fields absent: the task, the field and the fix

@@ -47,7 +47,7 @@ from hardrank.tasks import Suite
 
 __all__ = ["DatasetOptions", "load_dataset", "is_dataset_name", "dataset_key", "mirror", "TASKS", "PLAIN_NAMES"]
 
-TASKS = ("auto", "zeroshot_classification", "zeroshot_retrieval", "linear_probe")  # CLIP_benchmark's --task choices
+TASKS = ("auto", "zeroshot_classification", "zeroshot_retrieval", "linear_probe")  # CLIP_benchmark's `--task` choices
 # CLIP_benchmark's Hugging Face mirrors (clip-benchmark/wds_<name, '/' as '-'>): benchmark/webdatasets.txt
 CB_MIRRORS = frozenset((
     "mscoco_captions", "flickr8k", "flickr30k", "imagenet1k", "imagenetv2", "imagenet_sketch", "imagenet-a",
@@ -109,17 +109,17 @@ class DatasetOptions(ClassificationOptions, LinearProbeOptions):
 
     data_root: str | None = opt(None, "datasets by name (wds/<name>, cifar10, vtab/pets, ... and the collections): "
                                 "a folder holding each under its mirror's name (wds_vtab-pets/, or DataComp's "
-                                "wds_vtab-pets_test/), or CLIP_benchmark's --dataset_root template, e.g. "
+                                "wds_vtab-pets_test/), or CLIP_benchmark's `--dataset_root` template, e.g. "
                                 "'data/{dataset}' ({dataset}: vtab/pets) or 'data/wds_{dataset_cleaned}' "
                                 "({dataset_cleaned}: vtab-pets); --images NAME=ROOT names one", path=True,
                                 metavar="DIR|TEMPLATE")
-    task: str = opt("auto", "datasets by name: CLIP_benchmark's --task; auto: zeroshot_retrieval for its retrieval "
+    task: str = opt("auto", "datasets by name: CLIP_benchmark's `--task`; auto: zeroshot_retrieval for its retrieval "
                     "datasets (mscoco_captions, flickr30k, flickr8k, DataComp's retrieval/) and roots whose "
                     "dataset_type.txt says retrieval, else zeroshot_classification", choices=TASKS)
     tasklist: str | None = opt(None, "a task list in DataComp's tasklist.yml form: the tasks of --suite datacomp and "
                                "each one's main metric (default: DataComp's 38, built in)", path=True)
     skip_existing: bool = opt(True, "datasets by name: a (checkpoint, dataset) whose result is in --out for the same "
-                              "model fingerprint and options is not scored again (CLIP_benchmark's --skip_existing, "
+                              "model fingerprint and options is not scored again (CLIP_benchmark's `--skip_existing`, "
                               "on by default)")
 
     def __post_init__(self):
