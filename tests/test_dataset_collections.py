@@ -377,3 +377,102 @@ def test_bad_inputs_name_the_dataset_and_the_fix_and_the_others_run(tmp_path, ti
         rep.raise_failures()
     with pytest.raises(UsageError, match=r"wds/good: where is it\? give --data-root DIR"):
         evaluate(suites=["wds/good"], **_common(tmp_path, (cfg, ckpts[:1]), out=str(tmp_path / "o3")))
+
+
+# -- ImageNet-V2 and ObjectNet from their release folders, as CLIP_benchmark's own loaders read them --------------
+def _objectnet_release(root: Path, rng) -> None:
+    """ObjectNet 1.0 unpacked, its mapping files copied into the root (as CLIP_benchmark's download does), with
+    ImageNet 2012 ids a permutation of the usual indices; "chair" maps to no ImageNet class (never read)."""
+    root.mkdir(parents=True)
+    (root / "folder_to_objectnet_label.json").write_text(json.dumps(
+        {"alarm_clock": "Alarm clock", "banana": "Banana", "chair": "Chair"}))
+    (root / "objectnet_to_imagenet_1k.json").write_text(json.dumps({"Banana": "L21", "Alarm clock": "L7; L14"}))
+    (root / "pytorch_to_imagenet_2012_id.json").write_text(json.dumps({str(k): 7 * k % 1000 for k in range(1000)}))
+    (root / "imagenet_to_label_2012_v2").write_text("".join(f"L{i}\n" for i in range(1000)))
+    for folder, colour, n in (("alarm_clock", "red", 3), ("banana", "green", 4), ("chair", "blue", 2)):
+        (root / "objectnet-1.0" / "images" / folder).mkdir(parents=True)
+        for i in range(n):
+            (root / "objectnet-1.0" / "images" / folder / f"{i}.png").write_bytes(_png(COLOURS[colour], rng))
+
+
+def _imagenetv2_release(root: Path, rng) -> None:
+    for cls, colour in ((0, "red"), (1, "green"), (417, "blue"), (999, "pink")):
+        d = root / "ImageNetV2-matched-frequency" / str(cls)
+        d.mkdir(parents=True)
+        for i in range(2):
+            (d / f"{i}.jpeg").write_bytes(_png(COLOURS[colour], rng))  # PNG bytes: both tools open by content
+
+
+def test_imagenet_releases_agree_with_clip_benchmark(tmp_path, tiny, clip_benchmark_path, monkeypatch):
+    """ImageNet-V2's and ObjectNet's release folders in the imagenet_robustness collection: each image's rank of its
+    true class equals the rank CLIP_benchmark's own loaders and classifier give it (its ObjectNet dataset and class
+    mapping, ImageNet-V2's class numbers against ImageNet's 1,000 names), and the other members fail alone."""
+    import open_clip
+
+    builder, zsc = import_clip_benchmark(clip_benchmark_path, monkeypatch, "clip_benchmark.datasets.builder",
+                                         "clip_benchmark.metrics.zeroshot_classification")
+    rng = np.random.default_rng(7)
+    _objectnet_release(tmp_path / "data" / "objectnet", rng)
+    _imagenetv2_release(tmp_path / "data" / "imagenetv2", rng)
+    (tmp_path / "t.txt").write_text("a photo of a {c}.\n")
+    (tmp_path / "t.json").write_text(json.dumps({"imagenetv2": ["a photo of a {c}."]}))
+    cfg, ckpts = tiny
+    rep = evaluate(suites=["imagenet_robustness"], data_root=str(tmp_path / "data" / "{dataset}"),
+                   per_suite={"imagenetv2": {"templates": str(tmp_path / "t.txt")}},
+                   **_common(tmp_path, (cfg, ckpts[:1])))
+    assert sorted(rep.failed_suites) == ["imagenet-a", "imagenet-r", "imagenet_sketch"]
+    assert "data/imagenet-a" in str(rep.failed_suites["imagenet-a"])
+    ours = {r["suite"]: r for r in rep.results}
+    assert ours["objectnet"]["suite_meta"]["classes"] == 2 and ours["imagenetv2"]["suite_meta"]["classes"] == 1000
+    coll = ours["imagenet_robustness"]
+    assert coll["scored"] == 2 and coll["metrics"]["Average"] is None
+    name = Path(cfg).stem
+    model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=str(ckpts[0]))
+    model.eval()
+    tokenizer = open_clip.get_tokenizer(name)
+    for ds_name, root, templates in (("objectnet", "objectnet", None), ("imagenetv2", "imagenetv2", "t.json")):
+        ds = builder.build_dataset(ds_name, root=str(tmp_path / "data" / root), transform=preprocess,
+                                   custom_template_file=str(tmp_path / templates) if templates else None)
+        paths = [str(p) for p, _ in ds.samples] if ds_name == "objectnet" else [str(p) for p in ds.fnames]
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=False, num_workers=0)
+        classifier = zsc.zero_shot_classifier(model, tokenizer, ds.classes, ds.templates, "cpu")
+        logits, target = zsc.run_classification(model, classifier, loader, "cpu", amp=False)
+        want_rank = (logits > logits.gather(1, target[:, None])).sum(1).tolist()
+        rows = pq.read_table(tmp_path / "out" / "a" / f"{ds_name}.parquet").to_pylist()
+        got_rank = {r["query_id"]: r["rank"] for r in rows if r["view"] == "clean"}
+        want = {"/".join(Path(p).parts[-2:]): r for p, r in zip(paths, want_rank)}
+        assert got_rank == want, ds_name
+        assert ours[ds_name]["metrics"]["zeroshot"]["clean"]["images"] == len(paths)
+        if ds_name == "objectnet":
+            assert ds.classes == ["alarm clock", "banana"]  # its class names, as ours
+
+
+def test_a_family_registers_in_one_line_and_its_members_take_their_own_options(tmp_path):
+    """A family (``register(..., match=)``) stands for the names it accepts: each a suite with the family's loader
+    and options, addressable per suite; unregistering it removes its members."""
+    seen = []
+
+    def load(tables, opts, own, name):
+        seen.append((name, own.data_root))
+        raise DataError(f"{name}: loaded")
+
+    from hardrank.suites.datasets import DatasetOptions
+
+    suite_registry.register("fam/<x>", load, DatasetOptions, "a test family", match=lambda n: n.startswith("fam/"))
+    try:
+        assert suite_registry.is_suite("fam/a") and not suite_registry.is_suite("fam/<x>")
+        assert suite_registry.get("fam/a").name == "fam/a" and suite_registry.takes("fam/a", "data_root")
+        from hardrank.config import SuiteOptions
+        opts = SuiteOptions(per_suite=(("fam/b", "data_root", "B"),), own=(("data_root", "A"),))
+        assert opts.own_options("fam/b").data_root == "B" and opts.own_options("fam/a").data_root == "A"
+        from hardrank.items import Tables
+        from hardrank.suites import load_suites
+        failures = {}
+        load_suites(["fam/a", "fam/b"], Tables.empty(), opts, failures)
+        assert seen == [("fam/a", "A"), ("fam/b", "B")] and list(failures) == ["fam/a", "fam/b"]
+        assert "fam/<x>" in suite_registry.describe() and "fam/<x>" in suite_registry.listing()
+    finally:
+        suite_registry.unregister("fam/<x>")
+    assert not suite_registry.is_suite("fam/a")
+    with pytest.raises(UsageError, match="unknown suite 'fam/a'"):
+        suite_registry.get("fam/a")

@@ -215,7 +215,7 @@ def load_dataset(tables: Tables, opts: SuiteOptions, own: DatasetOptions, name: 
     if task == "zeroshot_retrieval":
         suite = _retrieval(tables, mine, root, name)
     elif task == "linear_probe":
-        _check_wds(name, key, root, own.train_split)
+        _check_wds(name, root, own.train_split)
         suite = load_linear_probe(tables, mine, own, name=name)
     else:
         suite = _classification(tables, mine, own, root, key, name)
@@ -241,7 +241,7 @@ def _spec(name: str, key: str, own: DatasetOptions) -> TaskSpec | None:
     return None
 
 
-def _check_wds(name: str, key: str, root: str, split: str = "test") -> None:
+def _check_wds(name: str, root: str, split: str = "test") -> None:
     if not wds_split_exists(root, split):
         raise DataError(f"{name}: {root} holds no {split} split ({urls.join(root, split)}/0.tar ... with "
                         f"nshards.txt, CLIP_benchmark's layout); " + _fetch_hint(name, root))
@@ -252,7 +252,7 @@ def _classification(tables: Tables, opts: SuiteOptions, own: DatasetOptions, roo
     """Zero-shot classification of CLIP_benchmark's WebDataset root, or of the release folder its own loader
     reads for ImageNet-1k (``val/``), -V2 (``ImageNetV2-matched-frequency/``), -Sketch, -A, -R and ObjectNet."""
     if urls.exists(urls.join(root, CB_CLASSNAMES)) or wds_split_exists(root, "test"):
-        _check_wds(name, key, root)
+        _check_wds(name, root)
         if own.classnames is None and not urls.exists(urls.join(root, CB_CLASSNAMES)):
             raise DataError(f"{name}: {root} has test/ shards but no {CB_CLASSNAMES} (one class name a line, in label "
                             f"order); " + (f"copy it from {mirror(key)}" if mirror(key) else "write it")
@@ -312,8 +312,7 @@ def _objectnet(tables: Tables, opts: SuiteOptions, own: DatasetOptions, root: st
 def _retrieval(tables: Tables, opts: SuiteOptions, root: str, name: str) -> Suite:
     """Image-text retrieval over CLIP_benchmark's retrieval root (``test/*.tar``: an image and a ``txt`` of its
     captions, one a line), captions as written (its protocol; ``--caption-protocol`` chooses another)."""
-    key = dataset_key(name)
-    _check_wds(name, key, root)
+    _check_wds(name, root)
     shards, folder = wds_shards(root, "test")
     ss = read_shards(shards, source=folder)
     clean, refs, keys, skipped = [], [], [], 0
