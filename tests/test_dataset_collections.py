@@ -3,6 +3,7 @@ datasets, each task's main metric and the aggregates, reruns, bad input, and agr
 zero-shot, retrieval and linear-probe evaluation on roots its own converter wrote."""
 from __future__ import annotations
 
+import csv
 import io
 import json
 import sys
@@ -308,6 +309,16 @@ def test_worst_group_metrics_read_the_npy_metadata_and_a_rerun_scores_nothing(tm
         assert r["suite_meta"]["dataset"]["main_metric"] in r["task_metrics"]
     coll = {r["checkpoint"]: r for r in first.results if r["task_type"] == "collection"}
     assert set(coll) == {"a", "b"} and coll["a"]["scored"] == 2
+    assert coll["a"]["metrics"]["Average"] == pytest.approx(
+        (coll["a"]["tasks"]["fairness/geode"]["value"] + coll["a"]["tasks"]["fairness/dollar_street"]["value"]) / 2)
+    # the report: one leaderboard row per (checkpoint, collection), its main metric the average
+    from hardrank.jobs.report import build_report
+
+    rows = list(csv.DictReader(build_report(common["out"], tmp_path / "report")["csv"].open()))
+    mine = [r for r in rows if r["suite"] == "datacomp"]
+    assert [(r["checkpoint"], r["main_metric"], r["task_type"]) for r in mine] == [
+        ("a", "average", "collection"), ("b", "average", "collection")]
+    assert float(mine[0]["main"]) == pytest.approx(coll["a"]["metrics"]["Average"], abs=1e-4)
     # a rerun: every (checkpoint, dataset) is there for this model and these options: nothing loaded or scored
     mtimes = {p: p.stat().st_mtime_ns for p in Path(common["out"]).rglob("fairness_*.json")}
     again = evaluate(suites=["datacomp"], **common)
