@@ -52,7 +52,7 @@ from hardrank.settings import RunSettings, start_run
 from hardrank.subsets import subset_suites
 from hardrank.suite_registry import result_stem
 from hardrank.suites import expand_suites, load_suites
-from hardrank.suites.collections import collection_result, collection_tasks
+from hardrank.suites.collections import collection_result, collection_tasks, tasklist_option
 from hardrank.suites.toy import TOY_SUITES, pending_world
 from hardrank.tasks import MaskTask, Suite
 
@@ -477,7 +477,9 @@ def _finished(cfg: EvalConfig, pipe: EmbedPipeline | None, names: list[str]) -> 
                 r = json.loads((Path(cfg.out) / label / f"{result_stem(name)}.json").read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            prov = (r.get("provenance") or {}) if isinstance(r, dict) else {}
+            if not isinstance(r, dict):
+                continue
+            prov = r.get("provenance") or {}
             if (r.get("suite") == name and r.get("model_fingerprint") == pipe.fingerprint(i)
                     and prov.get("suite_options") == record
                     and {k: v for k, v in (prov.get("config") or {}).items() if k in _SAME_RESULTS} == config):
@@ -497,9 +499,7 @@ def _write_collections(report: EvalReport, cfg: EvalConfig, label: str, echo) ->
         tasks = collection_tasks(name, cfg.suite_options)
         if tasks is None:
             continue
-        tasklist = None
-        if name == "datacomp":
-            tasklist = cfg.suite_options.own_options(tasks[0].key).tasklist or "datacomp (built in)"
+        tasklist = (tasklist_option(cfg.suite_options) or "datacomp (built in)") if name == "datacomp" else None
         doc = collection_result(name, tasks, results, label, why, tasklist)
         path = Path(cfg.out) / label / f"collection_{result_stem(name)}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
