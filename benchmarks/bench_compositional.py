@@ -10,7 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SUITES = ("winoground", "mmvp_vlm", "whatsup", "sugarcrepe", "sugarcrepe_pp", "aro", "hard_positives")
+SUITES = ("winoground", "mmvp_vlm", "whatsup", "sugarcrepe", "sugarcrepe_pp", "aro", "hard_positives", "valse", "cola",
+          "eqben", "crepe")
 
 
 def _metrics(report) -> dict:

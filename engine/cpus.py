@@ -18,26 +18,14 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# OpenMP threads must sleep, not spin, between parallel regions. libgomp's default spins 300,000
-# rounds first, and on shared cores those spinning threads starve the main thread: every small torch
-# op then costs a scheduler time slice, so a run's time follows its op count (K checkpoints x layers
-# x batches), not its work (400 captions x 6 toy checkpoints at --batch-size 8: 108 s, 4.6 s with
-# PASSIVE; 2 cores at load 20). libgomp reads this once, when torch loads it: hence here, before this
-# module imports torch (``import hardrank`` imports this module first). A policy the user set is kept;
-# one torch imported before hardrank has read already (``wait_policy`` says so in every result). The
-# same holds for FAISS's own libgomp (loaded later) and MKL (on libgomp in torch's builds); torch's
-# inter-op pool waits on condition variables, never spins. Child processes (Ray workers) inherit it.
-_TORCH_FIRST = "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
 
-import torch  # noqa: E402  (after the wait policy)
-
-from hardrank.errors import UsageError  # noqa: E402
+from hardrank.errors import UsageError
+from hardrank.openmp import TORCH_FIRST as _TORCH_FIRST  # the wait policy: set before torch's import
 
 __all__ = ["ThreadBudget", "budget", "decide", "apply", "use", "max_threads", "check_threads", "wait_policy",
            "cgroup_quota", "probe_cores"]

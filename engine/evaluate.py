@@ -217,14 +217,20 @@ def _score_choice(suite: Suite, device: str, emb: dict[str, np.ndarray]) -> dict
         verdicts_by_task[task.name] = verdicts
         counts[task.name] = {"items": len(task.ids), "candidates": int(task.left.shape[1] * task.right.shape[1]),
                              "rule": task.rule, "skipped": task.skipped}
+        if task.candidates is not None and len(task.candidates):  # retrieval sets of several sizes (CREPE)
+            counts[task.name]["candidates_range"] = [int(task.candidates.min()), int(task.candidates.max())]
         main = verdicts.get("correct", verdicts.get("augmented", verdicts.get("group")))
+        rank = verdicts.get("rank")  # first_rank: the first candidate's rank (an int, not a verdict)
         n = len(task.ids)
+        flat = scores.reshape(n, -1).tolist()
+        if task.candidates is not None:  # a row's padding is no candidate: only its real ones' scores
+            flat = [row[:int(c)] for row, c in zip(flat, task.candidates)]
         outcomes.append(pa.Table.from_pydict({
             "kind": ["choice"] * n, "task": [task.name] * n, "view": [None] * n, "query_id": task.ids,
-            "rank": [None] * n, "top1_id": [None] * n, "top1_group": [None] * n,
-            "subset": task.subset if task.subset is not None else [None] * n,
-            "scores": scores.reshape(n, -1).tolist(), "correct": main.tolist(),
-            "unit": task.ids, "verdicts": verdict_map(verdicts, n),
+            "rank": rank.tolist() if rank is not None else [None] * n, "top1_id": [None] * n,
+            "top1_group": [None] * n, "subset": task.subset if task.subset is not None else [None] * n,
+            "scores": flat, "correct": main.tolist() if main is not None else [None] * n,
+            "unit": task.ids, "verdicts": verdict_map({k: v for k, v in verdicts.items() if k != "rank"}, n),
         }, schema=outcome_schema()))
     for avg, members in suite.view_average.items():  # e.g. REPLACE = mean(attribute, relation)
         if all(mb in metrics for mb in members):

@@ -20,6 +20,10 @@ CHOICE_RULES = (
     "two_positives",  # 1 anchor x (p1, p2, n): correct iff both positives score strictly above n (SugarCrepe++ ITT)
     "text_triplet",   # texts (p1, p2, n) x the same three: correct iff s(p1, p2) > s(p1, n) and > s(p2, n), strict
                       # (SugarCrepe++ TOT)
+    "first_rank",     # candidate 0 is correct; rank = others strictly above it (a tie goes to candidate 0, the order
+                      # of a stable descending sort); correct iff rank 0; R@K and ranks reported (CREPE)
+    "multilabel",     # 1 image x C class texts with per-candidate truth (``truth``) and eligibility (``eligible``):
+                      # average precision per class over the rows eligible for it, their mean (COLA single-object)
 )
 
 
@@ -172,6 +176,12 @@ class ChoiceTask:
     # (n,) bool: a bag-of-words text-only scorer cannot separate the candidates this rule compares, so its
     # verdict is forced (scoring/blind.py); None where the check does not apply. Set when the suite loads.
     blind: np.ndarray | None = None
+    # (n,) int64: row i's real candidates are right[i, :candidates[i]], the rest padding (repeating candidate 0,
+    # never scored); None: every row has all B (CREPE's retrieval sets differ in size)
+    candidates: np.ndarray | None = None
+    # multilabel: (n, B) bool, candidate b is a positive of row i / counts for row i (COLA's label and hard_list)
+    truth: np.ndarray | None = None
+    eligible: np.ndarray | None = None
 
     def validate(self) -> None:
         if self.rule not in CHOICE_RULES:
@@ -185,6 +195,16 @@ class ChoiceTask:
         wrong = {k: len(v) for k, v in labels.items() if v is not None and len(v) != len(self.left)}
         if wrong or (self.blind is not None and len(self.blind) != n):
             raise ValueError(f"task {self.name}: {len(self.left)} rows but per-row lists of lengths {wrong}")
+        b = self.right.shape[1]
+        if self.candidates is not None and (self.candidates.shape != (n,) or (n and (
+                self.candidates.min() < 1 or self.candidates.max() > b))):
+            raise ValueError(f"task {self.name}: candidates must be (n,) counts in 1..{b}, got "
+                             f"{self.candidates.shape}")
+        grids = {k: v.shape for k, v in (("truth", self.truth), ("eligible", self.eligible)) if v is not None}
+        need = 2 if self.rule == "multilabel" else 0
+        if len(grids) != need or any(sh != self.right.shape for sh in grids.values()):
+            raise ValueError(f"task {self.name}: truth and eligible go with rule multilabel, shaped like right "
+                             f"{self.right.shape}; got {grids} for rule {self.rule}")
 
     def drop(self, bad_left: np.ndarray, bad_right: np.ndarray) -> ChoiceTask:
         """Remove rows that touch a failed item (row-wise masks)."""
@@ -204,7 +224,9 @@ class ChoiceTask:
         return replace(self, left=self.left[keep], right=self.right[keep], ids=rows(self.ids),
                        subset=rows(self.subset), facets={k: rows(v) for k, v in self.facets.items()},
                        groups={k: RowGroups(rows(g.labels), g.size) for k, g in self.groups.items()},
-                       blind=None if self.blind is None else self.blind[keep])
+                       blind=None if self.blind is None else self.blind[keep],
+                       **{k: getattr(self, k)[keep] for k in ("candidates", "truth", "eligible")
+                          if getattr(self, k) is not None})
 
 
 @dataclass

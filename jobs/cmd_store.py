@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from hardrank.config import EvalConfig, SuiteOptions, default_store, flat_fields, opt
 from hardrank.errors import EXIT_OK
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
 from hardrank.models.forms import forms_help
 from hardrank.store.id_export import export_embeddings, list_stores
@@ -104,7 +105,7 @@ def _cmd_export(args) -> int:
 def add_store_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hardrank store list`` and ``hardrank store export``."""
     p = subparsers.add_parser(
-        "store", help="the embedding store: list its folders, export embeddings with their ids",
+        "store", help=COMMANDS["store"],
         formatter_class=Formatter,
         description="The store keeps one folder per model fingerprint (architecture + checkpoint hash + "
                     "precision + preprocessing), its rows keyed by content. `list` says which folder is which "

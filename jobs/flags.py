@@ -9,6 +9,7 @@ import typing
 import hardrank.suites  # noqa: F401  (registers the suites: their own options are flags too)
 from hardrank import suite_registry
 from hardrank.config import build, flat_fields, option_kind
+from hardrank.jobs.commands import CLI_FLAGS, Formatter, add_cli_flags  # the front page's, shared
 from hardrank.models.forms import forms_help
 
 __all__ = ["add_options", "add_cli_flags", "options_from_args", "expand_globs", "Formatter", "CLI_FLAGS",
@@ -18,31 +19,11 @@ __all__ = ["add_options", "add_cli_flags", "options_from_args", "expand_globs", 
 CONFIG_CLASS = "config_class"
 
 
-class Formatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the epilog's example lines as written."""
-
-
-# The only flags that are no option of a config: they steer the command line itself (what it prints,
-# whether it does the work at all), never the work, so no config, job file or Python call has them.
-CLI_FLAGS = {
-    "quiet": (("--quiet",), "no progress output (bars on a terminal, periodic lines in logs)"),
-    "dry_run": (("--dry-run",), "print the plan (suites, unique items, store hits per checkpoint) and encode nothing"),
-    "verbose": (("-v", "--verbose"), "log what happens (INFO); `hardrank run` also prints a failing entry's "
-                "traceback"),
-}
-
 _GROUPS = {"SuiteOptions": "suite inputs", "EmbedOptions": "embedding (model runs, store, executor)",
            "MineOptions": "mining", "ProbeOptions": "linear probe (suite linear_probe)"}
 
 
 _LISTINGS = {"suites": suite_registry.listing, "models": forms_help}  # opt(listing=...) -> what the help lists
-
-
-def add_cli_flags(parser: argparse.ArgumentParser, *names: str, help: dict[str, str] | None = None) -> None:
-    """The command-line-only flags ``names`` (keys of ``CLI_FLAGS``); ``help`` rewords one for a command."""
-    for name in names:
-        flags, text = CLI_FLAGS[name]
-        parser.add_argument(*flags, dest=name, action="store_true", help=(help or {}).get(name, text))
 
 
 def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, required=(), help=None,

@@ -21,6 +21,7 @@ from hardrank.config import EvalConfig, SuiteOptions, build, flat_fields, opt, s
 from hardrank.errors import EXIT_OK, INPUT_FILE_ERRORS, HardrankError, TooManyFailures, UsageError, exit_code
 from hardrank.evaluate import evaluate, plan
 from hardrank.executors import executor
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.jobs.progress import make_progress
 from hardrank.scoring.results import format_table
@@ -445,7 +446,7 @@ def _run_entries(job: JobFile, args, codes: list) -> None:
 def add_run_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hardrank run JOB.toml [--dry-run] [--quiet]``."""
     p = subparsers.add_parser(
-        "run", help="run a grid of models x checkpoints x suites from a TOML job file",
+        "run", help=COMMANDS["run"],
         description="Run every [[model]] of a TOML job file on its suites (each model's checkpoints share one "
                     "decode). Entries that fail (for any reason) are reported and the others still run; the exit "
                     "code is that of the first failure (2 bad job file or options, 3 bad data, 4 too many "

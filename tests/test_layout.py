@@ -90,15 +90,24 @@ def test_nothing_imports_the_folder_names():
                 assert all(a.name.split(".")[0] not in FOLDERS for a in node.names), test.name
 
 
+# the front doors, which import what they name on first use, so that `import hardrank` and `hardrank --help`
+# need no torch: the package's public API (``hardrank.__getattr__``), the command line's sub-commands
+# (``jobs.cli``) and ``--version``'s package metadata (``jobs.commands``)
+LAZY_FRONTS = {"hardrank": ("hardrank.",), "hardrank.jobs.cli": ("hardrank.jobs.",),
+               "hardrank.jobs.commands": ("importlib.metadata",)}
+
+
 def test_function_level_imports_only_for_heavy_optional_dependencies():
     """A function may import ray / DALI / faiss / matplotlib, or the one hardrank module that holds
-    such an import at its top; everything else is imported at module top."""
+    such an import at its top; everything else is imported at module top (but in the two front doors)."""
     holds_heavy = {m for m in MODULES if any(_heavy(x) for x in _imports(m)[0])}
     offenders = []
     for name in MODULES:
         for m in _imports(name)[1]:
             if name == "hardrank.openclip_import" and m.split(".")[0] == "open_clip":
-                continue  # its one job: import open_clip with transformers hidden (a guard around the import)
+                continue  # binds transformers into open_clip's module when a text tower needs it
+            if name in LAZY_FRONTS and m.startswith(LAZY_FRONTS[name]):
+                continue
             if not (_heavy(m) or m in holds_heavy or any(m.startswith(h + ".") for h in holds_heavy)):
                 offenders.append(f"{MODULES[name].relative_to(ROOT)}: {m}")
     assert not offenders, "function-level imports of core modules:\n" + "\n".join(offenders)
@@ -249,10 +258,14 @@ def test_wheel_installs_one_name(tmp_path):
 # What runs at import besides imports, definitions and plain assignments (issue 38: no process-wide effect at
 # import but OpenMP's wait policy), each with its reason. Anything else is an explicit call of whoever needs it.
 AT_IMPORT = {
-    # must precede torch's loading of libgomp, which reads it once (README "Busy machines")
-    ("hardrank.cpus", "os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')"),
-    # open_clip imported with transformers hidden for the one statement (start-up: 1.8 s)
-    ("hardrank.openclip_import", "import_open_clip()"),
+    # must precede torch's loading of libgomp, which reads it once (docs/running.md "Busy machines")
+    ("hardrank.openmp", "os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')"),
+    # open_clip's first import (whenever it comes) leaves transformers out: a finder on sys.meta_path that
+    # hides transformers from the thread importing open_clip, only while it does (start-up: 1.1-1.9 s)
+    ("hardrank.openclip_import", "if 'open_clip' not in sys.modules and 'transformers' not in sys.modules:\n"
+                                 "    sys.meta_path.insert(0, _OpenClipWithoutTransformers())"),
+    # the lazy package: `hardrank.evaluate` stays the function once hardrank/evaluate.py is imported
+    ("hardrank", "sys.modules[__name__].__class__ = _Package"),
     # a YAML loader subclass of our own that refuses repeated keys (the class's table, not yaml's)
     ("hardrank.suites.collections",
      "_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)"),

@@ -18,12 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from hardrank import urls
+from hardrank import (
+    executors,  # the module, not its names: hardrank.executors imports this package back
+    urls,
+)
 from hardrank.config import DECODERS, EmbedOptions
 from hardrank.embed.decode import is_processor_cfg
 from hardrank.embed.job import EmbedJob, EmbedSink, EmbedStats, check_failures
 from hardrank.errors import UsageError
-from hardrank.executors import LocalRunner, executor
 from hardrank.items import ItemTable, Tables
 from hardrank.models.load import load_model
 from hardrank.models.openclip import LoadedModel, ModelSpec
@@ -40,13 +42,13 @@ log = logging.getLogger("hardrank.embed")
 def make_runner(options: EmbedOptions, models: list[LoadedModel], settings: RunSettings | None = None):
     """The embed runner of the executor ``options.executor`` names (``hardrank.executors``), for the run
     ``settings`` describe (None: its threads from ``options``)."""
-    return executor(options, settings).embed_runner(models)
+    return executors.executor(options, settings).embed_runner(models)
 
 
 def make_scan_mapper(options: EmbedOptions, settings: RunSettings | None = None):
     """How tar shards are scanned (``hardrank.inputs.scan_with``): None (threads here) for the local
     executor; with ``ray``, Ray tasks, so the workers read the shards and the driver reads none."""
-    return executor(options, settings).scan_mapper()
+    return executors.executor(options, settings).scan_mapper()
 
 
 def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[EmbeddingStore], *,
@@ -105,7 +107,7 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
                 work.append(job_sink)
         try:
             if work:  # one call for both modalities: workers start once; runners add their time to the stats
-                (runner or LocalRunner(models))(work)
+                (runner or executors.LocalRunner(models))(work)
         finally:  # also on errors and interrupts: whatever was encoded is committed
             for _, sink in work:
                 sink.flush()

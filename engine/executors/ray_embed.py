@@ -56,18 +56,22 @@ def connect(address: str | None = None, threads: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
+    # Ray's own lines (its warnings at start, its workers' and raylet's output relayed to this process)
+    # follow hardrank's log level: shown with `-v` (INFO), else only Ray's errors; an actor's failure
+    # still reaches the driver as the task's exception
+    verbose = log.isEnabledFor(logging.INFO)
+    quiet = {"logging_level": logging.INFO if verbose else logging.ERROR, "log_to_driver": verbose}
     with _keep_sigterm_handler():
         if address:  # ship this checkout's code so workers run exactly what the driver runs
             env = {"py_modules": [_shipped_package()], "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
             try:
-                ray.init(address=address, runtime_env=env, logging_level=logging.WARNING)
+                ray.init(address=address, runtime_env=env, **quiet)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise UsageError(f"could not join the Ray cluster at {address!r} ({exc}); check "
                                  f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
         else:  # a local cluster's workers run this interpreter, which imports hardrank already; its CPUs are
             # the run's thread budget (affinity, cgroup quota, --threads), which sizes every actor's threads
-            ray.init(num_cpus=threads or cpus.decide().threads, include_dashboard=False,
-                     logging_level=logging.WARNING)
+            ray.init(num_cpus=threads or cpus.decide().threads, include_dashboard=False, **quiet)
     return True
 
 

@@ -51,6 +51,7 @@ from hardrank.models.boundary import (
 )
 from hardrank.models.hf_text import snapshot
 from hardrank.models.openclip import EMBED_VERSION, LoadedModel, ModelSpec, file_hash
+from hardrank.openclip_import import import_transformers
 
 __all__ = ["HF_PREFIX", "Family", "FAMILIES", "register_family", "is_hf", "load_hf_model", "hf_image_processor",
            "processor_preprocess_cfg", "tokenizer_of", "weights_of", "build_model", "weights_hash", "text_vocab_size",
@@ -146,10 +147,9 @@ def is_hf(arch: str) -> bool:
 
 def _transformers(what: str):
     try:
-        import transformers
+        return import_transformers()  # not `import transformers`: a Ray actor's two threads first use it at once
     except ImportError as exc:
         raise MissingExtra(what, "hf", "transformers") from exc
-    return transformers
 
 
 def _folder(arch: str) -> ModelFolder:

@@ -14,12 +14,12 @@ BLIND_DEFINITION = (
     "caption's lowercased words, not the image and not the word order) is forced to tie the candidates the "
     "rule compares, so its verdict is fixed by the tie rule: first_strict, triplet (c or c_P vs c_N), "
     "two_positives (p1 or p2 vs n): a candidate to beat has the bag of a correct one (forced wrong); "
-    "first_ties_win: every other candidate has the original's bag (forced right); grid2x2 and pair_t2i: "
-    "always (choosing between images, or each image its own caption, needs the image: forced wrong); "
-    "text_triplet: not applicable (a text-only task)")
+    "first_ties_win, first_rank: every other candidate has the original's bag (forced right); grid2x2 and "
+    "pair_t2i: always (choosing between images, or each image its own caption, needs the image: forced wrong); "
+    "text_triplet: not applicable (a text-only task); multilabel: not applicable (no per-row verdict)")
 # the verdict a bag-of-words scorer is forced to on an unresolvable row, per rule
-FORCED_CORRECT = {"first_strict": False, "first_ties_win": True, "triplet": False, "two_positives": False,
-                  "grid2x2": False, "pair_t2i": False}
+FORCED_CORRECT = {"first_strict": False, "first_ties_win": True, "first_rank": True, "triplet": False,
+                  "two_positives": False, "grid2x2": False, "pair_t2i": False}
 _WORD = re.compile(r"\w+")
 
 
@@ -50,10 +50,13 @@ def _unresolvable(task: ChoiceTask, texts: list[str], bags: dict) -> np.ndarray 
         if r not in of_row:
             of_row[r] = ids.setdefault(bag_of_words(texts[r]), len(ids))
     b = np.vectorize(of_row.__getitem__, otypes=[np.int64])(task.right) if task.right.size else task.right  # (n, B)
+    same = b[:, 1:] == b[:, :1]  # (n, B-1) another candidate has the first one's bag
+    real = (np.ones_like(same) if task.candidates is None  # a row's padding (past its candidates) is no candidate
+            else np.arange(1, b.shape[1])[None, :] < task.candidates[:, None])
     if task.rule == "first_strict":
-        return (b[:, 1:] == b[:, :1]).any(1)
-    if task.rule == "first_ties_win":
-        return (b[:, 1:] == b[:, :1]).all(1)
+        return (same & real).any(1)
+    if task.rule in ("first_ties_win", "first_rank"):
+        return (same | ~real).all(1)
     # triplet (c, c_P, c_N) and two_positives (p1, p2, n): either positive vs the negative
     return (b[:, 0] == b[:, 2]) | (b[:, 1] == b[:, 2])
 

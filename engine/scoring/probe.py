@@ -43,20 +43,20 @@ class ProbeOptions:
     """How suite linear_probe picks its training images and trains its probe (CLIP_benchmark's linear_probe)."""
 
     fewshot_k: int = opt(-1, "linear_probe: training images per class, picked by --probe-seed; -1: every image of "
-                         "the train split (CLIP_benchmark's `--fewshot_k`)", minimum=-1)
-    fewshot_epochs: int = opt(10, "linear_probe: training epochs (CLIP_benchmark's `--fewshot_epochs`)", minimum=1)
+                         "the train split (CLIP_benchmark's fewshot_k option)", minimum=-1)
+    fewshot_epochs: int = opt(10, "linear_probe: training epochs (CLIP_benchmark's fewshot_epochs option)", minimum=1)
     fewshot_lr: float = opt(0.1, "linear_probe: AdamW's learning rate, cosine-decayed to 0 over the run, no warm-up "
-                            "(CLIP_benchmark's `--fewshot_lr`)")
-    probe_batch_size: int = opt(64, "linear_probe: training batch (CLIP_benchmark's `--batch_size`)", minimum=1)
+                            "(CLIP_benchmark's fewshot_lr option)")
+    probe_batch_size: int = opt(64, "linear_probe: training batch (CLIP_benchmark's batch_size option)", minimum=1)
     probe_seed: int = opt(0, "linear_probe: seed of the validation hold-out, the few-shot pick, the initial weights "
-                          "and the batch order (CLIP_benchmark's `--seed`)", minimum=0)
+                          "and the batch order (CLIP_benchmark's seed option)", minimum=0)
     train_split: str = opt("train", "linear_probe: the split of the --images root the probe trains on "
                            "(<root>/<split>/0.tar ...); it is scored on test")
     val_split: str | None = opt(None, "linear_probe: a split of the root to choose the weight decay on, after which "
                                 "the probe trains on train + it (few-shot: on the shots); without it or "
-                                "--val-proportion the weight decay is 0 (CLIP_benchmark's `--val_split`)")
+                                "--val-proportion the weight decay is 0 (CLIP_benchmark's val_split option)")
     val_proportion: float | None = opt(None, "linear_probe: hold this share of the train split out to choose the "
-                                       "weight decay on, like --val-split (CLIP_benchmark's `--val_proportion`)")
+                                       "weight decay on, like --val-split (CLIP_benchmark's val_proportion option)")
     weight_decays: tuple[float, ...] | None = opt(None, "linear_probe: the weight decays a validation search tries, "
                                                   "each trained, the first best kept; default: CLIP_benchmark's 97 "
                                                   "values 1e-6..1e2, 7 coarse ones first, then around the best",

@@ -166,7 +166,7 @@ def headline_paths(result: dict) -> dict[str, tuple[str, ...]]:
     else:
         for task, tm in m.items():
             a = tm.get("all", {})
-            for k in ("accuracy", "augmented_accuracy", "original_accuracy", "group_score", "i2t_accuracy"):
+            for k in ("accuracy", "augmented_accuracy", "original_accuracy", "group_score", "i2t_accuracy", "mAP"):
                 if k in a:
                     out[f"{task} {k.replace('_accuracy', '').replace('accuracy', 'acc')}"] = (task, "all", k)
     return out

@@ -14,8 +14,11 @@ from hardrank.suites._common import SuiteFormatError, SuiteOptions
 from hardrank.suites.amodal import AmodalOptions, amodal_needs_model, load_amodal_suite
 from hardrank.suites.aro import load_aro, load_coco_order, load_flickr_order
 from hardrank.suites.classification import ClassificationOptions, load_classification
+from hardrank.suites.cola import load_cola
 from hardrank.suites.collections import CB_COLLECTIONS, datacomp_members
+from hardrank.suites.crepe import CrepeOptions, load_crepe
 from hardrank.suites.datasets import PLAIN_NAMES, DatasetOptions, is_dataset_name, load_dataset
+from hardrank.suites.eqben import load_eqben
 from hardrank.suites.hard_positives import load_hard_positives
 from hardrank.suites.inpaintcoco import load_inpaintcoco
 from hardrank.suites.karpathy import load_karpathy, load_rococo
@@ -24,6 +27,7 @@ from hardrank.suites.mmvp import load_mmvp_vlm
 from hardrank.suites.sugarcrepe import load_sugarcrepe
 from hardrank.suites.sugarcrepe_pp import load_sugarcrepe_pp
 from hardrank.suites.toy import TOY_SUITES, load_toy
+from hardrank.suites.valse import load_valse
 from hardrank.suites.webdataset import WdsOptions, load_wds
 from hardrank.suites.whatsup import load_whatsup
 from hardrank.suites.winoground import load_winoground
@@ -49,6 +53,13 @@ register("mmvp_vlm", load_mmvp_vlm, None, "MMVP-VLM: image pairs CLIP confuses, 
 register("whatsup", load_whatsup, None, "What's Up: spatial relations (Controlled-A/-B, COCO- and GQA-spatial)")
 register("sugarcrepe_pp", load_sugarcrepe_pp, None, "SugarCrepe++: two paraphrased positives vs a negative, "
          "image-to-text and text-only (--images COCO val2017)")
+register("valse", load_valse, None, "VALSE: caption vs foil per linguistic phenomenon, validated items (its piece "
+         "files + the source datasets' images)")
+register("cola", load_cola, None, "COLA: multi-object image pairs (image score) and single-object class mAP")
+register("eqben", load_eqben, None, "EqBen: two frames with a minimal visual change, two captions (Winoground-style "
+         "annotation of the released subset)")
+register("crepe", load_crepe, CrepeOptions, "CREPE: a Visual Genome region's caption among its hard negatives, R@1 "
+         "(systematicity and productivity CSVs)")
 register("amodal", load_amodal_suite, AmodalOptions, "AmodalReasonSeg-style masks: predictions, or the "
          "clip-regions baseline", needs_model=amodal_needs_model)
 register("wds", load_wds, WdsOptions, "retrieval over WebDataset shards' / img2dataset outputs' own captions")

@@ -109,18 +109,18 @@ class DatasetOptions(ClassificationOptions, LinearProbeOptions):
 
     data_root: str | None = opt(None, "datasets by name (wds/<name>, cifar10, vtab/pets, ... and the collections): "
                                 "a folder holding each under its mirror's name (wds_vtab-pets/, or DataComp's "
-                                "wds_vtab-pets_test/), or CLIP_benchmark's `--dataset_root` template, e.g. "
+                                "wds_vtab-pets_test/), or CLIP_benchmark's dataset_root template, e.g. "
                                 "'data/{dataset}' ({dataset}: vtab/pets) or 'data/wds_{dataset_cleaned}' "
                                 "({dataset_cleaned}: vtab-pets); --images NAME=ROOT names one", path=True,
                                 metavar="DIR|TEMPLATE")
-    task: str = opt("auto", "datasets by name: CLIP_benchmark's `--task`; auto: zeroshot_retrieval for its retrieval "
-                    "datasets (mscoco_captions, flickr30k, flickr8k, DataComp's retrieval/) and roots whose "
+    task: str = opt("auto", "datasets by name: CLIP_benchmark's task option; auto: zeroshot_retrieval for its "
+                    "retrieval datasets (mscoco_captions, flickr30k, flickr8k, DataComp's retrieval/) and roots whose "
                     "dataset_type.txt says retrieval, else zeroshot_classification", choices=TASKS)
     tasklist: str | None = opt(None, "a task list in DataComp's tasklist.yml form: the tasks of --suite datacomp and "
                                "each one's main metric (default: DataComp's 38, built in)", path=True)
     skip_existing: bool = opt(True, "datasets by name: a (checkpoint, dataset) whose result is in --out for the same "
-                              "model fingerprint and options is not scored again (CLIP_benchmark's `--skip_existing`, "
-                              "on by default)")
+                              "model fingerprint and options is not scored again (CLIP_benchmark's skip_existing "
+                              "option, on by default)")
 
     def __post_init__(self):
         super().__post_init__()

@@ -14,8 +14,7 @@ from hardrank.suites.hard_positives import load_hard_positives
 from hardrank.suites.inpaintcoco import load_inpaintcoco
 from hardrank.suites.karpathy import load_rococo
 from hardrank.tasks import Suite
-from hardrank.toyworld import WorldConfig, build_world, world_config
-from hardrank.toyworld.world import CLASSIFY_CORRUPTIONS, WORLD_VERSION, classification_split
+from hardrank.toyworld import world as toy_world  # the module: the toy world's images import the suites back
 
 __all__ = ["load_toy", "default_world_dir", "pending_world", "TOY_SUITES"]
 
@@ -34,14 +33,14 @@ def pending_world(opts: SuiteOptions) -> Path | None:
         manifest = json.loads((world / "world.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return world
-    return None if isinstance(manifest, dict) and manifest.get("version") == WORLD_VERSION else world
+    return None if isinstance(manifest, dict) and manifest.get("version") == toy_world.WORLD_VERSION else world
 
 
 def ensure_world(opts: SuiteOptions) -> Path:
     """``--data`` (or the cached default world): a world built with any config is used as it is
     (rebuilt only when its generator version is stale); a missing one is built with the defaults."""
     world = Path(opts.data) if opts.data else default_world_dir()
-    return Path(build_world(world, world_config(world) or WorldConfig()))
+    return Path(toy_world.build_world(world, toy_world.world_config(world) or toy_world.WorldConfig()))
 
 
 def load_toy(tables: Tables, opts: SuiteOptions, name: str) -> Suite:
@@ -56,8 +55,8 @@ def load_toy(tables: Tables, opts: SuiteOptions, name: str) -> Suite:
         suite = load_hard_positives(tables, replace(opts, data=str(world / "hard_positives"),
                                                     images=str(world / "images")), name=name)
     elif name == "toy-classify":  # zero-shot: the left object's colour and shape, 24 classes (+ --image-variants)
-        split = classification_split(world)
-        names, severities, seed = CLASSIFY_CORRUPTIONS
+        split = toy_world.classification_split(world)
+        names, severities, seed = toy_world.CLASSIFY_CORRUPTIONS
         variants = opts.image_variants or tuple(f"{n}_{s}" for n in names for s in severities)
         suite = load_classification(tables, replace(opts, images=str(world / "images"), image_variants=variants,
                                                     seeds=opts.seeds if opts.image_variants else (seed,),

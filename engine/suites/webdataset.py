@@ -9,7 +9,7 @@ from hardrank.config import opt
 from hardrank.errors import DataError, UsageError
 from hardrank.inputs import SampleSet, parse_captions, read_samples, read_shards, sample_captions
 from hardrank.items import ImageRef, Tables
-from hardrank.perturb.shards import variant_shards
+from hardrank.perturb import shards as variant_files  # the module: hardrank.perturb imports the suites back
 from hardrank.suites._common import SuiteFormatError, SuiteOptions, caption_protocol, is_corruption_variant
 from hardrank.suites.karpathy import N_PERTURBED, ROCOCO_TEXT_VARIANTS, build_retrieval, image_variant_names
 from hardrank.tasks import Suite
@@ -78,7 +78,7 @@ def load_wds(tables: Tables, opts: SuiteOptions, own: WdsOptions, name: str = "w
 
 def _variant(ss: SampleSet, v: str, required: bool, folder: str = "") -> SampleSet | None:
     """The variant shards ``<folder>/<v>/<shard>`` (``folder``: default the shards' own folder)."""
-    shards = variant_shards(ss, folder, v)
+    shards = variant_files.variant_shards(ss, folder, v)
     missing = [s for s in shards if not urls.exists(s)]
     if missing:
         if required:

@@ -23,6 +23,15 @@ STANDIN_SIZES = {
     "aro": {"visual_genome_relation": 23937, "visual_genome_attribution": 28748},
     "hard_positives": {"vl_checklist_attributes": 10575, "vl_checklist_relations": 16868,
                        "visual_genome_attribution": 28748},
+    # every item of each piece file (the release's count before its validation keeps ~88%)
+    "valse": {"existence": 534, "plurals": 1000, "counting-hard": 1000, "counting-small-quant": 1000,
+              "counting-adversarial": 756, "relations": 614, "action-replacement": 779, "actant-swap": 1042,
+              "coreference-standard": 916, "coreference-hard": 141, "foil-it": 1000},
+    # multi-object pairs as released; single-object images per file: an order of magnitude (not stated), 320 classes
+    "cola": {"multi_object": 210, "single_gqa": 1000, "single_clevr": 1000, "single_paco": 1000, "classes": 320},
+    "eqben": {"items": 6000},  # the 10% subset: ~25K image-text pairs
+    # rows per CSV: an order of magnitude (the release states none)
+    "crepe": {"syst_rows": 1000, "prod_rows": 500},
 }
 STANDIN_SUITES = tuple(STANDIN_SIZES)
 _POOLS = {"coco": 5000, "vg": 10000}  # distinct COCO val2017 / Visual Genome images at scale 1
@@ -31,6 +40,19 @@ _MMVP_TYPES = ("Orientation", "Presence", "State", "Quantity", "Spatial", "Color
 _OBJ = "dog cat man woman horse car bus boat table chair cup bottle plate tree bird kite".split()
 _ADJ = "red blue green white black small large old young wooden wet striped".split()
 _REL = "on under behind near beside above holding riding watching".split()
+_VALSE_SOURCES = {  # piece -> the source dataset as the release names it, and the image file name it writes
+    "existence": ("visual7w", "v7w_{}.jpg"), "counting-hard": ("visual7w", "v7w_{}.jpg"),
+    "counting-small-quant": ("visual7w", "v7w_{}.jpg"), "counting-adversarial": ("visual7w", "v7w_{}.jpg"),
+    "plurals": ("coco2017", "{:012d}.jpg"), "relations": ("coco_2017", "{:012d}.jpg"),
+    "action-replacement": ("SWiG", "exercising_{}.jpg"), "actant-swap": ("SWiG", "exercising_{}.jpg"),
+    "coreference-standard": ("VisDial_v1.0", "COCO_train2014_{:012d}.jpg"),
+    "coreference-hard": ("VisDial_v1.0", "VisualDialog_val2018_{:012d}.jpg"),
+    "foil-it": ("FOIL dataset", "COCO_val2014_{:012d}.jpg")}
+# where each source dataset's images sit under the shared --images folder (hardrank.suites.valse)
+_VALSE_FOLDERS = {"v7w_": "visual7w/images", "exercising_": "images_512", "COCO_train2014_": "train2014",
+                  "VisualDialog_val2018_": "VisualDialog_val2018", "COCO_val2014_": "val2014"}
+_EQBEN_SUBSETS = ("eqbenag", "eqbengebc", "eqbenkubric_loc", "eqbenkubric_attr", "eqbenkubric_cnt", "eqbensd",
+                  "eqbenyoucook2")
 
 
 class _Writer:
@@ -145,6 +167,122 @@ def _whatsup(w: _Writer, folder: Path, sizes: dict, coco: list[str], vg: list[in
         _json(folder / fname, items)
 
 
+def _valse(w: _Writer, folder: Path, images: Path, sizes: dict, coco: list[str]) -> None:
+    """VALSE's data/<piece>.json (objects keyed by item id, the README's fields, the mturk votes) and each source
+    dataset's images under ``images`` (COCO val2017 from the shared pool)."""
+    for piece, count in sizes.items():
+        dataset, pattern = _VALSE_SOURCES[piece]
+        items = {}
+        for i in range(count):
+            if dataset.startswith("coco"):
+                fname = coco[w.rng.integers(len(coco))]
+            else:
+                fname = pattern.format(int(w.rng.integers(1, max(2, count // 2))))
+                sub = next(v for k, v in _VALSE_FOLDERS.items() if fname.startswith(k))
+                w.image(images / sub / fname, _seed("valse", sub, fname))
+            cap = w.caption()
+            votes = int(w.rng.choice([3, 2, 1, 0], p=[0.55, 0.33, 0.08, 0.04]))
+            other = int(w.rng.integers(0, 4 - votes))
+            items[f"{piece}_{i}"] = {"dataset": dataset, "original_split": "test", "dataset_idx": str(i),
+                                     "linguistic_phenomena": piece.split("-")[0], "image_file": fname,
+                                     "caption": cap, "classes": cap.split()[1], "classes_foil": "x",
+                                     "mturk": {"foil": 3 - votes - other, "caption": votes, "other": other},
+                                     "foil": w.negative(cap, piece == "actant-swap")}
+        _json(folder / f"{piece}.json", items)
+
+
+def _cola(w: _Writer, folder: Path, images: Path, sizes: dict, vg: list[int]) -> None:
+    """COLA's data/: the multi-object pairs ([image URL, caption, image URL, caption]) with the Visual Genome
+    images as the URLs name them, and the single-object files ({"labels", "data"}) with their images."""
+    items = []
+    for _ in range(sizes["multi_object"]):
+        a, b = (int(vg[w.rng.integers(len(vg))]) for _ in range(2))
+        for i in (a, b):
+            w.image(images / "vg_gqa_images" / f"{i}.jpg", _seed("vg", i))
+        cap = w.caption()
+        items.append([f"https://cs-people.bu.edu/array/data/vg_gqa_images/{a}.jpg", cap,
+                      f"https://cs-people.bu.edu/array/data/vg_gqa_images/{b}.jpg", w.negative(cap, False)])
+    _json(folder / "COLA_multiobjects_matching_benchmark.json", items)
+    n_cls = sizes["classes"]
+    labels = list(dict.fromkeys(f"{a1} {a2} {o}" for a1 in _ADJ for a2 in _ADJ for o in _OBJ if a1 != a2))[:n_cls]
+    for task, fname in (("single_gqa", "GQA"), ("single_clevr", "CLEVR"), ("single_paco", "PACO")):
+        data = []
+        for k in range(sizes[task]):
+            rel = {"single_gqa": f"vg_gqa_images/{vg[k % len(vg)]}.jpg",
+                   "single_clevr": f"CLEVR_v1.0/images/val/CLEVR_val_{k:06d}.png",
+                   "single_paco": f"paco/images/{k:012d}.jpg"}[task]
+            w.image(images / rel, _seed("vg", vg[k % len(vg)]) if task == "single_gqa" else _seed(task, k),
+                    fmt="PNG" if rel.endswith(".png") else "JPEG")
+            pos = w.rng.choice(len(labels), int(w.rng.integers(1, 4)), replace=False)
+            label = np.zeros(len(labels), dtype=int)
+            label[pos] = 1
+            hard = label | (w.rng.random(len(labels)) < 0.1)
+            row = [rel, {str(w.rng.choice(_OBJ)): [str(w.rng.choice(_ADJ))]}, label.tolist(), hard.astype(int).tolist()]
+            data.append(row if task != "single_paco" else [row[0], *row[2:]])  # PACO: no annotation (README)
+        _json(folder / f"COLA_singleobjects_benchmark_{fname}.json", {"labels": labels, "data": data})
+
+
+def _eqben(w: _Writer, folder: Path, n: int) -> None:
+    """EqBen's Winoground-style annotation (a list of {image0, caption0, image1, caption1}; paths start with the
+    sub-dataset's folder) and its images (PNG frames; YouCook2's as BGR .npy arrays), as its eqben_vllm folder."""
+    items = []
+    for i in range(n):
+        sub = _EQBEN_SUBSETS[i % len(_EQBEN_SUBSETS)]
+        ext = ".npy" if sub == "eqbenyoucook2" else ".png"
+        paths = [f"{sub}/video_{i // 4}/frame_{i}_{k}{ext}" for k in (0, 1)]
+        for rel, k in zip(paths, (0, 1)):
+            target = folder / "images" / rel
+            if ext == ".npy":
+                target.parent.mkdir(parents=True, exist_ok=True)
+                np.save(target, np.random.default_rng(_seed("eqben", i, k)).integers(0, 255, (24, 32, 3), np.uint8))
+            else:
+                w.image(target, _seed("eqben", i, k), fmt="PNG")
+        cap = w.caption()
+        items.append({"image0": paths[0], "caption0": cap, "image1": paths[1], "caption1": w.negative(cap, False)})
+    _json(folder / "all_select.json", items)
+
+
+def _crepe(w: _Writer, root: Path, sizes: dict, vg: list[int], box) -> None:
+    """CREPE's extracted data zips: syst_hard_negatives/ (one CSV per compound split and pretraining set, three
+    hard-negative columns) and prod_hard_negatives/<type>/ (one CSV per complexity), hard negatives written as
+    Python list literals (as pandas writes a list), regions of Visual Genome images in VG_100K/ and VG_100K_2/."""
+    half = len(vg) // 2
+
+    def region() -> dict:
+        i = int(vg[w.rng.integers(len(vg))])
+        w.image(root / ("VG_100K" if vg.index(i) < half else "VG_100K_2") / f"{i}.jpg", _seed("vg", i))
+        b = box()
+        return {"image_id": str(i), "x": b["bbox_x"], "y": b["bbox_y"], "width": b["bbox_w"], "height": b["bbox_h"]}
+
+    def negatives(cap: str, k: int) -> list[str]:
+        return [w.negative(cap, j % 2 == 1) + ("" if j < 2 else f" {_OBJ[j % len(_OBJ)]}") for j in range(k)]
+
+    for split in ("seen_compounds", "unseen_compounds"):
+        for train in ("cc12m", "yfcc", "laion"):
+            rows = []
+            for r in range(sizes["syst_rows"]):
+                cap = w.caption()
+                atom, comp = negatives(cap, int(w.rng.integers(1, 5))), negatives(cap, int(w.rng.integers(0, 4)))
+                rows.append({"region_id": str(r), **region(), "caption": cap, "valid_hard_negs_atom": str(atom),
+                             "valid_hard_negs_comp": str(comp), "valid_hard_negs_combined": str(atom + comp)})
+            _csv(root / "syst_hard_negatives" / f"syst_vg_hard_negs_{split}_in_{train}.csv", rows)
+    for hn in ("atom", "negate", "swap"):
+        for c in range(4, 13):
+            rows = []
+            for _ in range(sizes["prod_rows"]):
+                cap = " ".join([w.caption()] + [str(w.rng.choice(_ADJ)) for _ in range(c - 4)])
+                rows.append({**region(), "caption": cap, "hard_negs": str(negatives(cap, int(w.rng.integers(1, 6))))})
+            _csv(root / "prod_hard_negatives" / hn / f"prod_vg_hard_negs_{hn}_complexity_{c}.csv", rows)
+
+
+def _csv(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        out = csv.DictWriter(f, fieldnames=list(rows[0]))
+        out.writeheader()
+        out.writerows(rows)
+
+
 def write_standins(root: str | Path, *, scale: float = 1.0, seed: int = 0, image_size=(640, 480),
                    suites=STANDIN_SUITES) -> dict[str, int]:
     """Write stand-ins of ``suites`` under ``root``, each in its release's layout under the release's folder
@@ -152,7 +290,12 @@ def write_standins(root: str | Path, *, scale: float = 1.0, seed: int = 0, image
     ``MMVP_VLM/`` (Questions.csv, MLLM_VLM Images/<Type>/), ``whatsup_vlms/data/`` (its six JSON files,
     controlled_images/, controlled_clevr/, vg_images/), ``scpp/data/`` (SugarCrepe++), ``sugar-crepe/data/``
     (SugarCrepe), ARO's two JSON files and ``images/`` at the top, hard positives' ``data/`` and
-    ``swapped_data/`` (images ``data/VG_100K_2/``), and the COCO val2017 images they share in ``val2017/``.
+    ``swapped_data/`` (images ``data/VG_100K_2/``), ``VALSE/data/`` (its piece files; the source datasets' images
+    under their own folder names: ``visual7w/images/``, ``images_512/``, ``train2014/``, ``val2014/``,
+    ``VisualDialog_val2018/``), ``COLA/data/`` (images ``vg_gqa_images/``, ``CLEVR_v1.0/``, ``paco/``),
+    ``eqben_vllm/`` (``all_select.json``, ``images/``), CREPE's ``syst_hard_negatives/`` and
+    ``prod_hard_negatives/`` (images ``VG_100K/``, ``VG_100K_2/``), and the COCO val2017 images they share in
+    ``val2017/``.
     Item counts are ``STANDIN_SIZES`` times ``scale``; images come from pools (COCO 5,000, VG 10,000 at
     scale 1) as in the releases, where many items share an image. Returns the items per suite."""
     root = Path(root)
@@ -161,7 +304,7 @@ def write_standins(root: str | Path, *, scale: float = 1.0, seed: int = 0, image
     coco = [f"{i:012d}.jpg" for i in rng.choice(999_999, _n(_POOLS["coco"], scale), replace=False)]
     vg = [int(i) for i in rng.choice(2_400_000, _n(_POOLS["vg"], scale), replace=False)]
     counts = {}
-    uses_coco = {"sugarcrepe", "sugarcrepe_pp", "whatsup"} & set(suites)
+    uses_coco = {"sugarcrepe", "sugarcrepe_pp", "whatsup", "valse"} & set(suites)
     for name in coco if uses_coco else []:
         w.image(root / "val2017" / name, _seed("coco", name))
     if "winoground" in suites:
@@ -205,6 +348,18 @@ def write_standins(root: str | Path, *, scale: float = 1.0, seed: int = 0, image
                 w.image(root / "images" / f"{i}.jpg", _seed("vg", i))
             if "hard_positives" in suites:
                 w.image(root / "data" / "VG_100K_2" / f"{i}.jpg", _seed("vg", i))
+    if "valse" in suites:
+        sizes = {k: _n(v, scale) for k, v in STANDIN_SIZES["valse"].items()}
+        _valse(w, root / "VALSE" / "data", root, sizes, coco)
+        counts["valse"] = sum(sizes.values())
+    if "cola" in suites:
+        sizes = {k: (v if k == "classes" else _n(v, scale)) for k, v in STANDIN_SIZES["cola"].items()}
+        _cola(w, root / "COLA" / "data", root, sizes, vg)
+        counts["cola"] = sum(v for k, v in sizes.items() if k != "classes")
+    if "eqben" in suites:
+        n = _n(STANDIN_SIZES["eqben"]["items"], scale)
+        _eqben(w, root / "eqben_vllm", n)
+        counts["eqben"] = n
     iw, ih = w.size
 
     def box() -> dict:
@@ -245,4 +400,8 @@ def write_standins(root: str | Path, *, scale: float = 1.0, seed: int = 0, image
             _json(root / "data" / f"{stem}.json", orig)
             _json(root / "swapped_data" / f"{stem}.json", swapped)
         counts["hard_positives"] = total
+    if "crepe" in suites:
+        sizes = {k: _n(v, scale) for k, v in STANDIN_SIZES["crepe"].items()}
+        _crepe(w, root, sizes, vg, box)
+        counts["crepe"] = sizes["syst_rows"] * 6 * 3 + sizes["prod_rows"] * 27
     return counts
