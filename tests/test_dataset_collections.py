@@ -27,7 +27,7 @@ from hardrank.evaluate import evaluate
 from hardrank.jobs.cli import main
 from hardrank.scoring.clip_benchmark_export import export_clip_benchmark
 from hardrank.suites.collections import CB_COLLECTIONS, datacomp_tasks
-from hardrank.suites.datasets import candidates, is_dataset_name, mirror
+from hardrank.suites.datasets import candidates, dataset_key, is_dataset_name, mirror
 
 COLOURS = {"blue": (30, 30, 200), "cyan": (30, 200, 200), "dark": (20, 20, 20), "gray": (128, 128, 128),
            "green": (30, 200, 30), "pink": (230, 120, 200), "red": (200, 30, 30)}
@@ -99,6 +99,63 @@ def test_collections_are_clip_benchmarks(clip_benchmark_path, monkeypatch):
     for name, members in CB_COLLECTIONS.items():
         assert list(members) == builder.dataset_collection[name], name
         assert suite_registry.expand([name]) == list(members)
+
+
+def _datacomp_download_dir(key: str) -> str:
+    """The folder DataComp's download_evalsets.py writes task ``key`` into (mlfoundations/datacomp, commit 274dbee):
+    ``wds_<key, 'fairness/' dropped, '/' as '-'>_test``; its retrieval/ and misc/ tasks are Hugging Face datasets."""
+    return f"wds_{key.removeprefix('fairness/').replace('/', '-')}_test"
+
+
+def _names_clip_benchmark_builds(builder) -> set[str]:
+    """The dataset names CLIP_benchmark's build_dataset has a branch of its own for (``dataset_name == "..."``)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(builder.build_dataset))
+    compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare) and getattr(n.left, "id", "") == "dataset_name"]
+    return {c.value for n in compares for c in n.comparators if isinstance(c, ast.Constant)}
+
+
+def test_every_member_names_its_release_folder(tmp_path, clip_benchmark_path, monkeypatch):
+    """Every name a family of the registry stands for loads or fails alone with one line naming it and the folder
+    it looked for; the folders are the ones the releases are downloaded as (DataComp's download_evalsets.py,
+    CLIP_benchmark's wds_<name> mirrors); the plain names are ones CLIP_benchmark's own builder takes."""
+    from hardrank.config import SuiteOptions
+    from hardrank.items import Tables
+    from hardrank.suites import load_suites
+    from hardrank.suites.datasets import PLAIN_NAMES
+
+    (builder,) = import_clip_benchmark(clip_benchmark_path, monkeypatch, "clip_benchmark.datasets.builder")
+    datacomp_keys = {t.key for t in datacomp_tasks()}
+    assert PLAIN_NAMES - datacomp_keys <= _names_clip_benchmark_builds(builder) | {
+        n for n in PLAIN_NAMES if n.startswith("vtab/")}, sorted(PLAIN_NAMES - _names_clip_benchmark_builds(builder))
+    for key in sorted(datacomp_keys):
+        if not key.startswith(("retrieval/", "misc/")):  # the folder DataComp's own download writes is found
+            assert f"d/{_datacomp_download_dir(key)}" in candidates(key, "d"), key
+    members = {m for ms in CB_COLLECTIONS.values() for m in ms}
+    for name in members:  # CLIP_benchmark's mirror of each collection member, as its README downloads them
+        assert candidates(name, "d")[0] == f"d/wds_{name.replace('/', '-')}", name
+    assert members | datacomp_keys <= PLAIN_NAMES
+    assert suite_registry.FAMILIES, "no family registered"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    opts = SuiteOptions(own=(("data_root", str(empty)),))
+    refused = {"misc/winogavil": "WinoGAViL", "voc2007_multilabel": "multilabel"}
+    for family, spec in suite_registry.FAMILIES.items():
+        names = [*spec.examples, "wds/my_own"]
+        failures = {}
+        assert load_suites(names, Tables.empty(), opts, failures) == [], family
+        assert sorted(failures) == sorted(names), family
+        for name, exc in failures.items():
+            line = str(exc)
+            assert isinstance(exc, DataError) and "\n" not in line and line.startswith(f"{name}: "), (name, line)
+            if name in refused:  # what hardrank does not score says so, and what to do instead
+                assert refused[name] in line and "leave it out" in line, (name, line)
+                continue
+            assert str(empty) in line, (name, line)
+            if mirror(dataset_key(name)):
+                assert mirror(dataset_key(name)) in line, (name, line)
 
 
 # -- stand-in roots in CLIP_benchmark's layout, written by its own converter ----------------------------------
