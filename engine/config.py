@@ -509,13 +509,13 @@ class SuiteOptions:
             if k not in common and k not in declared:
                 raise UsageError(f"suite {s}: unknown option {k!r}; a suite takes: "
                                  f"{', '.join(sorted(common | set(declared)))}")
-            members = suite_registry.expand([s])
-            if k in declared and not set(members) & set(declared[k][2]):
+            members = suite_registry.expand([s], self)
+            if k in declared and not any(suite_registry.takes(m, k) for m in members):
                 raise UsageError(f"option {_named(declared[k][0])} is for suites {', '.join(declared[k][2])}, "
                                  f"not {s}")
         for s in dict.fromkeys(s for s, _, _ in per):  # each suite's values pass its checks now, not at load
             try:
-                for m in suite_registry.expand([s]):
+                for m in suite_registry.expand([s], self):
                     self.for_suite(m)
                     self.own_options(m)
             except UsageError as exc:
@@ -533,7 +533,7 @@ class SuiteOptions:
 
     def _values_for(self, name: str) -> dict:
         """The per-suite values suite ``name`` gets: those of aliases it belongs to, then its own."""
-        keys = [a for a, members in suite_registry.aliases().items() if name in members] + [name]
+        keys = [a for a, members in suite_registry.aliases(self).items() if name in members] + [name]
         return {k: v for key in keys for s, k, v in self.per_suite if s == key}
 
     def for_suite(self, name: str) -> SuiteOptions:
@@ -573,11 +573,11 @@ class SuiteOptions:
         declared = suite_registry.own_fields() if self.own else {}
         for k, _ in self.own:
             f, _, takers = declared[k]
-            if not set(takers) & set(names):
+            if not any(suite_registry.takes(n, k) for n in names):
                 raise UsageError(f"option {_named(f)} is for suites {', '.join(takers)}; this run's suites are "
                                  f"{', '.join(names)}: drop it, or add one of those suites")
         for s in dict.fromkeys(s for s, _, _ in self.per_suite):
-            if not set(suite_registry.expand([s])) & set(names):
+            if not set(suite_registry.expand([s], self)) & set(names):
                 given = sorted({k for t, k, _ in self.per_suite if t == s})
                 what = f"option {given[0]} is" if len(given) == 1 else f"options {', '.join(given)} are"
                 raise UsageError(f"{what} given for suite {s}, which this run does not evaluate (its suites: "
@@ -666,7 +666,7 @@ class EvalConfig:
         spec = backends.parse(self.search, RANKS)
         if not self.suites:
             raise UsageError("option suites is empty; name at least one suite (--suite toy)")
-        self.suite_options.check_suites(suite_registry.expand(self.suites))
+        self.suite_options.check_suites(suite_registry.expand(self.suites, self.suite_options))
         if self.model is not None and self.embeddings is not None or self.run and self.embeddings:
             raise UsageError("give --model (with --checkpoint/--pretrained), --run or --embeddings, not several")
         if self.run and self.pretrained:
