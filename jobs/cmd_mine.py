@@ -22,8 +22,12 @@ def _search_words(search: dict) -> str:
         how = f"{search.get('method')} ({search.get('backend')}, {search.get('precision')})"
     else:
         how = f"FAISS {search.get('factory')}" + (" on the GPU" if search.get("gpu") else "")
+        if search.get("index_folder"):
+            how += f" from {search['index_folder']}"
         if search.get("nprobe") is not None:
             how += f", nprobe {search['nprobe']}"
+        if search.get("refine") is not None:
+            how += f", {search['refine']} candidates a result re-scored"
         if search.get("tuning_recall@10") is not None:
             how += f", tuning recall@10 {search['tuning_recall@10']:.3f} on {search.get('tuning_sample')} queries"
     if search.get("sharded"):
@@ -48,10 +52,14 @@ def _summary_lines(summary: dict, out: str) -> list[str]:
     if r:
         extra += [recall_line(r)] + ([r["shortfall"]] if r.get("shortfall") else [])
     m = summary.get("memory")
-    if m and m.get("peak_rss_mb") is not None:
-        aim = (f" (aim: start-up {m['start_rss_mb']:,.0f} + 1.5 x (vectors {m['vectors_mb']:,.0f} + budget "
-               f"{m['budget_mb']:,}) = {m['aim_mb']:,.0f} MiB)") if m.get("aim_mb") is not None else ""
-        extra.append(f"memory: peak RSS {m['peak_rss_mb']:,.0f} MiB{aim}")
+    if m and m.get("peak_anon_mb") is not None and m.get("aim_mb") is not None:
+        extra.append(f"memory: peak anonymous {m['peak_anon_mb']:,.0f} MiB (aim: start-up {m['start_anon_mb']:,.0f} + "
+                     f"vectors {m['vectors_mb']:,.0f} + ids {m['ids_mb']:,.0f} + budget {m['budget_mb']:,} + 10% "
+                     f"(>= 64) = {m['aim_mb']:,.0f} MiB: {'met' if m['within_aim'] else 'NOT met'}); file-backed "
+                     f"peak {m['peak_file_mb']:,.0f} MiB (start-up {m['start_file_mb']:,.0f}: libraries; the rest: "
+                     f"mapped corpus and index pages, reclaimable)")
+    elif m and m.get("peak_rss_mb") is not None:
+        extra.append(f"memory: peak RSS {m['peak_rss_mb']:,.0f} MiB")
     lines[3:3] = extra
     t = summary.get("training")
     if t:

@@ -10,11 +10,13 @@ import numpy as np
 
 from hardrank.config import MineOptions
 from hardrank.mining.block import mine_block
-from hardrank.mining.problem import MineProblem, f32
+from hardrank.mining.problem import MineProblem, csr_take, f32
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
+from hardrank.scoring.backends.exhaustive import KernelSearch
 
-__all__ = ["build_searcher", "searcher_for", "merge_topk", "measure_recall", "written_recall", "ExactReference"]
+__all__ = ["build_searcher", "searcher_for", "merge_topk", "measure_recall", "written_recall", "ExactReference",
+           "SampleReference"]
 
 
 def merge_topk(parts: list[tuple[np.ndarray, np.ndarray]], kk: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,86 +53,156 @@ def _sample(nq: int, n: int, seed: int) -> np.ndarray:
 
 
 class ExactReference:
-    """Exact search of the same corpus rows, the reference of the recall checks: FAISS ``Flat`` streamed over
-    the corpus within a quarter of the budget, or (a sharded corpus) the shards' own exact search, merged."""
+    """Exact search of the same corpus rows, the reference of the recall checks: the kernels' exact top-k
+    streamed over the corpus in tiles within half the budget (``backends.exhaustive.KernelSearch``), or (a
+    sharded corpus) the shards' own exact search, merged."""
 
     exact = True
 
     def __init__(self, problem: MineProblem, opts: MineOptions, search=None):
+        self.gather = None
         if search is not None and hasattr(search, "exact_topk"):
             self._search = search.exact_topk
             self.gather = search.gather  # candidates' rows for the near-duplicate filter
         else:
-            from hardrank.scoring.faiss_index import FaissIndex  # faiss: imported by that module alone
-
-            index = FaissIndex(problem.xb, "Flat", budget_bytes=(opts.budget_mb << 20) // 4)
-            self._search = lambda xq, kk, excl: index.search(xq, kk, exclude=excl)
+            self._search = KernelSearch(problem.xb, (opts.budget_mb << 20) // 2, opts.rank_precision)
 
     def __call__(self, xq, kk, excl):
         return self._search(xq, kk, excl)
 
 
-def measure_recall(search, problem: MineProblem, opts: MineOptions) -> dict:
-    """The tuning recall: recall@10 of the search itself (no exclusions, no filters) against exact search
-    on a sample; with ``nprobe`` unset, nprobe is doubled from nlist/512 until it reaches
-    ``opts.recall_target`` or every list (a searcher without an IVF-like ``index``: measured once). What the
-    run reports is the recall of what it wrote (``written_recall``); this one only picks nprobe."""
+class _FirstCall:
+    """A searcher that also keeps the first call's exact top-``keep`` (at least), as asked beside it."""
+
+    exact = True
+
+    def __init__(self, search, keep: int):
+        self.search, self.keep, self.first = search, keep, None
+        if getattr(search, "gather", None) is not None:
+            self.gather = search.gather
+
+    def __call__(self, xq, kk, excl):
+        if self.first is not None:
+            return self.search(xq, kk, excl)
+        D, I = self.search(xq, max(kk, self.keep), excl)
+        self.first = I[:, :self.keep]
+        return D[:, :kk], I[:, :kk]
+
+
+class SampleReference:
+    """One exact search of the recall sample (``opts.recall_sample`` queries drawn with ``opts.seed``), kept:
+    its exact top-10 (exclusions applied) tunes nprobe (``measure_recall``), and its mining with the same
+    exclusions, filters and k is the reference of the written negatives (``written_recall``). Nothing of it
+    is computed twice or thrown away. ``progress``: called with the corpus rows each tile searched."""
+
+    def __init__(self, problem: MineProblem, opts: MineOptions, search=None, progress=None):
+        nq = len(problem.xq)
+        n = min(nq, opts.recall_sample)
+        self.rows = _sample(nq, n, opts.seed)
+        t0 = time.perf_counter()
+        exact = ExactReference(problem, opts, search)
+        if progress is not None and hasattr(exact._search, "progress"):
+            exact._search.progress = progress
+        rec = _FirstCall(exact, 10)
+        _, self.negatives = mine_block(rec, problem, self.rows, opts, Counter())  # (n, k) corpus rows
+        self.top10 = rec.first if rec.first is not None else np.full((n, 10), -1, np.int64)
+        self.seconds = time.perf_counter() - t0
+
+
+def measure_recall(search, problem: MineProblem, opts: MineOptions, ref: SampleReference | None = None) -> dict:
+    """The tuning recall: recall@10 of the search alone (exclusions applied, no filters) against the exact
+    top-10 of the recall sample (``ref``: computed once for the run, also the written recall's reference).
+
+    With ``--nprobe`` unset, nprobe is doubled from nlist/512 until the recall reaches ``opts.recall_target``;
+    when doubling it gains less than 0.005 (the codes, not the lists, limit it) or every list is probed, the
+    candidates re-scored per result (``refine``) are doubled instead, up to ``backends.faiss.MAX_REFINE``. A
+    searcher without an IVF-like ``index``: measured once. What the run reports is the recall of what it wrote
+    (``written_recall``); this one only picks nprobe and refine."""
+    from hardrank.scoring.backends.faiss import MAX_REFINE
     from hardrank.scoring.faiss_index import recall_at_k  # faiss: imported by that module alone
 
     nq = len(problem.xq)
     n = min(nq, opts.recall_sample)
     if n == 0 or search.exact:
         return {"tuning_recall@10": 1.0 if search.exact else None, "tuning_sample": n}
-    xs = f32(problem.xq[_sample(nq, n, opts.seed)])
-    t0 = time.perf_counter()
-    _, Ie = ExactReference(problem, opts, search)(xs, 10, None)
-    out = {"tuning_sample": n, "exact_seconds": round(time.perf_counter() - t0, 3)}
+    ref = ref or SampleReference(problem, opts, search)
+    xs = f32(problem.xq[ref.rows])
+    excl = csr_take(problem.exclude_ptr, problem.exclude_idx, ref.rows) if problem.exclude_ptr is not None else None
+    out = {"tuning_sample": n, "exact_seconds": round(ref.seconds, 3)}
     index = getattr(search, "index", None)
-    tune = opts.nprobe is None and index is not None and index.nlist is not None
-    top = index.nlist or 0 if index is not None else 0
+    top = (index.nlist or 0) if index is not None else 0
+    tune = opts.nprobe is None and top > 0
+    can_refine = index is not None and hasattr(index, "set_refine")
     if tune:
         index.set_nprobe(max(1, top // 512))
-    tried = []
+    tried, prev = [], None
     while True:
-        _, Ia = search(xs, 10, None)
-        r = recall_at_k(Ia, Ie, 10)
-        tried.append({"nprobe": getattr(index, "nprobe", None), "recall@10": round(r, 4)})
-        if not tune or r >= opts.recall_target or index.nprobe >= top:
+        t0 = time.perf_counter()
+        _, Ia = search(xs, 10, excl)
+        dt = time.perf_counter() - t0
+        r = recall_at_k(Ia, ref.top10, 10)
+        tried.append({"nprobe": getattr(index, "nprobe", None), "refine": getattr(index, "refine", None),
+                      "recall@10": round(r, 4), "seconds": round(dt, 3)})
+        if r >= opts.recall_target:
             break
-        index.set_nprobe(min(top, index.nprobe * 2))
+        stalled = prev is not None and r - prev < 0.005
+        prev = r
+        if tune and index.nprobe < top and not (stalled and can_refine and index.refine < MAX_REFINE):
+            index.set_nprobe(min(top, index.nprobe * 2))
+        elif can_refine and index.refine < MAX_REFINE:
+            index.set_refine(min(MAX_REFINE, index.refine * 2))
+            prev = None  # the next doubling of nprobe is judged afresh
+        else:
+            break
     out.update({"tuning_recall@10": r, "nprobe": getattr(index, "nprobe", None), "nlist": top or None,
-                "tuning": tried})
+                "refine": getattr(index, "refine", None), "tuning": tried, "seconds_per_query": dt / max(1, n)})
     return out
 
 
-def written_recall(problem: MineProblem, opts: MineOptions, written, search=None) -> dict:
+def written_recall(problem: MineProblem, opts: MineOptions, written, search=None,
+                   ref: SampleReference | None = None) -> dict:
     """recall@k of the negatives a run wrote, on the recall sample (``_sample``: ``opts.recall_sample``
     queries drawn with ``opts.seed``).
 
     For each sampled query, the reference is what mining with an exact search of the same vectors writes
     (``mine_block`` with ``ExactReference``: the same exclusions, near-duplicate and similarity filters,
-    the same k); the query's recall is |written ∩ reference| / |reference| (negatives compared by corpus
-    id), and the figure is its mean over the sampled queries whose reference is not empty. ``written(rows)``
-    gives the written negative ids of query rows ``rows``, each list in rank order. ``search``: the run's
-    searcher (a sharded one serves its own exact search)."""
+    the same k: ``ref``, computed once for the run); the query's recall is |written ∩ reference| /
+    |reference| (negatives compared by corpus id), and the figure is its mean over the sampled queries whose
+    reference is not empty. ``written(rows)`` gives the written negative ids of query rows ``rows``, each
+    list in rank order. An exact search (``search.exact``) is its own reference: what it wrote is what
+    mining with exact search writes, so nothing is searched again."""
     nq = len(problem.xq)
     n = min(nq, opts.recall_sample)
     if n == 0:
         return {}
     t0 = time.perf_counter()
     rows = _sample(nq, n, opts.seed)
-    _, I = mine_block(ExactReference(problem, opts, search), problem, rows, opts, Counter())
     got = written(rows)
-    per = []
-    for j, negs in enumerate(got):
-        ref = {problem.corpus_ids[i] for i in I[j] if i >= 0}
-        if ref:
-            per.append(len(ref & set(negs)) / len(ref))
+    exact = search is not None and search.exact
+    if exact:
+        per = [1.0 for negs in got if negs]
+        reference = "the run's own search, which is exact: what it wrote is what mining with exact search writes"
+    else:
+        ref = ref or SampleReference(problem, opts, search)
+        ids = problem.corpus_ids
+        per = []
+        for j, negs in enumerate(got):
+            want = [int(i) for i in ref.negatives[j] if i >= 0]
+            refset = {str(x) for x in _take(ids, want)}
+            if refset:
+                per.append(len(refset & set(negs)) / len(refset))
+        reference = ("mining with exact search (the kernels' exact top-k, or the shards' exact search) of the same "
+                     "vectors: same exclusions, filters and k")
     r = float(np.mean(per)) if per else None
     return {f"recall@{opts.k}": r, "k": opts.k, "sample": n, "compared": len(per), "seed": opts.seed,
-            "target": opts.recall_target, "met": r is not None and r >= opts.recall_target,
-            "reference": "mining with exact search (FAISS Flat, or the shards' exact search) of the same vectors: "
-                         "same exclusions, filters and k",
+            "target": opts.recall_target, "met": r is not None and r >= opts.recall_target, "reference": reference,
             "definition": "mean over the sampled queries (numpy default_rng(seed).choice(queries, sample, "
                           "replace=False)) of |written negatives ∩ reference negatives| / |reference negatives|",
             "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _take(ids, rows: list[int]) -> list:
+    """Ids at ``rows`` of a list or an Arrow column."""
+    if isinstance(ids, list):
+        return [ids[i] for i in rows]
+    return ids.take(np.asarray(rows, np.int64)).to_pylist() if rows else []

@@ -6,7 +6,7 @@ import torch
 
 from hardrank.kernels import grouped_ranks, precision_choice, topk
 from hardrank.scoring import corpus_io
-from hardrank.scoring.backends.base import RANKS, TOPK, Backend
+from hardrank.scoring.backends.base import RANKS, TOPK, Backend, MinePlan
 
 __all__ = ["Exhaustive", "RankArrays", "KernelSearch", "kernel_searcher"]
 
@@ -138,4 +138,7 @@ class Exhaustive(Backend):
         return kernel_searcher(xb, opts, nq)
 
     def describe(self, spec, shape, opts):
-        return "exact search (kernels.topk)"
+        return "exact search (kernels.topk, the corpus streamed in tiles)"
+
+    def mining_plan(self, spec, nq, shape, opts, *, mapped=False, built=None):
+        return MinePlan(self.describe(spec, shape, opts), f"--search {spec}")
