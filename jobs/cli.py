@@ -30,6 +30,7 @@ from hardrank.jobs.cmd_attack import add_attack_parser
 from hardrank.jobs.cmd_compare import add_compare_parser
 from hardrank.jobs.cmd_demo import add_demo_parser
 from hardrank.jobs.cmd_export import add_export_parser
+from hardrank.jobs.cmd_index import add_index_parser
 from hardrank.jobs.cmd_mine import add_mine_parser
 from hardrank.jobs.cmd_perturb import add_perturb_parser
 from hardrank.jobs.cmd_store import add_store_parser
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_parser(sub)
     add_mine_parser(sub)
+    add_index_parser(sub)
 
     add_toy_parser(sub)
     add_perturb_parser(sub)

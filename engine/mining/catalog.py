@@ -100,12 +100,12 @@ class Catalog:
 
     @classmethod
     def of_chunks(cls, chunks: Iterable[tuple[pa.Array, pa.Array, pa.Array]], folder: Path | None,
-                  source: dict) -> Catalog:
+                  source: dict, reuse: Path | None = None) -> Catalog:
         """The columns from ``chunks`` of (ids, keys, groups): kept in memory (``folder`` None), else written
-        to ``folder/ids.arrow`` and memory-mapped, or reused from there when its ``ids.json`` names the same
-        ``source`` (fingerprint, modality, rows)."""
-        if folder is not None:
-            reused = cls.open(folder, source)
+        to ``folder/ids.arrow`` and memory-mapped, or reused from there (or from ``reuse``, a folder only read)
+        when its ``ids.json`` names the same ``source`` (fingerprint, modality, paired)."""
+        for where in (reuse, folder):
+            reused = cls.open(where, source) if where is not None else None
             if reused is not None:
                 return reused
         if folder is None:

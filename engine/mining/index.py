@@ -23,7 +23,7 @@ from hardrank.scoring import corpus_io
 from hardrank.scoring.backends.auto import size_index
 from hardrank.scoring.backends.faiss import faiss_searcher
 
-__all__ = ["identity", "corpus_identity", "index_searcher", "build_index", "built_factory"]
+__all__ = ["identity", "corpus_identity", "index_searcher", "build_index", "built_factory", "check_index"]
 
 
 def identity(xb, modality: str, fingerprint: str | None, ids_digest: str) -> dict:
@@ -51,8 +51,15 @@ def built_factory(folder) -> str:
 
     m = ondisk.manifest(folder)
     if m is None:
-        ondisk.open_index(folder, {})  # raises the line saying what is there (an unfinished build, nothing)
+        ondisk.check(folder, {})  # raises the line saying what is there (an unfinished build, nothing)
     return m["factory"]
+
+
+def check_index(problem: MineProblem, folder) -> None:
+    """The index in ``folder`` is complete, undamaged and built from this problem's corpus (else one line)."""
+    from hardrank.scoring.faiss_index import ondisk  # faiss: imported by that package alone
+
+    ondisk.check(folder, corpus_identity(problem))
 
 
 def index_searcher(problem: MineProblem, opts: MineOptions, factory: str, folder, *, build: bool, echo=None):

@@ -132,7 +132,7 @@ def _pairs(sources: list[Source]) -> list[tuple[str, str, str, str]]:
 
 
 def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, lazy_corpus: bool = False,
-                  ids_dir: Path | None = None, ids_mapped: bool = False) -> MineProblem:
+                  ids_dir: Path | None = None, ids_mapped: bool = False, ids_reuse: Path | None = None) -> MineProblem:
     """Load both inputs, embed what the store lacks, and compile queries, corpus and positives.
 
     Positives of a query (in the corpus modality) are the items of its own source in its group: for
@@ -206,7 +206,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         n = len(cit.ids)
         source = {"fingerprint": _content_id(csrc.embeddings), "modality": cmod, "paired": bool(csrc.paired)}
         where = ids_dir if ids_dir is not None and (ids_mapped or n >= MAPPED_ROWS) else None
-        catalog = Catalog.of_chunks(csrc.embeddings.columns(cmod, paired=csrc.paired), where, source)
+        catalog = Catalog.of_chunks(csrc.embeddings.columns(cmod, paired=csrc.paired), where, source, ids_reuse)
         c_rows = range(len(catalog))
         if where is not None:
             echo(f"corpus ids: {len(catalog):,} rows, memory-mapped from {catalog.path}")

@@ -30,7 +30,7 @@ from hardrank.executors import executor
 from hardrank.mining import memory
 from hardrank.mining.block import mine_block
 from hardrank.mining.catalog import digest
-from hardrank.mining.index import built_factory, index_searcher
+from hardrank.mining.index import built_factory, check_index, index_searcher
 from hardrank.mining.inputs import build_problem
 from hardrank.mining.problem import MineProblem, negatives_schema
 from hardrank.mining.progress import Progress, hms
@@ -264,6 +264,8 @@ def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_trai
     if export_training:
         check_training(export_training, problem)  # a bad name or missing pairs fail before any work
     t_start = time.perf_counter()
+    if opts.index:  # another corpus's, damaged or unfinished: said before anything is written
+        check_index(problem, opts.index)
     (out / "negatives").mkdir(parents=True, exist_ok=True)
     record = _check_run(out, problem, opts)
     nq, B = len(problem.xq), opts.block_size
@@ -441,6 +443,7 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     threads = use_threads(cfg.embed.threads)
     echo(f"threads: {threads.describe()}")
     t0 = time.perf_counter()
+    import hardrank.scoring.faiss_index  # noqa: F401  (FAISS's start-up counts as start-up, whichever search runs)
     start = memory.status()  # start-up (torch, FAISS, the CLI) before any input is read: the memory aim's base
     backend = for_mining(backends.get(o.search_spec), executor(cfg.embed), o.shards)
     if backend.remote and (o.index or o.index_out):
@@ -449,9 +452,10 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
                          "builds its own in memory: drop one or the other")
     try:
         with urls.staged_dir(cfg.out) as out:  # a URL: written here, uploaded (shards before the summary)
-            folder = o.index or o.index_out
+            # the corpus's ids: reused from --index (never written there), kept in --index-out, else in --out
             problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=backend.remote,
-                                    ids_dir=Path(folder) if folder else Path(out), ids_mapped=bool(folder))
+                                    ids_dir=Path(o.index_out or out), ids_mapped=bool(o.index_out),
+                                    ids_reuse=Path(o.index) if o.index else None)
             t_inputs = time.perf_counter() - t0
             echo(f"{len(problem.query_ids)} {DIRECTIONS[cfg.direction][0]} queries, {len(problem.corpus_ids)} "
                  f"{problem.modality} corpus items ({t_inputs:.1f}s)")

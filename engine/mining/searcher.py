@@ -14,6 +14,7 @@ from hardrank.mining.problem import MineProblem, csr_take, f32
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.exhaustive import KernelSearch
+from hardrank.scoring.backends.faiss import MAX_REFINE
 
 __all__ = ["build_searcher", "searcher_for", "merge_topk", "measure_recall", "written_recall", "ExactReference",
            "SampleReference"]
@@ -118,7 +119,6 @@ def measure_recall(search, problem: MineProblem, opts: MineOptions, ref: SampleR
     candidates re-scored per result (``refine``) are doubled instead, up to ``backends.faiss.MAX_REFINE``. A
     searcher without an IVF-like ``index``: measured once. What the run reports is the recall of what it wrote
     (``written_recall``); this one only picks nprobe and refine."""
-    from hardrank.scoring.backends.faiss import MAX_REFINE
     from hardrank.scoring.faiss_index import recall_at_k  # faiss: imported by that module alone
 
     nq = len(problem.xq)

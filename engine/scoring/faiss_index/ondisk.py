@@ -39,7 +39,7 @@ from hardrank.atomic import atomic_path, write_json_atomic
 from hardrank.errors import DataError, NoSpace, UsageError
 from hardrank.scoring import corpus_io
 
-__all__ = ["VERSION", "build", "open_index", "manifest", "is_index_folder", "train_rows_for", "block_rows_for",
+__all__ = ["VERSION", "build", "check", "open_index", "manifest", "is_index_folder", "train_rows_for", "block_rows_for",
            "fits_memory", "code_bytes"]
 
 VERSION = 1
@@ -82,6 +82,13 @@ def fits_memory(factory: str, nb: int, d: int, budget_bytes: int) -> bool:
 
 def _fast_scan(factory: str) -> bool:
     return "fs" in factory.split(",")[-1]
+
+
+def _blocks_factory(factory: str) -> str:
+    """What the blocks are built as: a fast-scan index (``PQ{m}x4fs``) as the same PQ with plain lists
+    (``PQ{m}x4``), converted to fast-scan once merged: FAISS's ``merge_from`` corrupts fast-scan lists
+    (a heap overrun after some 30 merges, faiss 1.15), and fast-scan lists cannot be memory-mapped."""
+    return factory.replace("x4fsr", "x4").replace("x4fs", "x4")
 
 
 def train_rows_for(nlist: int, nb: int, d: int, budget_bytes: int) -> int:
@@ -203,9 +210,10 @@ def _kmeans(x: np.ndarray, nlist: int, seed: int, echo, res, chunk_rows: int) ->
 
 
 def _train(xb, factory: str, train_rows: int, budget_bytes: int, seed: int, echo, res):
-    """The trained, empty index: coarse centroids by ``_kmeans`` on a sample, then the codes on it."""
+    """The trained, empty index (as its blocks are built: ``_blocks_factory``): coarse centroids by
+    ``_kmeans`` on a sample, then the codes on it."""
     nb, d = xb.shape
-    index = faiss.index_factory(d, factory, _IP)
+    index = faiss.index_factory(d, _blocks_factory(factory), _IP)
     ivf = faiss.extract_index_ivf(index)
     rows = np.sort(np.random.default_rng(seed).choice(nb, train_rows, replace=False))
     x = corpus_io.gather(xb, rows, budget_bytes // 8)  # (train_rows, d) float32, sorted reads
@@ -243,12 +251,14 @@ def manifest(folder) -> dict | None:
         return None
     try:
         m = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(m, dict) or m.get("version") != VERSION:
-            raise ValueError(f"version {m.get('version') if isinstance(m, dict) else '?'}, expected {VERSION}")
-        return m
+        why = None if isinstance(m, dict) and m.get("version") == VERSION else (
+            f"version {m.get('version') if isinstance(m, dict) else '?'}, expected {VERSION}")
     except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: damaged index manifest ({exc}); rebuild the index: hardrank index build "
-                        f"--corpus ... --out {folder} (delete {folder} first)") from None
+        why = str(exc)
+    if why is not None:
+        raise DataError(f"{path}: damaged index manifest ({why}); rebuild the index: delete {folder}, then hardrank "
+                        f"index build --corpus ... --out {folder}")
+    return m
 
 
 def _differs(a: dict, b: dict) -> list[str]:
@@ -329,8 +339,12 @@ def build(folder, xb, factory: str, identity: dict, *, budget_bytes: int, seed: 
         merged = faiss.clone_index(trained)
         for b in range(math.ceil(nb / plan["block_rows"])):
             merged.merge_from(_read_index(_block_path(folder, b)), 0)
-        _write_index(merged, index_file)
-        del merged
+        # the plain lists packed for fast-scan, once whole (the new index borrows the quantiser of the plain
+        # one, which therefore lives until the file is written)
+        packed = faiss.IndexIVFPQFastScan(faiss.downcast_index(faiss.extract_index_ivf(merged))) if _fast_scan(
+            factory) else merged
+        _write_index(packed, index_file)
+        del packed, merged
     timings["merge"] = time.perf_counter() - t0
     files = {name: _checksum(folder / name) for name in (INDEX, LISTS, *catalog_files) if (folder / name).exists()}
     done = {**plan, "rows": nb, "dim": d, "code_bytes": code_bytes(factory, d), "files": files,
@@ -355,7 +369,7 @@ def _add_blocks(folder: Path, xb, trained, plan: dict, res, echo, timings: dict)
         echo(f"add: {n_blocks - len(todo)} of {n_blocks} block(s) committed before; resuming")
     q = faiss.extract_index_ivf(trained).quantizer
     # on a GPU, rows are assigned to their lists there (exactly: the nearest centroid), then encoded here
-    assigner = _flat(q.reconstruct_n(0, q.ntotal), res) if res is not None and not _fast_scan(plan["factory"]) else None
+    assigner = _flat(q.reconstruct_n(0, q.ntotal), res) if res is not None else None
     t0, rows_done, last = time.perf_counter(), 0, 0.0
     for i, b in enumerate(todo):
         lo, hi = b * R, min(nb, (b + 1) * R)
@@ -425,10 +439,10 @@ def _merge_on_disk(folder: Path, trained, plan: dict, nb: int) -> None:
     del index, parts
 
 
-def open_index(folder, identity: dict, *, check_files: bool = True):
-    """(the FAISS index, its manifest) of a complete index folder built from the corpus ``identity``
-    describes. Errors (one line each, naming the folder and the fix): no index there, an unfinished build,
-    another corpus or dimension, a damaged file."""
+def check(folder, identity: dict) -> dict:
+    """The manifest of a complete index folder built from the corpus ``identity`` describes, its files checked
+    (sizes and checksums); without reading the index. Errors (one line each, naming the folder and the fix): no
+    index there, an unfinished build, another corpus or dimension, a damaged file."""
     folder = Path(folder)
     m = manifest(folder)
     if m is None:
@@ -446,15 +460,23 @@ def open_index(folder, identity: dict, *, check_files: bool = True):
         raise DataError(f"{folder}: an index of another {what} ({_describe(have)}; this corpus: {_describe(identity)}; "
                         f"they differ in {diff}); build one for this corpus (hardrank index build --corpus ... "
                         f"--out NEW_FOLDER, or mine --index-out NEW_FOLDER)")
-    if check_files:
-        for name, want in m.get("files", {}).items():
-            path = folder / name
-            got = _checksum(path) if path.exists() else None
-            if got != want:
-                why = "missing" if got is None else (f"{got['bytes']:,} bytes, expected {want['bytes']:,}"
-                                                     if got["bytes"] != want["bytes"] else "its checksum differs")
-                raise DataError(f"{path}: damaged index file ({why}); rebuild the index: delete {folder} and run "
-                                f"hardrank index build --corpus ... --out {folder}")
+    for name, want in m.get("files", {}).items():
+        path = folder / name
+        got = _checksum(path) if path.exists() else None
+        if got != want:
+            why = "missing" if got is None else (f"{got['bytes']:,} bytes, expected {want['bytes']:,}"
+                                                 if got["bytes"] != want["bytes"] else "its checksum differs")
+            raise DataError(f"{path}: damaged index file ({why}); rebuild the index: delete {folder} and run "
+                            f"hardrank index build --corpus ... --out {folder}")
+    return m
+
+
+def open_index(folder, identity: dict):
+    """(the FAISS index, its manifest) of a complete index folder built from the corpus ``identity`` describes
+    (``check``); lists on disk are memory-mapped, not read."""
+    folder = Path(folder)
+    m = check(folder, identity)
+    have = m["identity"]
     flags = faiss.IO_FLAG_ONDISK_SAME_DIR if (folder / LISTS).exists() else 0
     index = _read_index(folder / INDEX, flags)
     if index.ntotal != have.get("rows") or index.d != have.get("dim"):
