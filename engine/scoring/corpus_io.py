@@ -102,6 +102,8 @@ def gather(xb, I: np.ndarray, budget_bytes: int = 64 << 20) -> np.ndarray:
     with _advice(xb, "MADV_RANDOM"):
         for s in range(0, len(u), step):
             out[s:s + step] = _sorted_rows(xb, u[s:s + step])
+    if len(u) == len(flat) and np.array_equal(u, flat):
+        return out.reshape(*I.shape, d)  # sorted distinct rows (a training sample): no second copy
     return out[inv].reshape(*I.shape, d)
 
 

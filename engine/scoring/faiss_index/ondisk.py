@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import json
 import math
@@ -124,12 +125,27 @@ def _quiet_stdout():
 
 
 def _write_index(index, path: Path) -> None:
-    """``index`` serialised, written atomically (a full disk: ``NoSpace`` naming the file)."""
+    """``index`` (a block, a trained index, an on-disk index's header: small) serialised and written atomically
+    (a full disk: ``NoSpace`` naming the file)."""
     data = faiss.serialize_index(index)  # (n,) uint8
     with atomic_path(path, int(data.nbytes)) as tmp, open(tmp, "wb") as f:
         f.write(memoryview(data))
         f.flush()
         os.fsync(f.fileno())
+
+
+def _write_large(index, path: Path, size: int) -> None:
+    """``index`` (its lists in memory, up to half the budget) written by FAISS itself, atomically: no serialised
+    copy beside it. FAISS's write error carries the C library's reason: a full disk becomes ``NoSpace``."""
+    with atomic_path(path, size) as tmp:
+        try:
+            faiss.write_index(index, str(tmp))
+        except RuntimeError as exc:
+            msg = str(exc)
+            for code in (errno.ENOSPC, errno.EDQUOT):
+                if os.strerror(code) in msg:
+                    raise OSError(code, os.strerror(code), str(tmp)) from None
+            raise
 
 
 def _read_index(path: Path, flags: int = 0):
@@ -339,11 +355,13 @@ def build(folder, xb, factory: str, identity: dict, *, budget_bytes: int, seed: 
         merged = faiss.clone_index(trained)
         for b in range(math.ceil(nb / plan["block_rows"])):
             merged.merge_from(_read_index(_block_path(folder, b)), 0)
-        # the plain lists packed for fast-scan, once whole (the new index borrows the quantiser of the plain
-        # one, which therefore lives until the file is written)
-        packed = faiss.IndexIVFPQFastScan(faiss.downcast_index(faiss.extract_index_ivf(merged))) if _fast_scan(
-            factory) else merged
-        _write_index(packed, index_file)
+        # the plain lists packed for fast-scan, once whole, then let go (the packed index borrows the plain one's
+        # quantiser, which therefore lives until the file is written)
+        packed = merged
+        if _fast_scan(factory):
+            packed = faiss.IndexIVFPQFastScan(faiss.downcast_index(faiss.extract_index_ivf(merged)))
+            faiss.extract_index_ivf(merged).invlists.reset()
+        _write_large(packed, index_file, nb * (code_bytes(factory, d) + 8))
         del packed, merged
     timings["merge"] = time.perf_counter() - t0
     files = {name: _checksum(folder / name) for name in (INDEX, LISTS, *catalog_files) if (folder / name).exists()}
