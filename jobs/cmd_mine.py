@@ -99,7 +99,10 @@ def add_mine_parser(subparsers) -> argparse.ArgumentParser:
                "  hardrank mine --model ViT-B-32 --pretrained openai --corpus /data/laion_subset.parquet "
                "--queries coco_karpathy_train.json --images /data/coco --direction t2i -k 20 --out mined/t2i\n"
                "  hardrank mine --model ViT-B-32 --checkpoint a.pt --corpus images/ --queries captions.json "
-               "--executor ray --decoder dali --out mined/ray")
+               "--executor ray --decoder dali --out mined/ray\n"
+               "  hardrank mine --corpus /data/laion_clip_retrieval --queries captions.parquet --index /data/laion.idx "
+               "--out mined/laion   # after hardrank index build --corpus /data/laion_clip_retrieval --out "
+               "/data/laion.idx")
     add_options(p, MineConfig, required=("corpus", "queries", "out"))
     add_cli_flags(p, "quiet")
     p.set_defaults(func=_cmd_mine)

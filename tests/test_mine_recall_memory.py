@@ -1,7 +1,6 @@
 """Mining keeps its word: the recall it reports is the recall of what it wrote, a missed recall target is
 said, the memory stays near vectors + budget, and two embedding files of one dimension are accepted."""
 import json
-import math
 import subprocess
 import sys
 

@@ -300,8 +300,9 @@ def test_mining_ids_share_one_root_and_the_negclip_table_is_loadable(kworld, tmp
     assert lines[3] == (f"recall@3 of the written negatives 1.000 on {n_q} sampled queries, against mining with "
                         f"exact search (target 0.95: met)")
     assert re.fullmatch(r"memory: peak anonymous [\d,]+ MiB \(aim: start-up [\d,]+ \+ vectors \d+ \+ ids \d+ \+ "
-                        r"budget 1,024 \+ 10% \(>= 64\) = [\d,]+ MiB: met\); file-backed peak [\d,]+ MiB \(start-up "
-                        r"[\d,]+: libraries; the rest: mapped corpus and index pages, reclaimable\)", lines[4]), lines[4]
+                        r"budget 1,024 \+ 10% \(>= 64\) = [\d,]+ MiB: met\); file-backed peak [\d,]+ MiB "
+                        r"\(start-up [\d,]+: libraries; the rest: mapped corpus and index pages, reclaimable\)",
+                        lines[4]), lines[4]
     assert lines[5:] == [f"negatives  {out / 'negatives' / 'part-*.parquet'}", f"training   {tsv} ({n_q} rows)",
                          f"summary    {out / 'summary.json'}"]
     t = pq.read_table(out / "negatives" / "part-000000.parquet").to_pydict()
