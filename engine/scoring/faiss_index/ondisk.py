@@ -184,31 +184,11 @@ def _gpu():
     return None
 
 
-class _TorchIP:
-    """The nearest centroid (largest inner product) of each row by torch's GEMM, a budget-sized chunk of rows at a
-    time: on the CPU about 5x faster here than FAISS's flat search (k-means iterations of 131,072 rows x 2,048
-    lists took 13 s through FAISS; its ``add`` assigned 7,300 rows/s). ``search(x, 1)`` as a FAISS index's."""
-
-    def __init__(self, centroids: np.ndarray, chunk_bytes: int = 32 << 20):
-        self.C = torch.from_numpy(np.ascontiguousarray(centroids, np.float32))  # (nlist, d)
-        self.rows = max(1, chunk_bytes // max(1, 4 * len(self.C)))
-
-    def search(self, x: np.ndarray, k: int = 1):
-        out = np.empty((len(x), 1), np.int64)
-        for s in range(0, len(x), self.rows):
-            scores = torch.from_numpy(np.ascontiguousarray(x[s:s + self.rows], np.float32)) @ self.C.T
-            out[s:s + self.rows, 0] = scores.argmax(1).numpy()
-        return None, out
-
-
-def _flat(centroids: np.ndarray, res, chunk_bytes: int = 32 << 20):
-    """An exact inner-product search of the centroids, assigning rows to lists: on the GPU when ``res`` (FAISS's
-    flat index there), else ``_TorchIP``."""
-    if res is None:
-        return _TorchIP(centroids, chunk_bytes)
+def _flat(centroids: np.ndarray, res):
+    """An exact inner-product index over the centroids (on the GPU when ``res``): assigns rows to lists."""
     q = faiss.IndexFlatIP(centroids.shape[1])
     q.add(centroids)
-    return faiss.index_cpu_to_gpu(res, 0, q)
+    return faiss.index_cpu_to_gpu(res, 0, q) if res is not None else q
 
 
 # -- training -------------------------------------------------------------------------------------
@@ -221,7 +201,7 @@ def _kmeans(x: np.ndarray, nlist: int, seed: int, echo, res, chunk_rows: int) ->
     t0 = time.perf_counter()
     for it in range(_NITER):
         assign = np.empty(n, np.int64)
-        q = _flat(C, res, chunk_rows * nlist * 4)
+        q = _flat(C, res)
         for s in range(0, n, chunk_rows):
             assign[s:s + chunk_rows] = q.search(x[s:s + chunk_rows], 1)[1][:, 0]
         sums = torch.zeros(nlist, d, dtype=torch.float64)
@@ -366,7 +346,7 @@ def build(folder, xb, factory: str, identity: dict, *, budget_bytes: int, seed: 
              + (" (k-means on the GPU)" if res is not None else ""))
         trained, timings["train"] = _train(xb, factory, plan["train_rows"], budget_bytes, seed, echo, res)
         _write_index(trained, tpath)
-    _add_blocks(folder, xb, trained, plan, res, echo, timings, budget_bytes)
+    _add_blocks(folder, xb, trained, plan, res, echo, timings)
     t0 = time.perf_counter()
     index_file = folder / INDEX
     if on_disk:
@@ -395,7 +375,7 @@ def build(folder, xb, factory: str, identity: dict, *, budget_bytes: int, seed: 
     return done
 
 
-def _add_blocks(folder: Path, xb, trained, plan: dict, res, echo, timings: dict, budget_bytes: int) -> None:
+def _add_blocks(folder: Path, xb, trained, plan: dict, res, echo, timings: dict) -> None:
     """Each block of ``plan['block_rows']`` corpus rows encoded and written as its own file; blocks already
     written (a killed build) are skipped. The first block timed says how long the rest will take."""
     nb = len(xb)
@@ -406,8 +386,8 @@ def _add_blocks(folder: Path, xb, trained, plan: dict, res, echo, timings: dict,
     if len(todo) < n_blocks:
         echo(f"add: {n_blocks - len(todo)} of {n_blocks} block(s) committed before; resuming")
     q = faiss.extract_index_ivf(trained).quantizer
-    # rows are assigned to their lists by an exact search of the centroids (torch's GEMM, or the GPU), then encoded
-    assigner = _flat(q.reconstruct_n(0, q.ntotal), res, budget_bytes // 16)
+    # on a GPU, rows are assigned to their lists there (exactly: the nearest centroid), then encoded here
+    assigner = _flat(q.reconstruct_n(0, q.ntotal), res) if res is not None else None
     t0, rows_done, last = time.perf_counter(), 0, 0.0
     for i, b in enumerate(todo):
         lo, hi = b * R, min(nb, (b + 1) * R)
@@ -432,7 +412,7 @@ def _add_blocks(folder: Path, xb, trained, plan: dict, res, echo, timings: dict,
 
 
 def _add(index, x: np.ndarray, ids: np.ndarray, assigner) -> None:
-    """Rows ``x`` added to ``index`` under ``ids``; ``assigner`` (an exact search of the centroids: ``_flat``)
+    """Rows ``x`` added to ``index`` under ``ids``; ``assigner`` (an index over the centroids, on the GPU)
     picks their lists when given, else the index's own quantiser does."""
     if assigner is None:
         index.add_with_ids(x, ids)
