@@ -208,7 +208,7 @@ def main(argv=None) -> int:
         "build_s": m["seconds"].get("total"),
         "second_run_speedup": round(rows["build_2k"]["wall_s"] / rows["reuse_2k"]["wall_s"], 2),
         "plan_100k_without_index": {"index": p.index, "why": p.why, "exact_s": p.exact_s, "index_s": p.index_s},
-        "gemm_rate": gemm_rate(args.d, "auto"),
+        "gemm_rate": gemm_rate(args.d, "auto"), "gemm_rate_fp32": gemm_rate(args.d, "fp32"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_after": os.getloadavg()},
     }
     print(f"corpus {nb:,} x {args.d} fp16 ({nb * args.d * 2 / 1e9:.1f} GB; RAM {_ram_bytes() / 2**30:.1f} GiB), "

@@ -42,6 +42,7 @@ _PAGE_READ = 100e6     # bytes/s assumed for scattered 4 KB pages (candidates re
 _SCAN = {"fs": 4, "pq": 32, "sq": 1}  # multiply-add equivalents a code costs to scan, per sub-quantiser (per
 #                        dimension for SQ8): fast-scan's SIMD lookups against 8-bit PQ's table reads
 _FREE_MACS = 1 << 33   # below this many multiply-adds the exact pass takes seconds: no rate measured, no index
+_ADD_OVERHEAD = 2.0    # FAISS's add beside its GEMM (residuals, encoding, list appends): measured ~2x (README)
 
 
 def hms(seconds: float) -> str:
@@ -118,18 +119,21 @@ def gemm_rate(d: int, precision: str = "auto") -> float:
 
 
 def _index_seconds(shape: IndexShape, nq: int, nb: int, d: int, k: int, recall_sample: int, rate: float,
-                   mapped: bool, built: bool) -> dict:
+                   mapped: bool, built: bool, rate32: float | None = None) -> dict:
+    """Seconds of the index's build, the recall sample's exact pass and the search. ``rate``: the exact kernel's
+    multiply-adds/s; ``rate32``: an fp32 GEMM's (FAISS's k-means, assignment and scans), default ``rate``."""
+    rate32 = rate32 or rate
     coarse = (2048 if shape.hnsw else shape.nlist) * d
     encode = {"fs": 16, "pq": 256, "sq": 1}[shape.kind] * d
     train = _NITER * shape.train_rows * shape.nlist * d + _NITER * min(shape.train_rows, 16384) * encode
-    add = nb * (coarse + encode) / rate + (nb * d * 2 / _SEQ_READ if mapped else 0)
-    build = 0.0 if built else train / rate + add
+    add = _ADD_OVERHEAD * nb * (coarse + encode) / rate32 + (nb * d * 2 / _SEQ_READ if mapped else 0)
+    build = 0.0 if built else train / rate32 + add
     sample = min(nq, recall_sample) * nb * d / rate + (nb * d * 2 / _SEQ_READ if mapped else 0)
     nprobe = max(1, shape.nlist // _NPROBE_SHARE)
     scan = nprobe * nb / shape.nlist * shape.m * _SCAN[shape.kind]
     kk = k + max(4, k // 2)
     rescore = nq * kk * 4 * (4096 / _PAGE_READ if mapped else d * 4 / 1e10)
-    search = nq * (coarse + scan) / rate + rescore
+    search = nq * (coarse + scan) / rate32 + rescore
     return {"build": build, "recall_sample": sample, "search": search, "total": build + sample + search}
 
 
@@ -145,18 +149,19 @@ def plan(nq: int, shape: tuple[int, int], opts, *, mapped: bool = False, built: 
     exact_how = "exact search (kernels.topk, the corpus streamed in tiles)"
     if built is None and nq * nb * d <= _FREE_MACS:
         return MinePlan(exact_how, f"auto: {nq:,} x {nb:,} x {d} multiply-adds take seconds")
+    rate32 = rate or gemm_rate(d, "fp32")
     rate = rate or gemm_rate(d, opts.rank_precision)
     passes = math.ceil(nq / block)
     read = nb * d * 2 / _SEQ_READ if mapped else 0.0
     exact = sum(max(read, min(block, nq - b * block) * nb * d / rate) for b in range(passes))
     sh = size_index(nb, d, budget)
-    idx = _index_seconds(sh, nq, nb, d, opts.k, opts.recall_sample, rate, mapped, built is not None)
-    at = f"at {rate:.2g} multiply-adds/s measured"
+    idx = _index_seconds(sh, nq, nb, d, opts.k, opts.recall_sample, rate, mapped, built is not None, rate32)
+    at = f"at {rate:.2g} multiply-adds/s measured (fp32 GEMM {rate32:.2g})"
     alts = []
     for scale, what in ((0.5, "smaller"), (2.0, "larger")):
         other = size_index(nb, d, budget, scale)
         if other.factory != sh.factory:
-            o = _index_seconds(other, nq, nb, d, opts.k, opts.recall_sample, rate, mapped, False)
+            o = _index_seconds(other, nq, nb, d, opts.k, opts.recall_sample, rate, mapped, False, rate32)
             alts.append(f"{what}: {other.words(nb)}, build ~{hms(o['build'])}, search ~{hms(o['search'])}")
     parts = (f"build ~{hms(idx['build'])}, " if not built else "") + (
         f"recall sample's exact pass ~{hms(idx['recall_sample'])}, search ~{hms(idx['search'])}")
