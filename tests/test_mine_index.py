@@ -231,6 +231,9 @@ def test_an_index_built_once_is_reused_by_later_runs_with_other_queries_and_k(co
         assert s["search"]["factory"] == "IVF32,Flat" and s["search"]["index_folder"] == str(idx)
         assert s["inputs"]["corpus"]["ids"] == f"memory-mapped: {idx / 'ids.arrow'}"  # not read from the metadata
         assert s["recall"]["met"], s["recall"]
+        # the recall sample's exact answers, kept in the folder: the same queries again search the corpus for none
+        assert s["search"]["recall_sample_reused"] == (200 if i == 2 else 0)
+    before["exact_topk.npz"] = (idx / "exact_topk.npz").stat().st_mtime_ns  # (the one file runs add there)
     assert _mtimes(idx) == before  # nothing built, nothing rewritten
     assert _negatives(tmp_path / "m0") == _negatives(tmp_path / "m2")
     # mine --index-out into a fresh folder builds the same index (same sample, same blocks): the same negatives

@@ -310,8 +310,13 @@ def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_trai
         if opts.recall_sample and not search.exact:
             t0 = time.perf_counter()
             n_ref = min(nq, opts.recall_sample)
+            folder = search_info.get("index_folder")  # exact answers kept there for a later run of the same queries
             ref = SampleReference(problem, opts, search, progress=Progress(
-                echo, f"recall sample: exact search of {n_ref:,} queries", nb).update)
+                echo, f"recall sample: exact search of {n_ref:,} queries", nb).update,
+                cache=Path(folder) / "exact_topk.npz" if folder else None)
+            search_info["recall_sample_reused"] = ref.reused
+            if ref.reused:
+                echo(f"recall sample: {ref.reused:,} exact answers reused from {folder}")
             search_info.update(measure_recall(search, problem, opts, ref))
             timings["recall"] = time.perf_counter() - t0
             what = search_info.get("factory", search_info["method"])

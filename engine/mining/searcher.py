@@ -3,11 +3,14 @@
 Searchers map (xq (m, d) float32, kk, exclude CSR) to exact-scored (D, I) sorted descending, padded."""
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
+from hardrank.atomic import atomic_path
 from hardrank.config import MineOptions
 from hardrank.mining.block import mine_block
 from hardrank.mining.problem import MineProblem, csr_take, f32
@@ -90,13 +93,76 @@ class _FirstCall:
         return D[:, :kk], I[:, :kk]
 
 
+class _Remembered:
+    """An exact searcher whose answers for each query vector are kept in a file (``cache``: an index folder's
+    ``exact_topk.npz``), without exclusions, and served again with a request's exclusions dropped from them: a
+    later run of the same queries over the same corpus (the folder's index checks it is) searches the corpus
+    for none of them. A row whose kept list runs short once its exclusions are dropped is searched again."""
+
+    exact = True
+    _MAX = 200_000  # query vectors kept (the oldest go first)
+
+    def __init__(self, search, cache: Path):
+        self.search, self.cache, self.hits, self.changed = search, cache, 0, False
+        self.gather = getattr(search, "gather", None)
+        self.kept: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+        try:
+            with np.load(cache) as f:
+                for h, D, I, n in zip(f["keys"], f["D"], f["I"], f["n"]):
+                    self.kept[bytes(h)] = (D[:n], I[:n])
+        except (OSError, ValueError, KeyError):
+            self.kept = {}
+
+    def __call__(self, xq, kk, excl):
+        m = len(xq)
+        D, I = np.full((m, kk), -np.inf, np.float32), np.full((m, kk), -1, np.int64)
+        keys = [hashlib.blake2b(np.ascontiguousarray(r, np.float32).tobytes(), digest_size=16).digest() for r in xq]
+        bad = [set(excl[1][excl[0][j]:excl[0][j + 1]].tolist()) if excl is not None else set() for j in range(m)]
+        todo = []
+        for j, key in enumerate(keys):
+            got = self.kept.get(key)
+            if got is not None:
+                keep = [i for i, r in enumerate(got[1]) if r not in bad[j] and r >= 0][:kk]
+                full = len(keep) == kk or (len(got[1]) and got[1][-1] < 0)  # enough, or the corpus ran out
+                if full:
+                    D[j, :len(keep)], I[j, :len(keep)] = got[0][keep], got[1][keep]
+                    self.hits += 1
+                    continue
+            todo.append(j)
+        if todo:
+            more = kk + max((len(bad[j]) for j in todo), default=0)
+            Dt, It = self.search(np.ascontiguousarray(xq[todo]), more, None)
+            for t, j in enumerate(todo):
+                self.kept[keys[j]] = (Dt[t], It[t])
+                keep = [i for i, r in enumerate(It[t]) if r not in bad[j] and r >= 0][:kk]
+                D[j, :len(keep)], I[j, :len(keep)] = Dt[t][keep], It[t][keep]
+            self.changed = True
+        return D, I
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        items = list(self.kept.items())[-self._MAX:]
+        width = max(len(v[1]) for _, v in items)
+        D = np.full((len(items), width), -np.inf, np.float32)
+        I = np.full((len(items), width), -1, np.int64)
+        for j, (_, (d, i)) in enumerate(items):
+            D[j, :len(d)], I[j, :len(i)] = d, i
+        with atomic_path(self.cache) as tmp, open(tmp, "wb") as f:
+            np.savez(f, keys=np.array([k for k, _ in items], dtype="S16"), D=D, I=I,
+                     n=np.array([len(v[1]) for _, v in items], np.int64))
+
+
 class SampleReference:
     """One exact search of the recall sample (``opts.recall_sample`` queries drawn with ``opts.seed``), kept:
     its exact top-10 (exclusions applied) tunes nprobe (``measure_recall``), and its mining with the same
     exclusions, filters and k is the reference of the written negatives (``written_recall``). Nothing of it
-    is computed twice or thrown away. ``progress``: called with the corpus rows each tile searched."""
+    is computed twice or thrown away. ``progress``: called with the corpus rows each tile searched.
+    ``cache``: a file of an index folder keeping exact answers by query vector (``_Remembered``): a later run
+    with the same queries over that index's corpus searches the corpus for none it has."""
 
-    def __init__(self, problem: MineProblem, opts: MineOptions, search=None, progress=None):
+    def __init__(self, problem: MineProblem, opts: MineOptions, search=None, progress=None,
+                 cache: Path | None = None):
         nq = len(problem.xq)
         n = min(nq, opts.recall_sample)
         self.rows = _sample(nq, n, opts.seed)
@@ -104,9 +170,16 @@ class SampleReference:
         exact = ExactReference(problem, opts, search)
         if progress is not None and hasattr(exact._search, "progress"):
             exact._search.progress = progress
-        rec = _FirstCall(exact, 10)
+        kept = _Remembered(exact, cache) if cache is not None else None
+        rec = _FirstCall(kept or exact, 10)
         _, self.negatives = mine_block(rec, problem, self.rows, opts, Counter())  # (n, k) corpus rows
         self.top10 = rec.first if rec.first is not None else np.full((n, 10), -1, np.int64)
+        self.reused = kept.hits if kept is not None else 0
+        if kept is not None:
+            try:
+                kept.save()
+            except OSError:  # a folder this user may not write (a shared index), a full disk: a cache, kept or not
+                pass
         self.seconds = time.perf_counter() - t0
 
 

@@ -322,6 +322,7 @@ def build(folder, xb, factory: str, identity: dict, *, budget_bytes: int, seed: 
                                                                                                 budget_bytes),
             "lists": "on disk, memory-mapped" if on_disk else "in memory", "seed": seed}
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "exact_topk.npz").unlink(missing_ok=True)  # exact answers a mining run kept for another index
     bpath = folder / BUILD
     if bpath.exists():
         try:
