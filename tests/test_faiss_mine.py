@@ -316,13 +316,13 @@ def test_auto_compares_an_exact_pass_with_an_index_and_sizes_the_index():
     small = auto.plan(300, (400, 16), opts)  # seconds of work: exact, no rate measured
     assert small.index is None and "take seconds" in small.why
     rate = 1e11  # multiply-adds/s (given, so the choice does not depend on this machine's load)
-    few = auto.plan(2_000, (28_000_000, 512), opts, mapped=True, rate=rate)
-    many = auto.plan(100_000, (28_000_000, 512), opts, mapped=True, rate=rate)
+    few = auto.plan(2_000, (28_000_000, 512), opts, mapped=True, rate=rate, read_rows=2e5)
+    many = auto.plan(100_000, (28_000_000, 512), opts, mapped=True, rate=rate, read_rows=2e5)
     assert few.index is None and few.exact_s < few.index_s["total"]  # few queries, huge corpus: one exact pass
     assert many.index == "IVF2048,PQ128" and many.index_s["total"] < many.exact_s  # many queries: an index
     assert "costs less than an exact pass" in many.why and "multiply-adds/s measured" in many.why
     assert [a.split(":")[0] for a in many.alternatives] == ["smaller", "larger"]
-    reuse = auto.plan(2_000, (28_000_000, 512), opts, mapped=True, built="IVF2048,PQ128", rate=rate)
+    reuse = auto.plan(2_000, (28_000_000, 512), opts, mapped=True, built="IVF2048,PQ128", rate=rate, read_rows=2e5)
     assert reuse.index == "IVF2048,PQ128" and reuse.index_s["build"] == 0  # an index built before is used
     # sizing: ~2 sqrt(N) lists within what the training sample allows, 2 bits a dimension, fast-scan in memory
     # while the lists fit half the budget, else 8-bit PQ lists memory-mapped, HNSW coarse quantiser for many lists

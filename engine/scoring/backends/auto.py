@@ -4,11 +4,14 @@ The cost model (``plan``), in multiply-adds at the rate the exact kernel measure
 (``gemm_rate``), and bytes at assumed disk rates:
 
 - exact: every (query, corpus row) pair once, ``nq x nb x d``; a memory-mapped corpus is read once per
-  block of queries, so a pass costs the larger of its GEMM and its read.
-- index: the build (k-means on the training sample, ``_NITER x train x nlist x d``; every row assigned to
-  its list and encoded), the recall sample's exact pass (``recall_sample x nb x d``: what checks the index
-  and tunes nprobe; the exact path needs none), and the search (each query's coarse assignment and the codes
-  of ``nprobe ~ nlist / 32`` lists, then ``k x refine`` candidates re-scored from the corpus).
+  block of queries: from disk (assumed 500 MB/s, overlapping the GEMM) and converted to normalised fp32 rows
+  on the same cores (``read_rate``, measured), so a pass costs its conversion plus its GEMM, or its disk read
+  when that is slower.
+- index: the build (k-means on the training sample, ``_NITER x train x nlist x d``; every row read, assigned
+  to its list and encoded, at an fp32 GEMM's measured rate: FAISS's), the recall sample's exact pass
+  (``recall_sample x nb x d`` and a read of the corpus: what checks the index and tunes nprobe; the exact path
+  needs none), and the search (each query's coarse assignment and the codes of ``nprobe ~ nlist / 32`` lists,
+  then ``k x refine`` candidates re-scored from the corpus).
 
 Few queries against a large corpus make the exact pass cheaper (2,000 x 28M x 512: about 5 minutes against
 a 20-minute build); many make the index cheaper. An index already built (``mine --index``) costs its search.
@@ -26,12 +29,14 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hardrank.kernels import topk
 from hardrank.scoring.backends.base import TOPK, Backend, MinePlan
 from hardrank.scoring.backends.exhaustive import kernel_searcher
 from hardrank.scoring.backends.faiss import describe_factory, faiss_searcher
+from hardrank.vectors import unit_rows
 
 __all__ = ["Auto", "IndexShape", "auto_factory", "size_index", "gemm_rate", "plan", "hms"]
 
@@ -52,6 +57,23 @@ def hms(seconds: float) -> str:
 
 def _gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+
+
+@functools.cache
+def read_rate(d: int) -> float:
+    """Rows per second of turning a memory-mapped fp16 corpus's rows into what the search reads: float16 to
+    float32 (torch), L2-normalised in float64 (``vectors.unit_rows``, as clip-retrieval parts are read), on a
+    16,384 x ``d`` tile; the best of two after a warm-up. A pass over such a corpus pays this beside its GEMM."""
+    x16 = np.random.default_rng(0).standard_normal((16384, d)).astype(np.float16)
+    out = np.empty(x16.shape, np.float32)
+    best = math.inf
+    for i in range(3):
+        t0 = time.perf_counter()
+        torch.from_numpy(out).copy_(torch.from_numpy(x16))
+        unit_rows(out, str, out=out)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return len(x16) / max(best, 1e-6)
 
 
 @dataclass(frozen=True)
@@ -119,16 +141,17 @@ def gemm_rate(d: int, precision: str = "auto") -> float:
 
 
 def _index_seconds(shape: IndexShape, nq: int, nb: int, d: int, k: int, recall_sample: int, rate: float,
-                   mapped: bool, built: bool, rate32: float | None = None) -> dict:
+                   mapped: bool, built: bool, rate32: float | None = None, read: float = 0.0) -> dict:
     """Seconds of the index's build, the recall sample's exact pass and the search. ``rate``: the exact kernel's
-    multiply-adds/s; ``rate32``: an fp32 GEMM's (FAISS's k-means, assignment and scans), default ``rate``."""
+    multiply-adds/s; ``rate32``: an fp32 GEMM's (FAISS's k-means, assignment and scans), default ``rate``;
+    ``read``: seconds a pass spends reading the corpus (each of the build's add and the sample's pass)."""
     rate32 = rate32 or rate
     coarse = (2048 if shape.hnsw else shape.nlist) * d
     encode = {"fs": 16, "pq": 256, "sq": 1}[shape.kind] * d
     train = _NITER * shape.train_rows * shape.nlist * d + _NITER * min(shape.train_rows, 16384) * encode
-    add = _ADD_OVERHEAD * nb * (coarse + encode) / rate32 + (nb * d * 2 / _SEQ_READ if mapped else 0)
+    add = _ADD_OVERHEAD * nb * (coarse + encode) / rate32 + read
     build = 0.0 if built else train / rate32 + add
-    sample = min(nq, recall_sample) * nb * d / rate + (nb * d * 2 / _SEQ_READ if mapped else 0)
+    sample = min(nq, recall_sample) * nb * d / rate + read
     nprobe = max(1, shape.nlist // _NPROBE_SHARE)
     scan = nprobe * nb / shape.nlist * shape.m * _SCAN[shape.kind]
     kk = k + max(4, k // 2)
@@ -138,9 +161,10 @@ def _index_seconds(shape: IndexShape, nq: int, nb: int, d: int, k: int, recall_s
 
 
 def plan(nq: int, shape: tuple[int, int], opts, *, mapped: bool = False, built: str | None = None,
-         rate: float | None = None) -> MinePlan:
+         rate: float | None = None, read_rows: float | None = None) -> MinePlan:
     """Exact streaming pass or IVF index for ``nq`` queries over an (nb, d) corpus (``mapped``: read from disk
-    on demand), from the cost model above at the exact kernel's measured rate (``rate``: given instead).
+    on demand), from the cost model above at the exact kernel's measured rate and the measured rate of reading
+    a mapped corpus (``rate``, ``read_rows``: given instead).
     ``built``: the factory of an index already built for this corpus (``mine --index``): its cost is its
     search alone, and it is used."""
     nb, d = shape
@@ -152,16 +176,19 @@ def plan(nq: int, shape: tuple[int, int], opts, *, mapped: bool = False, built: 
     rate32 = rate or gemm_rate(d, "fp32")
     rate = rate or gemm_rate(d, opts.rank_precision)
     passes = math.ceil(nq / block)
-    read = nb * d * 2 / _SEQ_READ if mapped else 0.0
-    exact = sum(max(read, min(block, nq - b * block) * nb * d / rate) for b in range(passes))
+    # a pass over a mapped corpus reads it from disk (overlapping the GEMM) and converts it (on the same cores)
+    disk = nb * d * 2 / _SEQ_READ if mapped else 0.0
+    read = max(disk, nb / (read_rows or read_rate(d))) if mapped else 0.0
+    exact = sum(max(disk, read + min(block, nq - b * block) * nb * d / rate) for b in range(passes))
     sh = size_index(nb, d, budget)
-    idx = _index_seconds(sh, nq, nb, d, opts.k, opts.recall_sample, rate, mapped, built is not None, rate32)
-    at = f"at {rate:.2g} multiply-adds/s measured (fp32 GEMM {rate32:.2g})"
+    idx = _index_seconds(sh, nq, nb, d, opts.k, opts.recall_sample, rate, mapped, built is not None, rate32, read)
+    at = f"at {rate:.2g} multiply-adds/s measured (fp32 GEMM {rate32:.2g})" + (
+        f", reading {nb / read:,.0f} rows/s" if read else "")
     alts = []
     for scale, what in ((0.5, "smaller"), (2.0, "larger")):
         other = size_index(nb, d, budget, scale)
         if other.factory != sh.factory:
-            o = _index_seconds(other, nq, nb, d, opts.k, opts.recall_sample, rate, mapped, False, rate32)
+            o = _index_seconds(other, nq, nb, d, opts.k, opts.recall_sample, rate, mapped, False, rate32, read)
             alts.append(f"{what}: {other.words(nb)}, build ~{hms(o['build'])}, search ~{hms(o['search'])}")
     parts = (f"build ~{hms(idx['build'])}, " if not built else "") + (
         f"recall sample's exact pass ~{hms(idx['recall_sample'])}, search ~{hms(idx['search'])}")
