@@ -233,6 +233,11 @@ class VectorRows:
             out = self._read(np.asarray(self.sel))
         return out if dtype is None else out.astype(dtype, copy=False)
 
+    def maps(self) -> list[np.ndarray]:
+        """Every part's memory map, opened (cheap: no page is read), e.g. to advise the kernel how they will be
+        read before reading them (``scoring.corpus_io``)."""
+        return [self._map(i) for i in range(len(self.files))]
+
     def _map(self, i: int) -> np.ndarray:
         m = self._maps.get(i)
         if m is None:

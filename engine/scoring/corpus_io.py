@@ -20,11 +20,16 @@ import numpy as np
 __all__ = ["read_tile", "gather", "rescore", "release", "mapped"]
 
 _HAS_MADVISE = hasattr(mmap.mmap, "madvise") and hasattr(mmap, "MADV_DONTNEED")
+# a page fault maps up to 64 KB of neighbouring pages already cached ("fault-around"), read-ahead or not: a
+# batch of scattered rows may map this much each until the batch releases them
+_FAULT_AROUND = 64 << 10
 
 
-def _maps_of(x) -> list:
+def _maps_of(x, open_them: bool = False) -> list:
     """The mmap objects behind ``x``: an np.memmap (or a view of one), or a lazy reader holding memmaps
-    (``VectorRows._maps``)."""
+    (``VectorRows``; ``open_them``: its parts' maps opened first, so advice reaches maps a read would open)."""
+    if open_them and callable(getattr(x, "maps", None)):
+        x.maps()
     out, seen = [], set()
     stack = [x]
     while stack:
@@ -62,8 +67,8 @@ def release(x) -> None:
 @contextlib.contextmanager
 def _advice(x, advice_name: str):
     """``x``'s maps advised ``advice_name`` (MADV_RANDOM, MADV_SEQUENTIAL) inside the block, then normal;
-    the pages read are released at the end."""
-    maps = _maps_of(x) if _HAS_MADVISE and hasattr(mmap, advice_name) else []
+    the pages read are released at the end (callers reading in batches release after each)."""
+    maps = _maps_of(x, open_them=True) if _HAS_MADVISE and hasattr(mmap, advice_name) else []
     for mm in maps:
         with contextlib.suppress(OSError, ValueError):
             mm.madvise(getattr(mmap, advice_name))
@@ -80,8 +85,9 @@ def read_tile(xb, lo: int, hi: int) -> np.ndarray:
     """Rows [lo, hi) of ``xb`` (n, d) as a C-contiguous float32 array (a view when ``xb`` holds them so in
     memory; fp16 converted here, one tile at a time). The caller releases the pages (``release``) once done
     with the tile: a view of a memory map stays valid after that (the pages are read again if touched)."""
-    with _advice(xb, "MADV_SEQUENTIAL") if _maps_of(xb) else contextlib.nullcontext():
-        return np.ascontiguousarray(xb[lo:hi], dtype=np.float32)
+    part = xb[lo:hi]  # (a lazy reader's slice opens maps of its own, let go with it)
+    with _advice(part, "MADV_SEQUENTIAL") if _maps_of(part, open_them=True) else contextlib.nullcontext():
+        return np.ascontiguousarray(part, dtype=np.float32)
 
 
 def _sorted_rows(xb, rows: np.ndarray) -> np.ndarray:
@@ -98,10 +104,11 @@ def gather(xb, I: np.ndarray, budget_bytes: int = 64 << 20) -> np.ndarray:
     u, inv = np.unique(flat, return_inverse=True)
     d = xb.shape[1]
     out = np.empty((len(u), d), np.float32)
-    step = max(1, budget_bytes // max(1, 4 * d))
+    step = max(256, min(budget_bytes // max(1, 4 * d), budget_bytes // _FAULT_AROUND))
     with _advice(xb, "MADV_RANDOM"):
         for s in range(0, len(u), step):
             out[s:s + step] = _sorted_rows(xb, u[s:s + step])
+            release(xb)
     if len(u) == len(flat) and np.array_equal(u, flat):
         return out.reshape(*I.shape, d)  # sorted distinct rows (a training sample): no second copy
     return out[inv].reshape(*I.shape, d)
@@ -121,7 +128,8 @@ def rescore(xq: np.ndarray, xb, I: np.ndarray, budget_bytes: int = 64 << 20) -> 
     order = np.argsort(rows, kind="stable")
     pos, rows = pos[order], rows[order]
     d = xb.shape[1]
-    step = max(1, budget_bytes // max(1, 24 * d))  # pairs a batch: fp32 rows read, two fp64 operands
+    # pairs a batch: fp32 rows read, two fp64 operands, and the pages mapped around each row read
+    step = max(256, min(budget_bytes // max(1, 24 * d), budget_bytes // _FAULT_AROUND))
     with _advice(xb, "MADV_RANDOM"):
         for s in range(0, len(rows), step):
             r, p = rows[s:s + step], pos[s:s + step]
@@ -129,4 +137,5 @@ def rescore(xq: np.ndarray, xb, I: np.ndarray, budget_bytes: int = 64 << 20) -> 
             R = _sorted_rows(xb, u)  # (u, d) float32
             q = np.asarray(xq[p // kk], dtype=np.float64)
             out[p] = np.einsum("nd,nd->n", q, R[inv].astype(np.float64)).astype(np.float32)
+            release(xb)
     return out.reshape(m, kk)
