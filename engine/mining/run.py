@@ -229,9 +229,9 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
         watch.stop()
 
 
-def _searcher(problem: MineProblem, opts: MineOptions, backend: Backend, out: Path, n_todo: int, echo):
-    """(the run's searcher, its plan): the plan of the backend (auto: exact pass or index, by cost), then its
-    searcher, or the IVF index it names built in memory, or in a folder (reused, resumed, or built)."""
+def _plan(problem: MineProblem, opts: MineOptions, backend: Backend, n_todo: int):
+    """How the search will run (``backends.base.MinePlan``: auto weighs an exact pass against an index), said
+    before anything is built."""
     spec = opts.search_spec
     built = built_factory(opts.index) if opts.index else None
     plan = backend.mining_plan(spec, n_todo, tuple(problem.xb.shape), opts, mapped=corpus_io.mapped(problem.xb),
@@ -239,23 +239,29 @@ def _searcher(problem: MineProblem, opts: MineOptions, backend: Backend, out: Pa
     if opts.index and plan.index is None:
         raise UsageError(f"--index {opts.index} is a FAISS index, and --search {spec} does not search one: use "
                          f"--search auto (or faiss:{built}) with --index, or drop --index")
+    return plan
+
+
+def _searcher(problem: MineProblem, opts: MineOptions, backend: Backend, plan, out: Path, echo):
+    """The run's searcher for ``plan``: the backend's own, or the IVF index the plan names, built in memory or
+    in a folder (reused, resumed, or built)."""
     if plan.index is None:
         if opts.index_out:
             echo(f"--index-out {opts.index_out}: no index to keep, the search is {plan.how}")
-        return build_searcher(problem, opts, backend), plan
+        return build_searcher(problem, opts, backend)
     from hardrank.scoring.faiss_index import ondisk  # faiss: imported by that package alone
 
     nb, d = problem.xb.shape
     if opts.index:
-        return index_searcher(problem, opts, plan.index, opts.index, build=False, echo=echo), plan
+        return index_searcher(problem, opts, plan.index, opts.index, build=False, echo=echo)
     big = not ondisk.fits_memory(plan.index, nb, d, opts.budget_mb << 20)
     if opts.index_out or big:
         folder = Path(opts.index_out) if opts.index_out else out / "index"
         if big and not opts.index_out:
             echo(f"index: {plan.index}'s lists exceed half of --budget-mb {opts.budget_mb}: built in {folder} "
                  f"(memory-mapped; kept, so a rerun reuses it; --index-out DIR keeps it elsewhere)")
-        return index_searcher(problem, opts, plan.index, folder, build=True, echo=echo), plan
-    return faiss_searcher(problem.xb, plan.index, opts), plan
+        return index_searcher(problem, opts, plan.index, folder, build=True, echo=echo)
+    return faiss_searcher(problem.xb, plan.index, opts)
 
 
 def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_training, echo, backend: Backend | None,
@@ -290,12 +296,13 @@ def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_trai
         todo_rows = np.concatenate([np.arange(b * B, min(nq, (b + 1) * B)) for b in todo])
         backend = backend or backends.get(opts.search_spec)
         t0 = time.perf_counter()
-        search, plan = _searcher(problem, opts, backend, out, len(todo_rows), echo)
+        plan = _plan(problem, opts, backend, len(todo_rows))
         echo(_plan_line(problem, opts, n_blocks, len(todo), plan.how))
         if plan.why:
             echo(f"why: {plan.why}")
         for alt in plan.alternatives:
             echo(f"  {alt}")
+        search = _searcher(problem, opts, backend, plan, out, echo)
         timings["index"] = time.perf_counter() - t0
         search_info = dict(search.info)
         if plan.why:
