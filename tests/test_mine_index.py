@@ -423,3 +423,38 @@ def test_the_catalog_keeps_the_corpus_ids_out_of_python_lists(corpus, tmp_path):
     assert again.meta["corpus"]["ids_digest"] == p.meta["corpus"]["ids_digest"] and time.perf_counter() - t0 >= 0
     inmem = build_problem(cfg)
     assert inmem.meta["corpus"]["ids"] == "in memory" and inmem.corpus_ids.to_pylist() == p.corpus_ids.to_pylist()
+
+
+def test_exact_answers_kept_in_a_folder_come_back_for_every_query_vector(tmp_path):
+    """Kept by a 16-byte digest of the vector (found among random vectors: one ending in a zero byte, which a
+    fixed-width bytes column would have cut short and never found again), served with each request's own
+    exclusions dropped, searched again only when too few remain."""
+    import hashlib
+
+    from hardrank.mining.searcher import _Remembered
+
+    rng = np.random.default_rng(0)
+    xb = rng.standard_normal((300, 8)).astype(np.float32)
+    rows = []
+    while len(rows) < 3:
+        v = rng.standard_normal(8).astype(np.float32)
+        if hashlib.blake2b(v.tobytes(), digest_size=16).digest()[-1] == 0:
+            rows.append(v)
+    xq = np.stack(rows + [rng.standard_normal(8).astype(np.float32) for _ in range(5)])
+    calls = []
+
+    def exact(q, kk, excl):
+        calls.append(len(q))
+        D, I = topk(torch.from_numpy(q), torch.from_numpy(xb), kk)
+        return D.numpy(), I.numpy()
+    first = _Remembered(exact, tmp_path / "exact_topk.npz")
+    D0, I0 = first(xq, 6, None)
+    first.save()
+    again = _Remembered(exact, tmp_path / "exact_topk.npz")
+    excl = _csr([[int(I0[j, 0])] for j in range(len(xq))])  # each query's best excluded: served from what is kept
+    D1, I1 = again(xq, 4, excl)
+    assert calls == [8] and again.hits == 8
+    np.testing.assert_array_equal(I1, I0[:, 1:5])
+    np.testing.assert_array_equal(D1, D0[:, 1:5])
+    again(xq[:2], 9, None)  # more than kept: searched again
+    assert calls == [8, 2]

@@ -109,7 +109,7 @@ class _Remembered:
         try:
             with np.load(cache) as f:
                 for h, D, I, n in zip(f["keys"], f["D"], f["I"], f["n"]):
-                    self.kept[bytes(h)] = (D[:n], I[:n])
+                    self.kept[h.tobytes()] = (D[:n], I[:n])
         except (OSError, ValueError, KeyError):
             self.kept = {}
 
@@ -149,8 +149,9 @@ class _Remembered:
         for j, (_, (d, i)) in enumerate(items):
             D[j, :len(d)], I[j, :len(i)] = d, i
         with atomic_path(self.cache) as tmp, open(tmp, "wb") as f:
-            np.savez(f, keys=np.array([k for k, _ in items], dtype="S16"), D=D, I=I,
-                     n=np.array([len(v[1]) for _, v in items], np.int64))
+            # the digests as (n, 16) bytes: numpy's "S16" would drop a digest's trailing zero bytes
+            keys = np.frombuffer(b"".join(k for k, _ in items), np.uint8).reshape(len(items), 16)
+            np.savez(f, keys=keys, D=D, I=I, n=np.array([len(v[1]) for _, v in items], np.int64))
 
 
 class SampleReference:
