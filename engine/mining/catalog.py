@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from hardrank.atomic import atomic_path, write_json_atomic
 
-__all__ = ["Catalog", "digest", "CATALOG", "MAPPED_ROWS"]
+__all__ = ["Catalog", "digest", "take", "CATALOG", "MAPPED_ROWS"]
 
 CATALOG, SIDECAR = "ids.arrow", "ids.json"
 MAPPED_ROWS = 1 << 20  # corpora of at least this many rows keep their ids in a memory-mapped file
@@ -56,6 +56,32 @@ def _chunks(strings) -> Iterator[list[str]]:
     strings = list(strings)
     for s in range(0, len(strings), _CHUNK):
         yield strings[s:s + _CHUNK]
+
+
+def take(col, idx) -> pa.Array:
+    """Entries ``idx`` of a list or an Arrow column, in that order. A chunked column is read chunk by chunk, only
+    the entries asked for: pyarrow's own ``ChunkedArray.take`` joins the chunks first (a copy of every id: 76 MB
+    at 2M rows, pyarrow 26)."""
+    idx = np.asarray(idx, np.int64).reshape(-1)
+    if isinstance(col, list):
+        return pa.array([col[i] for i in idx], pa.string())
+    if isinstance(col, pa.Array):
+        return col.take(pa.array(idx))
+    if col.num_chunks == 1:
+        return col.chunk(0).take(pa.array(idx))
+    if not len(idx):
+        return pa.array([], col.type)
+    starts = np.concatenate([[0], np.cumsum([len(c) for c in col.chunks])])
+    which = np.searchsorted(starts, idx, side="right") - 1
+    order = np.argsort(which, kind="stable")
+    parts, at = [], 0
+    for c in np.unique(which):
+        sel = order[at:at + int((which == c).sum())]
+        at += len(sel)
+        parts.append(col.chunk(int(c)).take(pa.array(idx[sel] - starts[c])))
+    back = np.empty(len(idx), np.int64)
+    back[order] = np.arange(len(idx))
+    return pa.concat_arrays(parts).take(pa.array(back))
 
 
 @dataclass

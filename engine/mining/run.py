@@ -29,7 +29,7 @@ from hardrank.errors import DataError, UsageError
 from hardrank.executors import executor
 from hardrank.mining import memory
 from hardrank.mining.block import mine_block
-from hardrank.mining.catalog import digest
+from hardrank.mining.catalog import digest, take
 from hardrank.mining.index import built_factory, check_index, index_searcher
 from hardrank.mining.inputs import build_problem
 from hardrank.mining.problem import MineProblem, negatives_schema
@@ -166,7 +166,7 @@ def _written(out: Path, problem: MineProblem, B: int):
 
 def _take(col, idx: np.ndarray):
     """Entries ``idx`` of an Arrow column (chunked or not; memory-mapped ones read only those pages)."""
-    return col.take(pa.array(idx, pa.int64()))
+    return take(col, idx)
 
 
 def recall_line(recall: dict) -> str:

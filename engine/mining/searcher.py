@@ -13,6 +13,7 @@ import numpy as np
 from hardrank.atomic import atomic_path
 from hardrank.config import MineOptions
 from hardrank.mining.block import mine_block
+from hardrank.mining.catalog import take
 from hardrank.mining.problem import MineProblem, csr_take, f32
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
@@ -258,11 +259,12 @@ def written_recall(problem: MineProblem, opts: MineOptions, written, search=None
         reference = "the run's own search, which is exact: what it wrote is what mining with exact search writes"
     else:
         ref = ref or SampleReference(problem, opts, search)
-        ids = problem.corpus_ids
-        per = []
+        ok = ref.negatives >= 0
+        names = take(problem.corpus_ids, ref.negatives[ok]).to_pylist()  # one read of the ids, all queries' at once
+        per, at = [], 0
         for j, negs in enumerate(got):
-            want = [int(i) for i in ref.negatives[j] if i >= 0]
-            refset = {str(x) for x in _take(ids, want)}
+            refset = set(names[at:at + int(ok[j].sum())])
+            at += int(ok[j].sum())
             if refset:
                 per.append(len(refset & set(negs)) / len(refset))
         reference = ("mining with exact search (the kernels' exact top-k, or the shards' exact search) of the same "
@@ -273,10 +275,3 @@ def written_recall(problem: MineProblem, opts: MineOptions, written, search=None
             "definition": "mean over the sampled queries (numpy default_rng(seed).choice(queries, sample, "
                           "replace=False)) of |written negatives ∩ reference negatives| / |reference negatives|",
             "seconds": round(time.perf_counter() - t0, 3)}
-
-
-def _take(ids, rows: list[int]) -> list:
-    """Ids at ``rows`` of a list or an Arrow column."""
-    if isinstance(ids, list):
-        return [ids[i] for i in rows]
-    return ids.take(np.asarray(rows, np.int64)).to_pylist() if rows else []
