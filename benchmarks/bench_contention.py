@@ -35,11 +35,10 @@ SIZINGS = ("2", "1", "auto")
 _MINE = """
 import sys
 import numpy as np
-from hardrank import cpus
 from hardrank.jobs.bench.timing import timed
 from hardrank.scoring.backends.exhaustive import KernelSearch
-from hardrank.mining.run import use_threads
-b = use_threads(None if sys.argv[1] == "auto" else int(sys.argv[1]))  # auto: what `hardrank mine` chooses
+from hardrank.mining.run import mining_settings
+b = mining_settings(None if sys.argv[1] == "auto" else int(sys.argv[1])).budget  # auto: what `hardrank mine` chooses
 r = np.random.default_rng(0)
 xb = r.standard_normal((50_000, 512), dtype=np.float32); xb /= np.linalg.norm(xb, axis=1, keepdims=True)
 xq = r.standard_normal((5_000, 512), dtype=np.float32); xq /= np.linalg.norm(xq, axis=1, keepdims=True)

@@ -80,7 +80,8 @@ def main(argv=None):
     ap.add_argument("--nprobe", type=int, default=None)
     ap.add_argument("--block-size", type=int, default=8192)
     ap.add_argument("--recall-sample", type=int, default=1000)
-    ap.add_argument("--threads", type=int, default=None, help="FAISS OpenMP threads (default: all cores)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch and FAISS threads (default: mining's, all cores: hardrank.mining.run.mining_settings)")
     ap.add_argument("--ray-shards", type=int, default=None,
                     help="also mine with the corpus sharded over this many Ray actors (hardrank mine --executor ray)")
     ap.add_argument("--no-local", action="store_true",
@@ -104,10 +105,6 @@ def main(argv=None):
     from hardrank.config import MineOptions
     from hardrank.jobs.bench.timing import PeakRSS
     from hardrank.mining import MineProblem
-    from hardrank.scoring import faiss_index
-
-    if args.threads:
-        faiss_index.faiss.omp_set_num_threads(args.threads)
     rss = PeakRSS(interval=0.2).start()  # VmRSS: also counts the memmapped corpus pages, as ru_maxrss would
     t0 = time.perf_counter()
     xb = np.load(work / "corpus.npy", mmap_mode="r")   # (nb, d) float16, on disk
@@ -147,6 +144,7 @@ def main(argv=None):
 def _run(problem, opts, out: Path, rss, args, t_gen: float, t_load: float, shards: int | None) -> dict:
     """One full mining run (output removed first: a full run, not a resume), measured."""
     from hardrank.mining import mine_arrays
+    from hardrank.mining.run import mining_settings
     from hardrank.scoring import backends, faiss_index
     from hardrank.scoring.backends.sharded import Sharded
 
@@ -165,7 +163,8 @@ def _run(problem, opts, out: Path, rss, args, t_gen: float, t_load: float, shard
     t0 = time.perf_counter()
     try:
         backend = Sharded(backends.get(opts.search_spec), search=factory) if factory is not None else None
-        s = mine_arrays(problem, opts, out, echo=lambda m: print(m, file=sys.stderr, flush=True), backend=backend)
+        s = mine_arrays(problem, opts, out, echo=lambda m: print(m, file=sys.stderr, flush=True), backend=backend,
+                        settings=mining_settings(args.threads))
         t_mine = time.perf_counter() - t0
         if factory is not None:
             shard_rss = [round(b / 2**30, 2) for b in factory._search.peak_rss()]

@@ -8,8 +8,8 @@ This file holds the options and the registry of parts; the roles live beside it:
 parent: runs each part in a child process ``--part NAME`` under a deadline, writes gpu_check.json after every
 part), gpu_check_wheels.py (the wheels a borrowed machine lacks), gpu_check_parts.py (what every part shares:
 sizes, GPU peaks, the result file a child rewrites after every measurement) and the parts themselves:
-gpu_check_system.py, gpu_check_kernels.py, gpu_check_models.py. Clocks, bare GEMMs and FLOP formulas come from
-hardrank.jobs.bench.timing, imported by the children only.
+gpu_check_system.py, gpu_check_kernels.py, gpu_check_models.py, gpu_check_hf.py. Clocks, bare GEMMs and FLOP
+formulas come from hardrank.jobs.bench.timing, imported by the children only.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from gpu_check_hf import part_e2e_hf
 from gpu_check_kernels import part_faiss_gpu, part_kernels
 from gpu_check_models import part_dali_mixed, part_e2e, part_encoders, part_ray_gpu
 from gpu_check_parts import ROOT, Part, run_part
@@ -33,6 +34,7 @@ PARTS = {
     "kernels": Part(part_kernels, cuda=False, cap_s=150),
     "encoders": Part(part_encoders, cuda=False, cap_s=70),
     "e2e": Part(part_e2e, cuda=False, cap_s=110),
+    "e2e_hf": Part(part_e2e_hf, cuda=False, cap_s=110),
     "dali_mixed": Part(part_dali_mixed, cuda=True, cap_s=45, module="nvidia.dali"),
     "faiss_gpu": Part(part_faiss_gpu, cuda=True, cap_s=45, module="faiss"),
     "ray_gpu": Part(part_ray_gpu, cuda=True, cap_s=60, module="ray"),
@@ -46,7 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=None,
                     help="scratch folder: generated JPEGs, checkpoints, stores (default: $TMPDIR/hardrank-gpu-check)")
     ap.add_argument("--wheels", default=str(ROOT / ".gpu_wheels"), help="carried wheels to install when missing")
-    ap.add_argument("--budget-s", type=float, default=450.0, help="seconds for all parts together (default 450)")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="seconds for all parts together (default 480)")
     ap.add_argument("--profile", choices=["auto", "gpu", "cpu"], default="auto",
                     help="sizes: gpu (one H100, minutes) or cpu (tiny, seconds); auto picks by CUDA")
     ap.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS), help="parts to run")

@@ -50,6 +50,8 @@ PROFILES = {
         "encoder_batches": [256, 1024],     # 256: the engine's default batch
         "encoder_min_s": 2.0,
         "e2e": {"arch": "ViT-B-32", "images": 5000, "captions": 5, "k": 4, "threads": 16, "batch": 256},
+        "e2e_hf": {"clip_images": 5000, "blip_images": 1000, "rerank_k": 16, "captions": 5, "threads": 16,
+                   "batch": 256},
     },
     "cpu": {
         "device": "cpu",
@@ -62,6 +64,8 @@ PROFILES = {
         "encoder_batches": [2],
         "encoder_min_s": 0.0,               # one cold call per row
         "e2e": {"arch": "tiny", "images": 16, "captions": 5, "k": 4, "threads": 2, "batch": 8},
+        "e2e_hf": {"clip_images": 16, "blip_images": 16, "rerank_k": 4, "captions": 5, "threads": 2, "batch": 8,
+                   "tiny": True},
     },
 }
 

@@ -25,24 +25,18 @@ The public API (``help(hardrank)``). Options are the names of the command line's
 - ``read_results(folder)``: the written results (``ResultFile.data``, ``.outcomes()``).
 - Errors: ``HardrankError`` and its kinds ``UsageError``, ``DataError``, ``TooManyFailures``,
   ``MissingExtra``.
+
+``import hardrank`` is light (the ``hardrank`` command's ``--help`` needs no torch): it sets OpenMP's wait
+policy and makes open_clip's first import leave transformers out (``hardrank.openclip_import``); the names
+above are imported on first use, all at once.
 """
-from hardrank import cpus as cpus  # first: it sets OpenMP's wait policy, which must precede torch's import
-from hardrank import openclip_import as openclip_import  # second: open_clip without transformers (1.8 s)
-from hardrank.config import EmbedOptions, EvalConfig, MineConfig, MineOptions, SuiteOptions
-from hardrank.embed import EmbedPipeline
-from hardrank.errors import DataError, HardrankError, MissingExtra, TooManyFailures, UsageError
-from hardrank.evaluate import EvalReport, evaluate, plan
-from hardrank.items import ImageRef, Tables
-from hardrank.mining import mine
-from hardrank.models.load import load_model
-from hardrank.models.openclip import LoadedModel, ModelSpec
-from hardrank.perturb import PerturbImagesConfig, PerturbTextsConfig, perturb_images, perturb_texts
-from hardrank.perturb.attack_run import AttackImagesConfig, AttackTextsConfig, attack_images, attack_texts
-from hardrank.scoring.backends import SearchSpec
-from hardrank.scoring.results import ResultFile, read_results
-from hardrank.store.embedding_store import EmbeddingStore, open_store
-from hardrank.store.id_export import export_embeddings
-from hardrank.toyworld import demo_inputs as toy_inputs
+from __future__ import annotations
+
+import sys
+import types
+
+from hardrank import openclip_import as openclip_import  # open_clip's first import will leave transformers out
+from hardrank import openmp as openmp  # OpenMP's wait policy, which must precede torch's import
 
 __all__ = [
     "evaluate", "plan", "EvalConfig", "EvalReport", "SuiteOptions", "EmbedOptions", "SearchSpec",
@@ -53,3 +47,58 @@ __all__ = [
     "EmbeddingStore", "open_store", "export_embeddings", "read_results", "ResultFile", "toy_inputs",
     "HardrankError", "UsageError", "DataError", "TooManyFailures", "MissingExtra",
 ]
+
+
+def _api() -> dict:
+    """The public names (``__all__``), imported."""
+    from hardrank.config import EmbedOptions, EvalConfig, MineConfig, MineOptions, SuiteOptions
+    from hardrank.embed import EmbedPipeline
+    from hardrank.errors import DataError, HardrankError, MissingExtra, TooManyFailures, UsageError
+    from hardrank.evaluate import EvalReport, evaluate, plan
+    from hardrank.items import ImageRef, Tables
+    from hardrank.mining import mine
+    from hardrank.models.load import load_model
+    from hardrank.models.openclip import LoadedModel, ModelSpec
+    from hardrank.perturb import PerturbImagesConfig, PerturbTextsConfig, perturb_images, perturb_texts
+    from hardrank.perturb.attack_run import AttackImagesConfig, AttackTextsConfig, attack_images, attack_texts
+    from hardrank.scoring.backends import SearchSpec
+    from hardrank.scoring.results import ResultFile, read_results
+    from hardrank.store.embedding_store import EmbeddingStore, open_store
+    from hardrank.store.id_export import export_embeddings
+    from hardrank.toyworld import demo_inputs as toy_inputs
+    return {"evaluate": evaluate, "plan": plan, "EvalConfig": EvalConfig, "EvalReport": EvalReport,
+            "SuiteOptions": SuiteOptions, "EmbedOptions": EmbedOptions, "SearchSpec": SearchSpec, "mine": mine,
+            "MineConfig": MineConfig, "MineOptions": MineOptions, "perturb_texts": perturb_texts,
+            "PerturbTextsConfig": PerturbTextsConfig, "perturb_images": perturb_images,
+            "PerturbImagesConfig": PerturbImagesConfig, "attack_texts": attack_texts,
+            "AttackTextsConfig": AttackTextsConfig, "attack_images": attack_images,
+            "AttackImagesConfig": AttackImagesConfig, "load_model": load_model, "ModelSpec": ModelSpec,
+            "LoadedModel": LoadedModel, "EmbedPipeline": EmbedPipeline, "Tables": Tables, "ImageRef": ImageRef,
+            "EmbeddingStore": EmbeddingStore, "open_store": open_store, "export_embeddings": export_embeddings,
+            "read_results": read_results, "ResultFile": ResultFile, "toy_inputs": toy_inputs,
+            "HardrankError": HardrankError, "UsageError": UsageError, "DataError": DataError,
+            "TooManyFailures": TooManyFailures, "MissingExtra": MissingExtra}
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        globals().update(_api())
+        return globals()[name]
+    raise AttributeError(f"module 'hardrank' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """``hardrank.evaluate`` stays the function once its module (``hardrank/evaluate.py``) is imported: the
+    import system then sets the package's attribute of that name to the module."""
+
+    def __setattr__(self, name, value):
+        if name == "evaluate" and isinstance(value, types.ModuleType):
+            value = value.evaluate
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

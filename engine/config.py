@@ -4,7 +4,9 @@ Every option is a field of a frozen dataclass below, declared with ``opt(default
 same field is a ``--flag`` of the command line (``hardrank.jobs.cli`` builds argparse from
 ``flat_fields``), a key of a TOML job file's ``[options]`` table and a keyword of the Python API
 (both through ``build``). Nested dataclass fields (``EvalConfig.embed``) flatten into one
-namespace of unique names, so ``batch_size`` means the same thing everywhere.
+namespace of unique names, so ``batch_size`` means the same thing everywhere. A suite's own options
+are declared beside its loader and registered with it (``hardrank.suite_registry``); they join this
+namespace where ``SuiteOptions.own`` stands.
 """
 from __future__ import annotations
 
@@ -15,23 +17,26 @@ import re
 import threading
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from hardrank import urls
+from hardrank import suite_registry, urls
+from hardrank.cpus import check_threads
 from hardrank.errors import UsageError
 from hardrank.kernels import PRECISIONS as RANK_PRECISIONS
 from hardrank.kernels import TIE_RULES
+from hardrank.options import check_options, opt
+from hardrank.options import option_label as _named
 from hardrank.scoring import backends, rerank
 from hardrank.scoring.backends import RANKS, TOPK, SearchSpec
 from hardrank.scoring.statistics import RESAMPLES
 from hardrank.text import CAPTION_PROTOCOLS
 
 __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES",
-           "DIRECTIONS", "BASELINES", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
+           "DIRECTIONS", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
            "default_store",
            "resolve_device", "check_writable_dir", "check_store_root",
            "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig", "IndexBuildConfig", "LOGGERS",
@@ -45,22 +50,7 @@ EXECUTORS = ("local", "ray")
 DECODERS = ("pillow", "dali", "pillow-draft")
 KEY_BY = ("content", "id")  # = hardrank.store.idkeys.KEY_BY
 DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text"), "i2i": ("image", "image")}
-BASELINES = ("clip-regions",)  # mask suites: answer with the candidate region most similar to the question
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
-
-
-def opt(default, help: str, *, choices=None, minimum=None, path: bool = False, flag: str | None = None,
-        metavar: str | None = None, cli: bool = True, positional: bool = False, listing: str | None = None,
-        repeat: bool = False):
-    """A config field: its default and its one help text; ``choices``/``minimum`` are checked on
-    construction; ``path`` values in job files are relative to the file; ``flag`` overrides the
-    ``--name`` on the command line; ``positional`` makes it a positional argument there (shown as
-    ``metavar``); ``cli=False`` keeps it off the command line; ``listing`` names a registry whose
-    names the command line's help lists after the help text (``suites``: the suite registry); ``repeat``: a
-    list option whose flag may be given several times, each adding its values."""
-    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "path": path,
-                                            "flag": flag, "metavar": metavar, "cli": cli, "positional": positional,
-                                            "listing": listing, "repeat": repeat})
 
 
 def cache_dir() -> Path:
@@ -149,45 +139,22 @@ def parse_log_to(spec: str) -> LogTarget:
     return LogTarget(kind, where)
 
 
-# -- validation shared by every options dataclass --------------------------------------------------
-def _named(f: dataclasses.Field) -> str:
-    """How messages name an option: its key and its command-line flag (or positional argument)."""
-    if f.metadata.get("positional"):
-        return f"{f.name} ({f.metadata.get('metavar') or f.name.upper()})"
-    return f"{f.name} ({f.metadata.get('flag') or '--' + f.name.replace('_', '-')})"
-
-
-def check_options(obj) -> None:
-    """Check each field against its ``choices`` and ``minimum`` (UsageError naming the option)."""
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        choices, minimum = f.metadata.get("choices"), f.metadata.get("minimum")
-        if choices is not None and isinstance(v, tuple):  # a list option: each of its values
-            bad = [x for x in v if x not in choices]
-            if bad:
-                raise UsageError(f"option {_named(f)} takes values of {list(choices)}, got {bad[0]!r}")
-        elif choices is not None and v is not None and v not in choices:
-            raise UsageError(f"option {_named(f)} must be one of {list(choices)}, got {v!r}")
-        if minimum is not None and isinstance(v, tuple):  # a list option: each of its values
-            bad = [x for x in v if isinstance(x, bool) or not isinstance(x, (int, float)) or x < minimum]
-            if bad:
-                raise UsageError(f"option {_named(f)} takes numbers >= {minimum}, got {bad[0]!r}")
-        elif minimum is not None and v is not None and not (isinstance(v, (int, float)) and v >= minimum):
-            raise UsageError(f"option {_named(f)} must be a number >= {minimum}, got {v!r}")
-
-
 def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
 
 
 def flat_fields(cls) -> list[tuple[str, dataclasses.Field, object]]:
-    """(name, field, type) of every option of ``cls``, nested options dataclasses flattened."""
+    """(name, field, type) of every option of ``cls``, nested options dataclasses flattened; the options
+    the registered suites declare stand where ``SuiteOptions.own`` is (``hardrank.suite_registry``)."""
     out = []
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             out.extend(flat_fields(tp))
+        elif f.metadata.get("declared_by") == "suites":
+            out.extend((name, fld, _hints(owner)[name])
+                       for name, (fld, owner, _) in suite_registry.own_fields().items())
         else:
             out.append((f.name, f, tp))
     return out
@@ -219,8 +186,19 @@ def option_kind(tp) -> tuple[object, bool, bool]:
     return tp, False, optional
 
 
-def _coerce(name: str, value, tp, where: str):
-    """A job-file / keyword value checked against the option's type; lists become tuples."""
+def _shown(v) -> str:
+    """A received value as a message shows it: a plain value's repr on one line, cut at 60 characters; any
+    other object by its type alone (a model's repr runs to dozens of lines)."""
+    if isinstance(v, (str, int, float, bool, os.PathLike, list, tuple, dict)) or v is None:
+        r = " ".join(repr(v).split())
+        return r if len(r) <= 60 else r[:57] + "..."
+    return f"(a {type(v).__module__}.{type(v).__qualname__} object)"
+
+
+def _coerce(name: str, value, tp, where: str, takes: str = ""):
+    """A job-file / keyword value checked against the option's type; lists become tuples. ``takes``: the
+    option's help, said when the value is refused."""
+    takes = f"; {name}: {takes}" if takes else ""
     scalar, is_list, optional = option_kind(tp)
     names = {str: "string", int: "integer", float: "number", bool: "boolean"}
     inner = tp
@@ -238,7 +216,7 @@ def _coerce(name: str, value, tp, where: str):
         if not ok:
             what = names.get(scalar, str(scalar))
             what = f"a list of {what}s" if is_list else ("an " if what[0] in "aeiou" else "a ") + what
-            raise UsageError(f"{where}option {name!r} must be {what}, got {type(v).__name__} {v!r}")
+            raise UsageError(f"{where}option {name!r} must be {what}, got {type(v).__name__} {_shown(v)}{takes}")
         return float(v) if scalar is float else (os.fspath(v) if scalar is str else v)
 
     if value is None:
@@ -249,7 +227,8 @@ def _coerce(name: str, value, tp, where: str):
         if isinstance(value, (str, int, float, os.PathLike)) and not isinstance(value, bool):
             value = [value]  # a single value where a list is expected is fine
         if not isinstance(value, (list, tuple)):
-            raise UsageError(f"{where}option {name!r} must be a list, got {type(value).__name__} {value!r}")
+            raise UsageError(f"{where}option {name!r} must be a list, got {type(value).__name__} {_shown(value)}"
+                             f"{takes}")
         return tuple(one(v) for v in value)
     return one(value)
 
@@ -257,8 +236,14 @@ def _coerce(name: str, value, tp, where: str):
 def build(cls, values: Mapping, *, where: str = "", base: str | os.PathLike | None = None):
     """``cls`` built from a flat mapping of option names (nested dataclasses filled by field name).
     Unknown names and wrong types raise UsageError naming the option and the closest known one;
-    ``path`` options are taken relative to ``base`` when given. ``where`` prefixes messages."""
-    known = {name: (f, tp) for name, f, tp in flat_fields(cls)}
+    ``path`` options are taken relative to ``base`` when given. ``where`` prefixes messages. A
+    ``per_suite`` option's string values follow the flag's grammar (``SUITE=PATH``: ``split_per_suite``)."""
+    flat = flat_fields(cls)
+    known = {name: (f, tp) for name, f, tp in flat}
+    if len(known) < len(flat):
+        twice = sorted({n for n, _, _ in flat if sum(m == n for m, _, _ in flat) > 1})
+        raise ValueError(f"{cls.__name__}: option name(s) {twice} declared twice (a suite's own option named as "
+                         f"another option?); rename one")
     nested = _nested_fields(cls)  # a whole options object may be given under its field name
     for k in values:
         if k in nested:
@@ -273,21 +258,122 @@ def build(cls, values: Mapping, *, where: str = "", base: str | os.PathLike | No
             raise UsageError(f"{where}unknown option {k!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                              + f"; known options: {', '.join(sorted(known))}")
 
+    def coerced(name, f, tp, v):
+        v = _coerce(name, v, tp, where, f.metadata.get("help", ""))
+        if base is not None and f.metadata.get("path") and v is not None:
+            v = _relative_to(base, v)
+        return v
+
     def make(c):
         hints = _hints(c)
-        kw = {}
+        kw, per = {}, []
         for f in dataclasses.fields(c):
             tp = hints[f.name]
             if dataclasses.is_dataclass(tp):
                 kw[f.name] = values[f.name] if f.name in values else make(tp)
+            elif f.metadata.get("declared_by") == "suites":  # the suites' own options, as given
+                own = suite_registry.own_fields()
+                kw[f.name] = tuple((n, coerced(n, fld, t, values[n])) for n, fld, t in flat_fields(c)
+                                   if n in values and n in own)
+            elif f.metadata.get("per_suite_table"):  # {suite: {option: value}}
+                if f.name in values:
+                    options = {n: (fld, t) for n, fld, t in flat_fields(c) if not fld.metadata.get("per_suite_table")}
+                    per += [(s, n, coerced(n, *options[n], v))
+                            for s, n, v in _per_suite_items(values[f.name], options, where)]
+            elif f.metadata.get("per_suite") and f.name in values:  # a value for every suite, and SUITE=VALUE
+                default, pairs = split_per_suite(f, values[f.name], where)
+                kw[f.name] = None if default is None else coerced(f.name, f, tp, default)
+                per += [(s, f.name, coerced(f.name, f, tp, v)) for s, v in pairs]
             elif f.name in values:
-                v = _coerce(f.name, values[f.name], tp, where)
-                if base is not None and f.metadata.get("path") and v is not None:
-                    v = _relative_to(base, v)
-                kw[f.name] = v
+                kw[f.name] = coerced(f.name, f, tp, values[f.name])
+        if per:
+            kw["per_suite"] = tuple(per)
         return c(**kw)
 
     return make(cls)
+
+
+_SUITE_WORD = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")  # what a mistyped suite name before '=' looks like
+
+
+def split_per_suite(f: dataclasses.Field, value, where: str = "") -> tuple[str | None, list[tuple[str, str]]]:
+    """(the value for every suite, [(suite, value)]) of a ``per_suite`` option ``f`` as given: a string, a
+    list of strings (the command line's ``--data DIR sugarcrepe=DIR2``) or a mapping ``{suite: value}``.
+    A string ``NAME=REST`` is a value for suite NAME only when NAME is a registered suite or alias (so
+    ``C:\\data``, ``s3://b/k=v`` and ``a/b=c`` are plain values); a plain word before '=' that names no suite,
+    where no such path exists, is taken for a mistyped suite name (UsageError listing the suites; a path
+    holding '=' is written ``./NAME=REST``). Path objects are values as they are. At most one plain value."""
+    if value is None:
+        return None, []
+    if isinstance(value, Mapping):
+        items = list(value.items())
+        for k, v in items:
+            if not isinstance(k, str) or not suite_registry.is_suite(k):
+                raise UsageError(f"{where}option {_named(f)}: {_no_suite(k)}")
+            if not isinstance(v, (str, os.PathLike)):
+                raise UsageError(f"{where}option {_named(f)} for suite {k}: expected a path, got "
+                                 f"{type(v).__name__} {v!r}")
+        return None, _once(f, [(k, os.fspath(v)) for k, v in items], where)
+    tokens = [value] if isinstance(value, (str, os.PathLike)) else value
+    if not isinstance(tokens, (list, tuple)):
+        raise UsageError(f"{where}option {_named(f)} must be a path, a list of SUITE=PATH or a mapping "
+                         f"{{suite: path}}, got {type(value).__name__} {value!r}")
+    default, pairs = None, []
+    for t in tokens:
+        if not isinstance(t, (str, os.PathLike)):
+            raise UsageError(f"{where}option {_named(f)} takes paths, got {type(t).__name__} {t!r}")
+        key, eq, rest = t.partition("=") if isinstance(t, str) else ("", "", "")
+        if eq and suite_registry.is_suite(key):
+            if not rest:
+                raise UsageError(f"{where}option {_named(f)}: {t!r} gives suite {key} no value; write {key}=PATH")
+            pairs.append((key, rest))
+            continue
+        if eq and _SUITE_WORD.match(key) and not urls.is_url(t) and not os.path.exists(os.path.expanduser(t)):
+            raise UsageError(f"{where}option {_named(f)}: {t!r} is SUITE=PATH (one suite's own path), but "
+                             f"{_no_suite(key)}; a path holding '=' is written ./{t}")
+        if default is not None:
+            raise UsageError(f"{where}option {_named(f)} has two values for every suite, {default!r} and "
+                             f"{os.fspath(t)!r}; give one, and SUITE=PATH for the others")
+        default = os.fspath(t)
+    return default, _once(f, pairs, where)
+
+
+def _once(f, pairs, where):
+    seen = [s for s, _ in pairs]
+    twice = sorted({s for s in seen if seen.count(s) > 1})
+    if twice:
+        raise UsageError(f"{where}option {_named(f)} gives suite {twice[0]} two values; give one")
+    return pairs
+
+
+def _no_suite(name) -> str:
+    """``'x' names no suite (did you mean 'y'?); suites: ...``: the message part for a per-suite key."""
+    known = [*suite_registry.names(), *suite_registry.aliases()]
+    hint = difflib.get_close_matches(str(name), known, n=1)
+    return (f"{name!r} names no suite" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            + f"; suites: {', '.join(sorted(known))}")
+
+
+def _per_suite_items(table, options: dict, where: str) -> list[tuple[str, str, object]]:
+    """(suite, option, value) of a ``{suite: {option: value}}`` table, names checked."""
+    if not isinstance(table, Mapping):
+        raise UsageError(f"{where}option 'per_suite' must be a mapping {{suite: {{option: value}}}}, got "
+                         f"{type(table).__name__} {table!r}")
+    out = []
+    for s, opts in table.items():
+        if not isinstance(s, str) or not suite_registry.is_suite(s):
+            raise UsageError(f"{where}per-suite options: {_no_suite(s)}")
+        if not isinstance(opts, Mapping):
+            raise UsageError(f"{where}the options of suite {s} must be a table {{option: value}}, got "
+                             f"{type(opts).__name__} {opts!r}")
+        for k, v in opts.items():
+            if k not in options:
+                hint = difflib.get_close_matches(k, list(options), n=1)
+                raise UsageError(f"{where}suite {s}: unknown option {k!r}"
+                                 + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                                 + f"; a suite takes: {', '.join(sorted(options))}")
+            out.append((s, k, v))
+    return out
 
 
 def _relative_to(base, v):
@@ -321,12 +407,12 @@ class EmbedOptions:
                          "(benchmarks/README.md)", choices=PRECISIONS)
     device: str = opt("auto", "auto | cpu | cuda | cuda:N")
     batch_size: int = opt(256, "images/texts per encoder batch", minimum=1)
-    decode_threads: int | None = opt(None, "image decode threads (default: the thread budget, --threads, at most 8)",
-                                     minimum=1)
-    threads: int | None = opt(None, "threads this process computes with: torch, decoding, FAISS, Ray actors "
-                              "(default: the cores it may use, min of CPU affinity and cgroup quota, less those "
-                              "busy at start; $HARDRANK_THREADS or $OMP_NUM_THREADS also set it); results do not "
-                              "depend on it", minimum=1)
+    decode_threads: int | None = opt(None, "image decode threads, 1 to 4 per CPU (default: the thread budget, "
+                                     "--threads, at most 8)", minimum=1, check=check_threads)
+    threads: int | None = opt(None, "threads this process computes with, 1 to 4 per CPU: torch, decoding, FAISS, Ray "
+                              "actors (default: the cores it may use, min of CPU affinity and cgroup quota, less "
+                              "those busy at start; $HARDRANK_THREADS or $OMP_NUM_THREADS also set it); results do "
+                              "not depend on it", minimum=1, check=check_threads)
     max_failures: int | None = opt(100, "unreadable images tolerated (recorded, skipped) before the run stops",
                                    minimum=0)
     executor: str = opt("local", "local: in-process threads, no cluster start-up (best for small jobs and CI); "
@@ -363,13 +449,21 @@ class EmbedOptions:
 
 @dataclass(frozen=True)
 class SuiteOptions:
-    """Where a suite's files are and how its protocol is configured."""
+    """Where suites' files are and how their protocols are configured. The options here are shared by
+    several suites; a suite's own options (xm3600's ``languages``, ...) are declared beside its loader and
+    registered with it (``hardrank.suites``), and ``own`` holds those given. ``data``, ``images`` and
+    ``annotations`` also take a value per suite (``--data sugarcrepe=DIR``, ``data={"aro": DIR}``), and
+    ``per_suite`` any suite option per suite (a job file's ``[suites.NAME]`` table); a suite sees its own
+    values in place of the common ones (``for_suite``)."""
 
-    data: str | None = opt(None, "suite data folder (annotations, Parquet shards, ...)", path=True)
+    data: str | None = opt(None, "suite data folder (annotations, Parquet shards, ...); SUITE=DIR for one suite "
+                           "(--data sugarcrepe=DIR aro=DIR2; a plain DIR is every other suite's)", path=True,
+                           per_suite=True, fetch=True, metavar="[SUITE=]DIR")
     images: str | None = opt(None, "image root the annotation paths are relative to (a folder or URL); suite wds: "
-                             "tar shards ('dir/{00000..00099}.tar'), an img2dataset folder or .parquet files",
-                             path=True)
-    annotations: str | None = opt(None, "Karpathy/RoCOCO annotation file or folder", path=True)
+                             "tar shards ('dir/{00000..00099}.tar'), an img2dataset folder or .parquet files; "
+                             "SUITE=ROOT for one suite", path=True, per_suite=True, metavar="[SUITE=]ROOT")
+    annotations: str | None = opt(None, "Karpathy/RoCOCO annotation file or folder; SUITE=FILE for one suite",
+                                  path=True, per_suite=True, fetch=True, metavar="[SUITE=]FILE")
     image_variants: tuple[str, ...] = opt((), "image variant folders <variants-dir>/<variant>_s<seed>: RoCOCO's "
                                           "altered galleries (mix_0.9 patch_0.9) and ImageNet-C corruptions "
                                           "(gaussian_noise_3 ...: also queries, task i2t@<variant>_s<seed>)")
@@ -380,34 +474,133 @@ class SuiteOptions:
     text_variants: tuple[str, ...] | None = opt(None, "RoCOCO caption files to use (default: all present)")
     tie_rule: str = opt("index", "ranking tie rule: index (an equal score beats the positive iff it comes "
                         "first in gallery order), optimistic, pessimistic", choices=TIE_RULES)
-    predictions: str | None = opt(None, "mask suites (amodal): folder of mask predictions to score", path=True)
-    baseline: str | None = opt(None, "mask suites (amodal): answer each question with the candidate region "
-                               "most similar to it, embedded by the model", choices=BASELINES)
-    classnames: str | None = opt(None, "classification suites: class names in label order: a text file (one a line, "
-                                 "CLIP_benchmark's classnames.txt), JSON (a list, or {dataset: [names]} with "
-                                 "FILE.json#dataset), or built-in: imagenet1k, imagenet-r, imagenet-a (their 200 "
-                                 "classes); default: the dataset's, else the class folders' names", path=True)
-    templates: str | None = opt(None, "classification suites: prompt templates with {c} for the class name: a text "
-                                "file (one a line) or JSON (a list, {dataset: [templates]} with FILE.json#dataset, "
-                                "or per-class prompts {class: [prompts]}), or built-in: openai (80), simple (7); "
-                                "default: the dataset's own, openai for ImageNet classes, else 'a photo of a {c}.'",
-                                path=True)
-    captions: str = opt("txt", "suite wds: where each sample's captions are: txt (the .txt member or Parquet "
-                        "caption column, one caption per line) or json:KEY (a string or list in the .json member)")
     caption_protocol: str | None = opt(None, "how retrieval suites (karpathy, rococo, wds, xm3600) feed captions to "
                                        "the text encoder: blip = BLIP's pre_caption (lowercase, .!\"()*#:;~ removed, "
                                        "first 30 words: RoCOCO's reference protocol), raw = as written "
                                        "(CLIP_benchmark's); default: the suite's own (blip; xm3600: raw)",
                                        choices=CAPTION_PROTOCOLS)
-    languages: tuple[str, ...] | None = opt(None, "suite xm3600: caption languages to evaluate, one result each "
-                                            "from one encode pass (e.g. en de zh); default: every language in "
-                                            "the file", flag="--language")
-    captions_per_image: str = opt("all", "suite xm3600: all = every caption of an image in the language is a "
-                                  "positive (Karpathy protocol); first = its first caption only (CLIP_benchmark's "
-                                  "crossmodal3600)", choices=("all", "first"))
+    # the options suites declare as their own, as given: (name, value), flags and keys like the fields above
+    own: tuple[tuple[str, object], ...] = field(default=(), metadata={"declared_by": "suites", "cli": False})
+    per_suite: tuple[tuple[str, str, object], ...] = field(default=(), metadata={
+        "help": "values for one suite: {suite: {option: value}} (a job file's [suites.NAME] tables); kept as "
+                "(suite, option, value)", "cli": False, "per_suite_table": True, "path": False})
 
     def __post_init__(self):
         check_options(self)
+        per = [*self._per_suite_given()]
+        for f in dataclasses.fields(self):  # a mapping {suite: value} for a per-suite field
+            if f.metadata.get("per_suite") and isinstance(getattr(self, f.name), Mapping):
+                _, pairs = split_per_suite(f, getattr(self, f.name))
+                object.__setattr__(self, f.name, None)
+                per = [p for p in per if p[1] != f.name or p[0] not in dict(pairs)] + \
+                    [(s, f.name, v) for s, v in pairs]
+        object.__setattr__(self, "per_suite", tuple(per))
+        own = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in dict(self.own).items())
+        object.__setattr__(self, "own", own)
+        declared = suite_registry.own_fields() if own or per else {}
+        for k, _ in own:
+            if k not in declared:
+                hint = difflib.get_close_matches(k, list(declared), n=1)
+                raise UsageError(f"unknown suite option {k!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                                 + f"; the suites declare: {', '.join(sorted(declared)) or 'none'}")
+        common = {f.name for f in dataclasses.fields(self) if f.name not in ("own", "per_suite")}
+        for s, k, _ in per:
+            if not suite_registry.is_suite(s):
+                raise UsageError(f"per-suite options: {_no_suite(s)}")
+            if k not in common and k not in declared:
+                raise UsageError(f"suite {s}: unknown option {k!r}; a suite takes: "
+                                 f"{', '.join(sorted(common | set(declared)))}")
+            members = suite_registry.expand([s])
+            if k in declared and not set(members) & set(declared[k][2]):
+                raise UsageError(f"option {_named(declared[k][0])} is for suites {', '.join(declared[k][2])}, "
+                                 f"not {s}")
+        for s in dict.fromkeys(s for s, _, _ in per):  # each suite's values pass its checks now, not at load
+            try:
+                for m in suite_registry.expand([s]):
+                    self.for_suite(m)
+                    self.own_options(m)
+            except UsageError as exc:
+                raise UsageError(f"suite {s}: {exc}") from None
+        if own:
+            for cls in {declared[k][1] for k, _ in own}:
+                self._own_instance(cls, {k: v for k, v in own if k in {f.name for f in dataclasses.fields(cls)}})
+
+    def _per_suite_given(self):
+        """``per_suite`` as (suite, option, value) triples, also when given as {suite: {option: value}}."""
+        if isinstance(self.per_suite, Mapping):
+            return [(s, k, tuple(v) if isinstance(v, list) else v) for s, opts in self.per_suite.items()
+                    for k, v in (opts.items() if isinstance(opts, Mapping) else ())]
+        return list(self.per_suite)
+
+    def _values_for(self, name: str) -> dict:
+        """The per-suite values suite ``name`` gets: those of aliases it belongs to, then its own."""
+        keys = [a for a, members in suite_registry.aliases().items() if name in members] + [name]
+        return {k: v for key in keys for s, k, v in self.per_suite if s == key}
+
+    def for_suite(self, name: str) -> SuiteOptions:
+        """These options as suite ``name`` sees them: its per-suite values in place of the common ones."""
+        common = {f.name for f in dataclasses.fields(self)}
+        over = {k: v for k, v in self._values_for(name).items() if k in common}
+        return dataclasses.replace(self, **over, per_suite=()) if over or self.per_suite else self
+
+    def own_options(self, name: str):
+        """Suite ``name``'s own options (an instance of the class it registered; None when it declares none):
+        the values given for it, else the class's defaults."""
+        cls = suite_registry.get(name).options
+        if cls is None:
+            return None
+        names = {f.name for f in dataclasses.fields(cls)}
+        given = {**{k: v for k, v in self.own if k in names},
+                 **{k: v for k, v in self._values_for(name).items() if k in names}}
+        return self._own_instance(cls, given)
+
+    @staticmethod
+    def _own_instance(cls, given: dict):
+        inst = cls(**given)
+        check_options(inst)
+        return inst
+
+    def record(self, name: str) -> dict:
+        """The options suite ``name`` was loaded with, for its results (``provenance.suite_options``): the
+        common ones as it saw them and its own."""
+        mine = self.for_suite(name)
+        out = {f.name: getattr(mine, f.name) for f in dataclasses.fields(mine) if f.name not in ("own", "per_suite")}
+        own = self.own_options(name)
+        return {**out, **(dataclasses.asdict(own) if own is not None else {})}
+
+    def check_suites(self, names: list[str]) -> None:
+        """The options given for particular suites fit the run's suites ``names`` (aliases expanded): each own
+        option is taken by one of them, each per-suite value names one of them (UsageError otherwise)."""
+        declared = suite_registry.own_fields() if self.own else {}
+        for k, _ in self.own:
+            f, _, takers = declared[k]
+            if not set(takers) & set(names):
+                raise UsageError(f"option {_named(f)} is for suites {', '.join(takers)}; this run's suites are "
+                                 f"{', '.join(names)}: drop it, or add one of those suites")
+        for s in dict.fromkeys(s for s, _, _ in self.per_suite):
+            if not set(suite_registry.expand([s])) & set(names):
+                given = sorted({k for t, k, _ in self.per_suite if t == s})
+                what = f"option {given[0]} is" if len(given) == 1 else f"options {', '.join(given)} are"
+                raise UsageError(f"{what} given for suite {s}, which this run does not evaluate (its suites: "
+                                 f"{', '.join(names)}); drop it, or add suite {s}")
+
+    def fetching(self, fetch: Callable[[str, str], str]) -> SuiteOptions:
+        """These options with every ``fetch`` option's value (an input file: annotations, data, a suite's
+        predictions...), common, own or per suite, replaced by ``fetch(option, value)`` (a URL's local copy)."""
+        declared = suite_registry.own_fields() if self.own or self.per_suite else {}
+        fields_ = {f.name: f for f in dataclasses.fields(self)}
+
+        def wanted(k):
+            f = fields_.get(k) or declared.get(k, (None,))[0]
+            return f is not None and f.metadata.get("fetch")
+
+        def one(k, v):
+            return fetch(k, v) if wanted(k) and isinstance(v, str) else v
+
+        return dataclasses.replace(
+            self, **{k: one(k, getattr(self, k)) for k in fields_ if k not in ("own", "per_suite")},
+            own=tuple((k, one(k, v)) for k, v in self.own),
+            per_suite=tuple((s, k, one(k, v)) for s, k, v in self.per_suite))
 
 
 @dataclass(frozen=True)
@@ -416,9 +609,8 @@ class EvalConfig:
 
     suites: tuple[str, ...] = opt((), "suites", flag="--suite", listing="suites")
     out: str = opt("", "results folder (one sub-folder per checkpoint)", path=True)
-    model: str | None = opt(None, "open_clip model name (ViT-B-32), config .json, hf-hub:ORG/NAME or "
-                            "local-dir:<folder>, or a transformers model hf:<folder or ORG/NAME> (not needed with "
-                            "--embeddings, --run, or mask suites scoring --predictions)")
+    model: str | None = opt(None, "the model (not needed with --embeddings, --run, or mask suites scoring "
+                            "--predictions)", listing="models")
     checkpoints: tuple[str | None, ...] = opt((None,), "checkpoint files (globs ok; for hf: models also "
                                               "save_pretrained folders); one result per checkpoint",
                                               flag="--checkpoint", path=True)
@@ -475,6 +667,7 @@ class EvalConfig:
         spec = backends.parse(self.search, RANKS)
         if not self.suites:
             raise UsageError("option suites is empty; name at least one suite (--suite toy)")
+        self.suite_options.check_suites(suite_registry.expand(self.suites))
         if self.model is not None and self.embeddings is not None or self.run and self.embeddings:
             raise UsageError("give --model (with --checkpoint/--pretrained), --run or --embeddings, not several")
         if self.run and self.pretrained:
@@ -594,8 +787,7 @@ class MineConfig:
     queries: str = opt("", "the queries, same kinds (may equal --corpus)", path=True)
     out: str = opt("", "output folder: negatives/part-*.parquet, summary.json", path=True)
     direction: str = opt("t2i", "query modality 2 corpus modality", choices=tuple(DIRECTIONS))
-    model: str | None = opt(None, "open_clip model name, config .json, hf-hub:ORG/NAME, local-dir:<folder>, or "
-                            "hf:<folder or ORG/NAME> (transformers) (not needed when both inputs are store folders)")
+    model: str | None = opt(None, "the model (not needed when both inputs are store folders)", listing="models")
     checkpoint: str | None = opt(None, "weights file for --model", path=True)
     pretrained: str | None = opt(None, "open_clip pretrained tag: its preprocessing, and without --checkpoint its "
                                  "weights from the local cache")

@@ -1,6 +1,6 @@
-"""The one place that decides how many threads this process computes with, and sizes every pool to it.
+"""The one place that decides how many threads a run computes with, and sizes this process's pools to it.
 
-Cores this process may use = min(CPU affinity, cgroup CPU quota); the threads it uses = an explicit
+Cores this process may use = min(CPU affinity, cgroup CPU quota); the threads a run uses = an explicit
 ``--threads`` / ``$HARDRANK_THREADS`` / ``$OMP_NUM_THREADS``, else those cores, less the ones a few
 other processes keep busy at the start of the run (not on a saturated machine: see ``budget``). More
 threads than free cores is not a small loss: every parallel region (a GEMM, a top-k tile) waits for its
@@ -8,35 +8,27 @@ slowest thread, and a thread the scheduler parked behind a neighbour holds the w
 scheduler time slice (milliseconds), so a run's time follows its op count, not its work (issue 29: a
 4-checkpoint toy eval 37.4 s beside one busy process, 10.4 s with one thread). Results never depend on
 the thread count (tests/test_cpus.py pins that).
+
+This module keeps no run's budget: ``decide`` returns one (a frozen ``ThreadBudget``), ``apply`` sizes
+torch's pools to it, and the run hands it down (``hardrank.settings.RunSettings``); FAISS's own OpenMP
+pool follows torch's at each use (``hardrank.scoring.faiss_index``). Its one effect at import is the
+OpenMP wait policy below.
 """
 from __future__ import annotations
 
 import math
 import os
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# OpenMP threads must sleep, not spin, between parallel regions. libgomp's default spins 300,000
-# rounds first, and on shared cores those spinning threads starve the main thread: every small torch
-# op then costs a scheduler time slice, so a run's time follows its op count (K checkpoints x layers
-# x batches), not its work (400 captions x 6 toy checkpoints at --batch-size 8: 108 s, 4.6 s with
-# PASSIVE; 2 cores at load 20). libgomp reads this once, when torch loads it: hence here, before this
-# module imports torch (``import hardrank`` imports this module first). A policy the user set is kept;
-# one torch imported before hardrank has read already (``wait_policy`` says so in every result). The
-# same holds for FAISS's own libgomp (loaded later) and MKL (on libgomp in torch's builds); torch's
-# inter-op pool waits on condition variables, never spins. Child processes (Ray workers) inherit it.
-_TORCH_FIRST = "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
 
-import torch  # noqa: E402  (after the wait policy)
+from hardrank.errors import UsageError
+from hardrank.openmp import TORCH_FIRST as _TORCH_FIRST  # the wait policy: set before torch's import
 
-from hardrank.errors import UsageError  # noqa: E402
-
-__all__ = ["ThreadBudget", "budget", "use", "current", "on_use", "decode_threads", "wait_policy", "cgroup_quota",
-           "probe_cores"]
+__all__ = ["ThreadBudget", "budget", "decide", "apply", "use", "max_threads", "check_threads", "wait_policy",
+           "cgroup_quota", "probe_cores"]
 
 # where the kernel says what this process may use (module-level so tests can point them at fakes)
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
@@ -44,6 +36,27 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_STAT = Path("/proc/stat")
 IDLE_SAMPLE_S = 0.2   # long enough for a few scheduler ticks per core (100-1000 Hz), short beside a run
 ENV_OVERRIDES = ("HARDRANK_THREADS", "OMP_NUM_THREADS")  # in this order, after --threads
+THREADS_PER_CPU = 4   # the most threads of any pool per CPU of the machine: past that, only start-up cost and
+                      # crashes (--threads 100000 segfaulted while the model was built: issue 37)
+
+
+def max_threads() -> int:
+    """The most threads any thread-count option takes: ``THREADS_PER_CPU`` per CPU of this machine
+    (``os.cpu_count()``), e.g. 8 on 2 CPUs."""
+    return THREADS_PER_CPU * (os.cpu_count() or 1)
+
+
+def threads_range(lowest: int = 1) -> str:
+    """The allowed range in words, for messages: ``1..8 (at most 4 per CPU; this machine has 2)``."""
+    return f"{lowest}..{max_threads()} (at most {THREADS_PER_CPU} per CPU; this machine has {os.cpu_count() or 1})"
+
+
+def check_threads(value, what: str = "option threads (--threads)", lowest: int = 1) -> int:
+    """``value`` as a count of threads (or worker processes) in ``lowest..max_threads()``; else a UsageError
+    naming ``what``, the value and the range (an ``opt(check=...)`` of ``hardrank.config``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= max_threads():
+        raise UsageError(f"{what} must be a whole number in {threads_range(lowest)}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -128,15 +141,14 @@ def cgroup_quota() -> float | None:
 
 def _override(threads: int | None) -> tuple[int, str] | None:
     if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise UsageError(f"option threads (--threads) must be a whole number >= 1, got {threads!r}")
-        return threads, "--threads"
+        return check_threads(threads), "--threads"
     for name in ENV_OVERRIDES:
         v = os.environ.get(name, "").strip()
         if not v:
             continue
-        if not v.isdigit() or int(v) < 1:
-            raise UsageError(f"${name} is {v!r}: set it to a whole number >= 1 (threads), or unset it")
+        if not v.isdigit() or not 1 <= int(v) <= max_threads():
+            raise UsageError(f"${name} is {v!r}: set it to a thread count, a whole number in {threads_range()}, "
+                             f"or unset it")
         return int(v), f"${name}"
     return None
 
@@ -207,27 +219,15 @@ def budget(threads: int | None = None, *, probe: bool = True) -> ThreadBudget:
                         round(others, 1))
 
 
-_APPLIED: ThreadBudget | None = None
-_PROBED: tuple[float, ThreadBudget] | None = None  # (when, what) of the last look at the idle cores
+# A cache of the machine, not of a run: when and what the last look at the idle cores saw (the budget it gave).
+_PROBED: tuple[float, ThreadBudget] | None = None
 PROBE_REUSE_S = 30.0  # runs started within this of the last look reuse it (watch, grids, many calls in one process)
-_HOOKS: list[Callable[[int], None]] = []  # thread pools outside torch (FAISS's OpenMP), sized by each `use`
 
 
-def on_use(hook: Callable[[int], None]) -> None:
-    """Size a pool this module cannot import (``hook(threads)``) now, if a budget is applied, and at
-    every later ``use``: how ``hardrank.scoring.faiss_index`` keeps FAISS's own OpenMP runtime in step."""
-    _HOOKS.append(hook)
-    if _APPLIED is not None:
-        hook(_APPLIED.threads)
-
-
-def use(threads: int | None = None, *, probe: bool = True) -> ThreadBudget:
-    """Decide the budget (``budget``) and size this process's pools to it: torch's intra-op threads, and
-    its inter-op threads while they have not started (torch allows setting them once, before first use).
-    Decode pools (``decode_threads``), FAISS (``hardrank.scoring.faiss_index``) and Ray actors
-    (``hardrank.executors``) read ``current()``. Called at the start of each run (evaluate, mine); a look
-    at the idle cores taken less than ``PROBE_REUSE_S`` ago is reused (0.2 s each, it adds up over many calls)."""
-    global _APPLIED, _PROBED
+def decide(threads: int | None = None, *, probe: bool = True) -> ThreadBudget:
+    """A run's budget (``budget``), sizing nothing: a look at the idle cores taken less than ``PROBE_REUSE_S``
+    ago is reused (0.2 s each, it adds up over many calls in one process). An explicit count is never probed."""
+    global _PROBED
     b = budget(threads, probe=False)
     if probe and b.source == "cores" and b.cores > 1:  # no override: look at the idle cores, or reuse a recent look
         last = _PROBED
@@ -235,25 +235,26 @@ def use(threads: int | None = None, *, probe: bool = True) -> ThreadBudget:
                 (last[1].cores, last[1].affinity, last[1].quota) != (b.cores, b.affinity, b.quota):
             last = _PROBED = (time.monotonic(), budget(threads))
         b = last[1]
+    return b
+
+
+def apply(b: ThreadBudget) -> ThreadBudget:
+    """Size this process's torch pools to ``b`` (they are torch's, process-wide): its intra-op threads, and its
+    inter-op threads while they have not started (torch allows setting them once, before first use). FAISS's
+    OpenMP pool follows torch's at each index build and search (``hardrank.scoring.faiss_index``); decode pools
+    and Ray actors get their counts handed down with the run's ``RunSettings``. Returns ``b``."""
     torch.set_num_threads(b.threads)
     try:
         torch.set_num_interop_threads(b.threads)
     except RuntimeError:  # already started, or set once before: it stays as it is
         pass
-    for hook in _HOOKS:
-        hook(b.threads)
-    _APPLIED = b
     return b
 
 
-def current() -> ThreadBudget:
-    """The budget the last ``use`` applied; without one, the default budget, applied now."""
-    return _APPLIED if _APPLIED is not None else use()
-
-
-def decode_threads() -> int:
-    """Image decode threads: the budget, at most 8 (past that, the GIL-bound parts stop scaling)."""
-    return max(1, min(8, current().threads))
+def use(threads: int | None = None, *, probe: bool = True) -> ThreadBudget:
+    """``apply(decide(threads, probe=probe))``: what a script that is its own run calls first (the engine's
+    entry points call ``hardrank.settings.start_run``, which also fixes the decode threads)."""
+    return apply(decide(threads, probe=probe))
 
 
 def wait_policy() -> str:

@@ -14,12 +14,12 @@ import open_clip
 import pyarrow as pa
 import torch
 
-from hardrank import cpus, urls
+from hardrank import suite_registry, urls
 from hardrank.config import EvalConfig, build, check_writable_dir, resolve_device
 from hardrank.dashboards import Dashboards
 from hardrank.embed import EmbedPipeline, make_scan_mapper
 from hardrank.embed.itm import ItmScorer
-from hardrank.errors import DataError, UsageError
+from hardrank.errors import DataError, UsageError, exit_code
 from hardrank.executors import executor
 from hardrank.inputs import registry, scan_with
 from hardrank.items import Tables
@@ -33,19 +33,33 @@ from hardrank.scoring.classify import classify_metrics, classify_outcomes, class
 from hardrank.scoring.counts import embed_line, item_counts
 from hardrank.scoring.mask_score import CLIP_REGIONS_TIE_RULE, PROTOCOL, clip_regions, mask_outcomes, score_predictions
 from hardrank.scoring.metrics import add_drops, average_views, choice_metrics, ranking_metrics
+from hardrank.scoring.probe import probe_outcomes, run_probe
 from hardrank.scoring.rank import score_choice, score_ranking
 from hardrank.scoring.rerank import CANDIDATE_RULE, FILL, rerank_ranks
 from hardrank.scoring.rerank import PROTOCOL as RERANK_PROTOCOL
 from hardrank.scoring.results import outcome_schema, summary_intervals, summary_row, verdict_map, write_result
 from hardrank.scoring.statistics import annotate
+from hardrank.settings import RunSettings, start_run
 from hardrank.subsets import subset_suites
 from hardrank.suites import expand_suites, load_suites
 from hardrank.suites.toy import TOY_SUITES, pending_world
 from hardrank.tasks import MaskTask, Suite
 
-__all__ = ["evaluate", "plan", "EvalReport"]
+__all__ = ["evaluate", "plan", "EvalReport", "SuitesNotLoaded"]
 
 log = logging.getLogger("hardrank.eval")
+
+
+class SuitesNotLoaded(DataError):
+    """Some suites of a run could not be loaded (the others ran and wrote their results); the exit code is
+    the first failure's own (3 for a bad file, 2 for a missing option)."""
+
+    def __init__(self, failed: dict[str, Exception]):
+        lines = "; ".join(f"suite {n}: {exc}" for n, exc in failed.items())
+        super().__init__(f"{len(failed)} suite(s) not run ({', '.join(failed)}); the others' results are written. "
+                         f"{lines}")
+        self.failed = failed
+        self.exit_code = exit_code(next(iter(failed.values())))
 
 
 @dataclass
@@ -54,6 +68,7 @@ class EvalReport:
     files: list[Path] = field(default_factory=list)
     embed_stats: dict = field(default_factory=dict)        # modality -> EmbedStats.as_dict()
     subsets: dict = field(default_factory=dict)            # suite -> its --subset record (results' "subset")
+    failed_suites: dict[str, Exception] = field(default_factory=dict)  # suites that could not be loaded
 
     def table_rows(self) -> list[tuple[str, dict]]:
         """One row per checkpoint (its suites' columns side by side), or, where two of its results share a column
@@ -77,6 +92,12 @@ class EvalReport:
         for r in self.results:
             out.setdefault(r["checkpoint"], {}).update(summary_intervals(r))
         return out
+
+    def raise_failures(self) -> None:
+        """Raise ``SuitesNotLoaded`` if a suite could not be loaded (the command line's nonzero exit at the
+        end of a run whose other suites ran)."""
+        if self.failed_suites:
+            raise SuitesNotLoaded(self.failed_suites)
 
 
 @dataclass
@@ -115,6 +136,7 @@ def _drop_failed(suite: Suite, tables: Tables) -> Suite:
                      for t in suite.ranking]
     suite.choice = [t.drop(bad[t.left_modality][t.left], bad[t.right_modality][t.right]) for t in suite.choice]
     suite.classify = [t.drop(bad_img[t.query_items]) for t in suite.classify]
+    suite.probe = [t.drop(bad_img) for t in suite.probe]
     return suite
 
 
@@ -180,15 +202,21 @@ def _score_choice(suite: Suite, device: str, emb: dict[str, np.ndarray]) -> dict
         metrics[task.name] = m
         verdicts_by_task[task.name] = verdicts
         counts[task.name] = {"items": len(task.ids), "candidates": int(task.left.shape[1] * task.right.shape[1]),
-                             "skipped": task.skipped}
+                             "rule": task.rule, "skipped": task.skipped}
+        if task.candidates is not None and len(task.candidates):  # retrieval sets of several sizes (CREPE)
+            counts[task.name]["candidates_range"] = [int(task.candidates.min()), int(task.candidates.max())]
         main = verdicts.get("correct", verdicts.get("augmented", verdicts.get("group")))
+        rank = verdicts.get("rank")  # first_rank: the first candidate's rank (an int, not a verdict)
         n = len(task.ids)
+        flat = scores.reshape(n, -1).tolist()
+        if task.candidates is not None:  # a row's padding is no candidate: only its real ones' scores
+            flat = [row[:int(c)] for row, c in zip(flat, task.candidates)]
         outcomes.append(pa.Table.from_pydict({
             "kind": ["choice"] * n, "task": [task.name] * n, "view": [None] * n, "query_id": task.ids,
-            "rank": [None] * n, "top1_id": [None] * n, "top1_group": [None] * n,
-            "subset": task.subset if task.subset is not None else [None] * n,
-            "scores": scores.reshape(n, -1).tolist(), "correct": main.tolist(),
-            "unit": task.ids, "verdicts": verdict_map(verdicts, n),
+            "rank": rank.tolist() if rank is not None else [None] * n, "top1_id": [None] * n,
+            "top1_group": [None] * n, "subset": task.subset if task.subset is not None else [None] * n,
+            "scores": flat, "correct": main.tolist() if main is not None else [None] * n,
+            "unit": task.ids, "verdicts": verdict_map({k: v for k, v in verdicts.items() if k != "rank"}, n),
         }, schema=outcome_schema()))
     for avg, members in suite.view_average.items():  # e.g. REPLACE = mean(attribute, relation)
         if all(mb in metrics for mb in members):
@@ -218,6 +246,25 @@ def _score_classify(suite: Suite, device: str, emb: dict[str, np.ndarray], cfg: 
         outcomes.append(classify_outcomes(task, ranks))
     return {"task_type": "classification", "metrics": metrics, "counts": counts, "timings": timings,
             "outcomes": outcomes, "search": search_info}
+
+
+def _score_probe(suite: Suite, device: str, emb: dict[str, np.ndarray]) -> dict:
+    """Every linear probe: trained on its training images' embeddings (the weight decay searched on its validation
+    images, if any), scored on its test images."""
+    outcomes, metrics, counts, timings, extra = [], {}, {}, {}, {}
+    for task in suite.probe:
+        t0 = time.perf_counter()
+        r = run_probe(task, emb["image"], device)
+        timings[f"train_{task.name}"] = time.perf_counter() - t0
+        metrics[task.name] = r["metrics"]
+        counts[task.name] = {"classes": len(task.classnames), "train": len(task.train_items),
+                             "val": len(task.val_items), "test": task.num_queries, "final_training": r["final"],
+                             "skipped": task.skipped}
+        extra[task.name] = {"options": asdict(task.options), "final_training": r["final"],
+                            "weight_decay_search": [{"weight_decay": w, "val_acc1": a} for w, a in r["search"]]}
+        outcomes.append(probe_outcomes(task, r))
+    return {"task_type": "linear_probe", "metrics": metrics, "counts": counts, "timings": timings,
+            "outcomes": outcomes, "extra": {"probe": extra}, "tie_rule": "index (a probe's argmax: the lower class)"}
 
 
 def _score_mask(task: MaskTask, device: str, emb: dict[str, np.ndarray] | None, failed_images: int) -> dict:
@@ -256,7 +303,7 @@ def _result(suite: Suite, label: str, scored: dict, cfg: EvalConfig, common: dic
         "timings": {**scored["timings"], "suite_load": common["t_load"]},
         "config": {**{k: v for k, v in asdict(cfg).items() if k not in ("suite_options", "embed")},
                    **asdict(cfg.embed)},
-        "suite_options": asdict(cfg.suite_options),
+        "suite_options": suite.options,  # as this suite saw them: its per-suite values, its own options
         "threads": common["threads"],  # how many threads computed it, and why (results do not depend on it)
     }
     if scored.get("search"):
@@ -278,7 +325,7 @@ def _write(report: EvalReport, cfg: EvalConfig, label: str, suite_name: str, res
 
 
 def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=None, dashboards=None,
-             **options) -> EvalReport:
+             settings: RunSettings | None = None, **options) -> EvalReport:
     """Run every checkpoint on every suite and write one result per (checkpoint, suite).
 
     ``cfg`` or the same options as keywords (the flat names of the CLI flags / job-file keys):
@@ -286,20 +333,23 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     K checkpoints of one architecture share one decode; mask suites scoring predictions need no
     model. ``runner``: an executor object to use instead of the one ``cfg.embed.executor`` names.
     ``dashboards``: open ``hardrank.dashboards.Dashboards`` to log to (``watch`` keeps one run open over
-    its evaluations); by default those ``log_to`` names are opened here and closed at the end."""
+    its evaluations); by default those ``log_to`` names are opened here and closed at the end.
+    ``settings``: the run's threads, when a caller that runs several evaluations as one run decided them
+    (``hardrank.settings.start_run``, as the attack commands do); else decided here from ``cfg.embed``."""
     cfg = _config(cfg, options)
     echo = echo or (lambda s: None)
     if not cfg.out:
         raise UsageError("option out (the results folder) is required")
+    # the threads first: a bad $HARDRANK_THREADS is a usage error too, refused before any folder is made
+    settings = settings or start_run(cfg.embed.threads, cfg.embed.decode_threads)
     _check_usage(cfg)
-    threads = cpus.use(cfg.embed.threads)
-    echo(f"threads: {threads.describe()}")
+    echo(f"threads: {settings.budget.describe()}")
     own = dashboards is None and bool(cfg.log_to)
     if own:  # a missing logger package fails here, before any work
         dashboards = Dashboards(cfg.log_to, run=cfg.out)
     try:
         with urls.staged_dir(cfg.out) as local_out:
-            report = _evaluate(replace(cfg, out=local_out), progress, echo, runner, dashboards)
+            report = _evaluate(replace(cfg, out=local_out), progress, echo, runner, dashboards, settings)
     finally:
         if own:
             dashboards.close()
@@ -311,37 +361,40 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
 def local_inputs(cfg: EvalConfig) -> EvalConfig:
     """Annotation files, suite data, embeddings and predictions given as URLs, as local copies (cached by
     size and version); image roots and shards stay remote: their bytes are read by the workers."""
-    so = cfg.suite_options
-    fetched = {k: urls.fetch_input(getattr(so, k), what=f"--{k}") for k in ("annotations", "data", "predictions")
-               if urls.is_url(getattr(so, k) or "")}
-    if fetched:
-        cfg = replace(cfg, suite_options=replace(so, **fetched))
+    so = cfg.suite_options.fetching(lambda k, v: urls.fetch_input(v, what=f"--{k}") if urls.is_url(v) else v)
+    if so != cfg.suite_options:
+        cfg = replace(cfg, suite_options=so)
     if urls.is_url(cfg.embeddings or ""):
         cfg = replace(cfg, embeddings=urls.fetch_input(cfg.embeddings, what="--embeddings"))
     return cfg
 
 
-def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards) -> EvalReport:
+def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards, settings: RunSettings) -> EvalReport:
     cfg = local_inputs(cfg)
     t_start = time.perf_counter()
     pipe = None  # the models first: a bad checkpoint or tag fails before any data is read
     if cfg.embeddings is None and (cfg.model is not None or cfg.run is not None) and _needs_model(cfg):
-        pipe = EmbedPipeline(model_specs(cfg), cfg.embed, runner=runner)
+        pipe = EmbedPipeline(model_specs(cfg), cfg.embed, runner=runner, settings=settings)
         _check_rerank(cfg, pipe)
     tables = Tables.empty()
     t0 = time.perf_counter()
     world = _pending_world(cfg)
     if world is not None:
         echo(f"building the toy world in {world} (once, about 30 s; --data DIR names another folder)")
-    mapper = make_scan_mapper(cfg.embed)
+    mapper = make_scan_mapper(cfg.embed, settings)
+    failed: dict[str, Exception] = {}
     try:
         with scan_with(mapper):  # with --executor ray, workers read the tar shards, not this process
-            suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
+            suites = load_suites(list(cfg.suites), tables, cfg.suite_options, failures=failed)
     finally:
         if hasattr(mapper, "close"):
             mapper.close()
+    if failed and not suites:  # nothing else to run: the error as it is
+        raise next(iter(failed.values()))
+    for name, exc in failed.items():  # the other suites still run; the command exits nonzero at the end
+        log.warning("suite %s not run: %s", name, exc)
     _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
-    report = EvalReport()
+    report = EvalReport(failed_suites=failed)
     if cfg.subset:  # a lite run: a stratified sample of each suite's units, and only their items in the tables
         suites, tables, report.subsets = subset_suites(suites, tables, cfg.subset, cfg.seed)
         echo("lite subset: " + "; ".join(f"{n}: {r['units']} of {r['of']} {r['unit']}s"
@@ -350,7 +403,7 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards) -> EvalReport
     echo(f"loaded {len(suites)} suite(s): {len(tables.images)} images (distinct paths), {len(tables.texts)} texts "
          f"(distinct normalised captions) ({t_load:.1f}s)")
     common = {"failures": [], "versions": _versions(), "embed": {}, "t_load": t_load,
-              "threads": cpus.current().record()}
+              "threads": settings.record()}
     for suite in suites:  # answers that need no model: scored once, under the predictions' folder name
         for task in [t for t in suite.mask if not t.needs_embeddings]:
             scored = _score_mask(task, resolve_device(cfg.embed.device), None, 0)
@@ -358,8 +411,8 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards) -> EvalReport
             _write(report, cfg, label, suite.name, _result(suite, label, scored, cfg, common, None),
                    scored["outcomes"], dashboards)
     if any(s.needs_embeddings for s in suites):
-        sources = _sources(cfg, pipe, tables, suites, report, common, progress, echo)
-        backend = for_ranking(backends.get(cfg.search_spec), executor(cfg.embed), cfg.shard_gallery,
+        sources = _sources(cfg, pipe, tables, suites, report, common, progress, echo, settings)
+        backend = for_ranking(backends.get(cfg.search_spec), executor(cfg.embed, settings), cfg.shard_gallery,
                               cfg.shard_gallery_above_mb)
         try:
             for src in sources:
@@ -379,14 +432,15 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards) -> EvalReport
 
 def _pending_world(cfg: EvalConfig) -> Path | None:
     """The toy world folder loading these suites would build first, if any."""
-    if not any(n in TOY_SUITES for n in expand_suites(list(cfg.suites))):
-        return None
-    return pending_world(cfg.suite_options)
+    worlds = [pending_world(cfg.suite_options.for_suite(n)) for n in expand_suites(list(cfg.suites))
+              if n in TOY_SUITES]
+    return next((w for w in worlds if w is not None), None)
 
 
 def _needs_model(cfg: EvalConfig) -> bool:
-    """Whether some suite scores embeddings (only mask suites scoring --predictions need none)."""
-    return any(n != "amodal" for n in expand_suites(list(cfg.suites))) or cfg.suite_options.baseline is not None
+    """Whether some suite scores embeddings with its options (mask suites scoring --predictions do not)."""
+    return any(suite_registry.get(n).needs_model(cfg.suite_options.own_options(n))
+               for n in expand_suites(list(cfg.suites)))
 
 
 def _check_usage(cfg: EvalConfig) -> None:
@@ -410,8 +464,10 @@ def _check_not_empty(suites: list[Suite], why: str) -> None:
         empty += [f"{t.name} (0 questions)" for t in s.mask if len(t.data.questions) == 0]
         empty += [f"{t.name} (0 images)" for t in s.classify
                   if t.num_queries == 0 or (t.valid is not None and not t.valid[0].any())]
+        empty += [f"{t.name} ({len(t.train_items)} training, {t.num_queries} test images)" for t in s.probe
+                  if t.num_queries == 0 or len(t.train_items) == 0]
         if empty:
-            source = s.meta.get("annotations") or s.meta.get("files_found") or ""
+            source = s.meta.get("annotations") or s.meta.get("files_found") or s.meta.get("images") or ""
             raise DataError(f"suite {s.name}{f' ({source})' if source else ''}: task(s) {', '.join(empty)} "
                             f"{why}")
 
@@ -424,11 +480,13 @@ def _score_suite(suite: Suite, device: str, emb: dict, cfg: EvalConfig, failed_i
         return [_score_choice(suite, device, emb)]
     if suite.classify:
         return [_score_classify(suite, device, emb, cfg, backend)]
+    if suite.probe:
+        return [_score_probe(suite, device, emb)]
     return [_score_mask(t, device, emb, failed_images) for t in suite.mask if t.needs_embeddings]
 
 
 def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites: list[Suite], report: EvalReport,
-             common: dict, progress, echo) -> list[_EmbeddingSource]:
+             common: dict, progress, echo, settings: RunSettings) -> list[_EmbeddingSource]:
     if cfg.embeddings:
         if any(t.needs_embeddings for s in suites for t in s.mask):
             raise UsageError("the clip-regions baseline embeds region crops with --model; precomputed "
@@ -455,7 +513,7 @@ def _sources(cfg: EvalConfig, pipe: EmbedPipeline | None, tables: Tables, suites
         if cfg.rerank_spec is not None:
             e = cfg.embed
             scorer = (lambda m=model: ItmScorer(m, tables, batch_size=e.batch_size, decoder=e.decoder,
-                                                decode_threads=e.decode_threads or cpus.decode_threads()))
+                                                decode_threads=settings.decode_threads))
         sources.append(_EmbeddingSource(label, ident, model.device, lambda i=i: pipe.embeddings(i, tables), embed,
                                         scorer))
     return sources
@@ -521,7 +579,11 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
         tasks += [f"{t.name}: {len(t.data.questions)} questions" for t in s.mask]
         tasks += [f"{t.name}: {t.num_queries} images x {len(t.groups)} groups ({', '.join(t.groups)}) against "
                   f"{len(t.classnames)} classes ({int(t.prompt_ptr[-1])} prompts)" for t in s.classify]
+        tasks += [f"{t.name}: a probe over {len(t.classnames)} classes trained on {len(t.train_items)} images "
+                  f"({len(t.val_items)} to choose the weight decay), scored on {t.num_queries}" for t in s.probe]
         out["suites"][s.name] = tasks
+        out.setdefault("inputs", {})[s.name] = {k: s.options[k] for k in ("data", "images", "annotations")
+                                                if s.options.get(k)}  # per suite: --data sugarcrepe=DIR
     if cfg.embeddings or not any(s.needs_embeddings for s in suites):
         return out  # no image is read (also when the toy suites, waiting for their world, were all there was)
     for s in suites:

@@ -162,6 +162,16 @@ class ItemTable:
             self._known[row] = key
         return row
 
+    def truncate(self, n: int) -> None:
+        """Forget the rows added after the first ``n`` (a suite that failed to load half-way leaves none)."""
+        for entry in self.entries[n:]:
+            del self._index[entry]
+        del self.entries[n:], self.ids[n:]
+        self._known = {r: k for r, k in self._known.items() if r < n}
+        self.failed = {r: w for r, w in self.failed.items() if r < n}
+        if self._keys is not None:
+            del self._keys[n:]
+
     def known_keys(self) -> dict[int, str]:
         """Rows whose content key is known without reading their bytes (row -> key)."""
         return dict(self._known)

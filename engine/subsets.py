@@ -15,7 +15,7 @@ import numpy as np
 from hardrank.errors import UsageError
 from hardrank.items import ItemTable, Tables
 from hardrank.scoring.statistics import stratified_sample
-from hardrank.tasks import ChoiceTask, ClassifyTask, Suite
+from hardrank.tasks import ClassifyTask, Suite
 
 __all__ = ["subset_suites"]
 
@@ -42,14 +42,9 @@ def _choice(suite: Suite, n: int, seed: int) -> tuple[Suite, dict]:
     for t in suite.choice:
         keep = picked[at:at + len(t.ids)]
         at += len(t.ids)
-        out.append(_keep_rows(t, keep))
+        out.append(t.keep_rows(keep))
     return replace(suite, choice=out), {"units": int(picked.sum()), "of": len(strata), "unit": "item",
                                         "strata": "task and subset"}
-
-
-def _keep_rows(t: ChoiceTask, keep: np.ndarray) -> ChoiceTask:
-    return replace(t, left=t.left[keep], right=t.right[keep], ids=[i for i, k in zip(t.ids, keep) if k],
-                   subset=None if t.subset is None else [s for s, k in zip(t.subset, keep) if k])
 
 
 def _classify(suite: Suite, n: int, seed: int) -> tuple[Suite, dict]:

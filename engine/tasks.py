@@ -1,19 +1,39 @@
-"""The task model: every suite compiles into ranking, choice, mask or classification tasks over shared item tables."""
+"""The task model: every suite compiles into ranking, choice, mask, classification or probe tasks over shared tables."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["RankingTask", "ChoiceTask", "MaskTask", "ClassifyTask", "Suite", "CHOICE_RULES"]
+__all__ = ["RankingTask", "ChoiceTask", "RowGroups", "MaskTask", "ClassifyTask", "ProbeTask", "Suite",
+           "CHOICE_RULES"]
 
 # Choice rules (docs/choice.md, "The choice task"): how a row's (A, B) score grid becomes a verdict.
 CHOICE_RULES = (
     "first_strict",   # candidate 0 is correct; correct iff it scores strictly above every other (ties wrong)
-    "first_ties_win", # candidate 0 is correct; correct iff no other scores strictly above it (ARO order)
+    "first_ties_win", # candidate 0 is correct; correct iff no other scores strictly above it (ARO order, What's Up)
     "triplet",        # candidates (c, c_P, c_N): hard-positives orderings, strict
-    "grid2x2",        # 2 images x 2 texts, matched on the diagonal: Winoground-style text/image/group
+    "grid2x2",        # 2 images x 2 texts, matched on the diagonal: Winoground-style text/image/group, strict
+    "pair_t2i",       # 2 images x 2 texts: each text picks an image, text j's is image j; a tie picks image 1
+                      # (MMVP-VLM: image 0 only when its probability > 0.5); correct iff both texts pick theirs
+    "two_positives",  # 1 anchor x (p1, p2, n): correct iff both positives score strictly above n (SugarCrepe++ ITT)
+    "text_triplet",   # texts (p1, p2, n) x the same three: correct iff s(p1, p2) > s(p1, n) and > s(p2, n), strict
+                      # (SugarCrepe++ TOT)
+    "first_rank",     # candidate 0 is correct; rank = others strictly above it (a tie goes to candidate 0, the order
+                      # of a stable descending sort); correct iff rank 0; R@K and ranks reported (CREPE)
+    "multilabel",     # 1 image x C class texts with per-candidate truth (``truth``) and eligibility (``eligible``):
+                      # average precision per class over the rows eligible for it, their mean (COLA single-object)
 )
+
+
+@dataclass(frozen=True)
+class RowGroups:
+    """Sets of rows that count as one unit: a set is correct only when it is complete (``size`` rows)
+    and every row of it is correct; its accuracy is over ``rows / size`` sets, as What's Up's code
+    divides (a set missing a row counts wrong)."""
+
+    labels: list[str | None]   # (n,) set label per row; None: the row is in no set
+    size: int                  # rows a complete set has
 
 
 @dataclass
@@ -147,6 +167,20 @@ class ChoiceTask:
     ids: list[str]            # (n,) item ids for the per-item outcomes
     subset: list[str] | None = None  # (n,) label for per-subset metrics (concept, relation, ...)
     skipped: dict[str, int] = field(default_factory=dict)
+    # further breakdowns: facet -> (n,) labels per row (a row may carry several, or none: ()), reported as
+    # metrics "<facet>=<label>" (Winoground's tag, secondary_tag, num_main_preds)
+    facets: dict[str, list[tuple[str, ...]]] = field(default_factory=dict)
+    # set accuracies: name -> RowGroups, reported as "<name>_accuracy" over all rows (What's Up pair / set)
+    groups: dict[str, RowGroups] = field(default_factory=dict)
+    # (n,) bool: a bag-of-words text-only scorer cannot separate the candidates this rule compares, so its
+    # verdict is forced (scoring/blind.py); None where the check does not apply. Set when the suite loads.
+    blind: np.ndarray | None = None
+    # (n,) int64: row i's real candidates are right[i, :candidates[i]], the rest padding (repeating candidate 0,
+    # never scored); None: every row has all B (CREPE's retrieval sets differ in size)
+    candidates: np.ndarray | None = None
+    # multilabel: (n, B) bool, candidate b is a positive of row i / counts for row i (COLA's label and hard_list)
+    truth: np.ndarray | None = None
+    eligible: np.ndarray | None = None
 
     def validate(self) -> None:
         if self.rule not in CHOICE_RULES:
@@ -154,19 +188,44 @@ class ChoiceTask:
         if self.left.ndim != 2 or self.right.ndim != 2 or len(self.left) != len(self.right):
             raise ValueError(f"task {self.name}: left {self.left.shape} / right {self.right.shape} "
                              f"must be (n, A) / (n, B)")
+        n = len(self.ids)
+        labels = {"ids": self.ids, "subset": self.subset, **{f"facet {k}": v for k, v in self.facets.items()},
+                  **{f"group {k}": g.labels for k, g in self.groups.items()}}
+        wrong = {k: len(v) for k, v in labels.items() if v is not None and len(v) != len(self.left)}
+        if wrong or (self.blind is not None and len(self.blind) != n):
+            raise ValueError(f"task {self.name}: {len(self.left)} rows but per-row lists of lengths {wrong}")
+        b = self.right.shape[1]
+        if self.candidates is not None and (self.candidates.shape != (n,) or (n and (
+                self.candidates.min() < 1 or self.candidates.max() > b))):
+            raise ValueError(f"task {self.name}: candidates must be (n,) counts in 1..{b}, got "
+                             f"{self.candidates.shape}")
+        grids = {k: v.shape for k, v in (("truth", self.truth), ("eligible", self.eligible)) if v is not None}
+        need = 2 if self.rule == "multilabel" else 0
+        if len(grids) != need or any(sh != self.right.shape for sh in grids.values()):
+            raise ValueError(f"task {self.name}: truth and eligible go with rule multilabel, shaped like right "
+                             f"{self.right.shape}; got {grids} for rule {self.rule}")
 
     def drop(self, bad_left: np.ndarray, bad_right: np.ndarray) -> ChoiceTask:
         """Remove rows that touch a failed item (row-wise masks)."""
         bad = bad_left.any(1) | bad_right.any(1)
         if not bad.any():
             return self
-        keep = ~bad
         skipped = dict(self.skipped)
         skipped["unreadable"] = skipped.get("unreadable", 0) + int(bad.sum())
-        return replace(self, left=self.left[keep], right=self.right[keep],
-                       ids=[i for i, k in zip(self.ids, keep) if k],
-                       subset=None if self.subset is None else [s for s, k in zip(self.subset, keep) if k],
-                       skipped=skipped)
+        return replace(self.keep_rows(~bad), skipped=skipped)
+
+    def keep_rows(self, keep: np.ndarray) -> ChoiceTask:
+        """The task with only the rows ``keep`` (n,) bool marks: every per-row field cut alike (a lite subset,
+        rows of failed items)."""
+        def rows(values):
+            return None if values is None else [v for v, k in zip(values, keep) if k]
+
+        return replace(self, left=self.left[keep], right=self.right[keep], ids=rows(self.ids),
+                       subset=rows(self.subset), facets={k: rows(v) for k, v in self.facets.items()},
+                       groups={k: RowGroups(rows(g.labels), g.size) for k, g in self.groups.items()},
+                       blind=None if self.blind is None else self.blind[keep],
+                       **{k: getattr(self, k)[keep] for k in ("candidates", "truth", "eligible")
+                          if getattr(self, k) is not None})
 
 
 @dataclass
@@ -231,6 +290,51 @@ class ClassifyTask:
 
 
 @dataclass
+class ProbeTask:
+    """A linear probe: a linear classifier trained on the image embeddings of a training split (its rows already
+    chosen and ordered: the few-shot pick, the validation hold-out) and scored on a test split. Its work starts
+    once the embeddings are there: training, the weight-decay search on ``val`` when it has rows, the test metrics."""
+
+    name: str                  # "linear_probe"
+    classnames: list[str]      # (C,) in label order
+    train_items: np.ndarray    # (nt,) int64 rows of the image table, in training order
+    train_labels: np.ndarray   # (nt,) int64
+    val_items: np.ndarray      # (nv,) int64: the weight decay is chosen on these (none: weight decay 0)
+    val_labels: np.ndarray     # (nv,) int64
+    test_items: np.ndarray     # (nq,) int64
+    test_labels: np.ndarray    # (nq,) int64
+    test_ids: list[str]        # (nq,) ids of the test images as their source names them
+    options: object            # hardrank.scoring.probe.ProbeOptions: how it trains
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.test_items)
+
+    def validate(self) -> None:
+        c = len(self.classnames)
+        for part in ("train", "val", "test"):
+            items, labels = getattr(self, f"{part}_items"), getattr(self, f"{part}_labels")
+            if len(items) != len(labels) or (len(labels) and (labels.min() < 0 or labels.max() >= c)):
+                raise ValueError(f"task {self.name}: {part} has {len(items)} items, {len(labels)} labels in 0..{c - 1}")
+        if len(self.test_ids) != len(self.test_items):
+            raise ValueError(f"task {self.name}: {len(self.test_ids)} test ids for {len(self.test_items)} images")
+
+    def drop(self, bad: np.ndarray) -> ProbeTask:
+        """Leave out images that failed to load (``bad`` (rows,) bool over the image table); counts in ``skipped``."""
+        kept, skipped = {}, dict(self.skipped)
+        for part in ("train", "val", "test"):
+            items = getattr(self, f"{part}_items")
+            keep = ~bad[items]
+            if not keep.all():
+                skipped[part] = skipped.get(part, 0) + int((~keep).sum())
+                kept[f"{part}_items"], kept[f"{part}_labels"] = items[keep], getattr(self, f"{part}_labels")[keep]
+                if part == "test":
+                    kept["test_ids"] = [i for i, k in zip(self.test_ids, keep) if k]
+        return replace(self, **kept, skipped=skipped) if kept else self
+
+
+@dataclass
 class Suite:
     """One benchmark compiled into tasks; rows index the run's shared ``Tables``."""
 
@@ -239,12 +343,14 @@ class Suite:
     choice: list[ChoiceTask] = field(default_factory=list)
     mask: list[MaskTask] = field(default_factory=list)
     classify: list[ClassifyTask] = field(default_factory=list)
+    probe: list[ProbeTask] = field(default_factory=list)
     tie_rule: str = "index"
     meta: dict = field(default_factory=dict)        # counts, files found, protocol notes
     view_average: dict[str, list[str]] = field(default_factory=dict)  # e.g. "mix_0.9" -> seeds' views
     # what stops a run that reads the images (no --images, an altered-image folder missing): raised by
     # ``check_images`` before a model run reads any; bring-your-own embeddings read no image file
     image_errors: list[Exception] = field(default_factory=list)
+    options: dict = field(default_factory=dict)     # the options it was loaded with (results' provenance)
 
     def check_images(self) -> None:
         """Raise the first reason this suite's images cannot be read (see ``image_errors``)."""
@@ -254,4 +360,5 @@ class Suite:
     @property
     def needs_embeddings(self) -> bool:
         """Whether scoring needs a model's (or precomputed) embeddings."""
-        return bool(self.ranking or self.choice or self.classify or any(t.needs_embeddings for t in self.mask))
+        return bool(self.ranking or self.choice or self.classify or self.probe
+                    or any(t.needs_embeddings for t in self.mask))

@@ -11,11 +11,9 @@ import sys
 import threading
 
 from hardrank.atomic import no_space
-from hardrank.config import EvalConfig
 from hardrank.errors import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
-    EXIT_OK,
     EXIT_TERMINATED,
     INPUT_FILE_ERRORS,
     HardrankError,
@@ -23,48 +21,63 @@ from hardrank.errors import (
     TooManyFailures,
     exit_code,
 )
-from hardrank.evaluate import evaluate, plan
-from hardrank.inputs import registry
-from hardrank.jobs.bench import add_bench_parser
-from hardrank.jobs.cmd_attack import add_attack_parser
-from hardrank.jobs.cmd_compare import add_compare_parser
-from hardrank.jobs.cmd_demo import add_demo_parser
-from hardrank.jobs.cmd_export import add_export_parser
-from hardrank.jobs.cmd_index import add_index_parser
-from hardrank.jobs.cmd_mine import add_mine_parser
-from hardrank.jobs.cmd_perturb import add_perturb_parser
-from hardrank.jobs.cmd_store import add_store_parser
-from hardrank.jobs.cmd_toy import add_toy_parser
-from hardrank.jobs.cmd_watch import add_watch_parser
-from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, expand_globs, options_from_args
-from hardrank.jobs.grid import add_run_parser, print_plan
-from hardrank.jobs.progress import make_progress
-from hardrank.jobs.report import add_report_parser
-from hardrank.scoring.results import format_table
+from hardrank.jobs.commands import COMMANDS, Formatter, add_cli_flags
 
 __all__ = ["main", "build_parser"]
 
-def _echo(args):
-    return (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+_FRONT = ("-h", "--help", "--version")  # answered by the front page alone: no command's module imported
+_LIBRARY_VERBOSITY = ("TRANSFORMERS_VERBOSITY", "HF_HUB_VERBOSITY")  # their log levels, read when they load
 
 
-def _run_eval(cfg: EvalConfig, args, title: str | None = None) -> None:
-    if args.dry_run:
-        print_plan(plan(cfg), echo=print)
-        return
-    report = evaluate(cfg, progress=make_progress(args.quiet), echo=_echo(args))
-    if title:
-        print(title)
-    print(format_table(report.table_rows(), intervals=report.table_intervals()))
+def _add_command(subparsers: argparse._SubParsersAction, name: str) -> None:
+    """The sub-command ``name``'s parser, from its module (imported here: the commands import torch)."""
+    if name == "eval":
+        from hardrank.jobs.cmd_eval import add_eval_parser as add
+    elif name == "demo":
+        from hardrank.jobs.cmd_demo import add_demo_parser as add
+    elif name == "mine":
+        from hardrank.jobs.cmd_mine import add_mine_parser as add
+    elif name == "index":
+        from hardrank.jobs.cmd_index import add_index_parser as add
+    elif name == "toy":
+        from hardrank.jobs.cmd_toy import add_toy_parser as add
+    elif name == "perturb":
+        from hardrank.jobs.cmd_perturb import add_perturb_parser as add
+    elif name == "attack":
+        from hardrank.jobs.cmd_attack import add_attack_parser as add
+    elif name == "run":
+        from hardrank.jobs.grid import add_run_parser as add
+    elif name == "report":
+        from hardrank.jobs.report.command import add_report_parser as add
+    elif name == "compare":
+        from hardrank.jobs.cmd_compare import add_compare_parser as add
+    elif name == "store":
+        from hardrank.jobs.cmd_store import add_store_parser as add
+    elif name == "export":
+        from hardrank.jobs.cmd_export import add_export_parser as add
+    elif name == "bench":
+        from hardrank.jobs.bench import add_bench_parser as add
+    elif name == "watch":
+        from hardrank.jobs.cmd_watch import add_watch_parser as add
+    else:
+        raise ValueError(f"no sub-command {name!r} in hardrank.jobs.commands.COMMANDS")
+    add(subparsers)
 
 
-def _cmd_eval(args) -> int:
-    cfg = options_from_args(EvalConfig, args, checkpoints=expand_globs(args.checkpoints))
-    _run_eval(cfg, args)
-    return EXIT_OK
+def _named(argv: list[str]) -> str | None:
+    """The sub-command ``argv`` names, or None where the front page answers it (``--help``, ``--version``, no
+    command, an unknown one). The options before a command take no values, so its name is the first word."""
+    for arg in argv:
+        if arg in _FRONT or arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands=None) -> argparse.ArgumentParser:
+    """The ``hardrank`` parser. ``commands``: the sub-commands whose parsers are built (their modules imported;
+    default all); the others are listed (``--help``) but parse nothing."""
     ap = argparse.ArgumentParser(prog="hardrank", description="Stress-test image-text matching models: "
                                  "exact benchmark metrics, fast, for many checkpoints.", formatter_class=Formatter,
                                  epilog="the first five examples reuse what `hardrank demo --out "
@@ -89,42 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
                                         "  hardrank watch logs/exp1 --suite toy --out results/exp1\n"
                                         "  hardrank run grid.toml --dry-run\n"
                                         "  hardrank bench pipeline\n\n" + EXIT_CODES_HELP)
-    add_cli_flags(ap, "verbose")
+    add_cli_flags(ap, "verbose", "version")
     sub = ap.add_subparsers(dest="command", required=True)
-
-    ev = sub.add_parser("eval", help="evaluate checkpoints on benchmark suites", formatter_class=Formatter,
-                        epilog="--embeddings takes (recognised in this order; another file is read as a Parquet "
-                               "of kind, id, embedding):\n" + registry.help_text("embeddings", by_id=True) + "\n"
-                               "the first two examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
-                               "  hardrank eval --model toy-clip --checkpoint "
-                               "engine/assets/toy_checkpoints/*.safetensors --suite toy --data results/demo/toy_world "
-                               "--store results/demo/store --out results/toy\n"
-                               "  hardrank eval --embeddings results/demo_emb.parquet --suite toy "
-                               "--data results/demo/toy_world --out results/byo   # after hardrank store export\n"
-                               "  hardrank eval --model ViT-B-32 --pretrained openai --suite rococo "
-                               "--annotations data/rococo --images /data/coco --image-variants mix_0.9 "
-                               "--seeds 1 10 100 --out results/b32\n"
-                               "  hardrank eval --model ViT-B-32 --checkpoint a.pt --suite karpathy "
-                               "--annotations coco_karpathy_test.json --images /data/coco --out results/k\n"
-                               "  hardrank eval --suite amodal --data amodal/ --predictions preds/ --out results/masks")
-    add_options(ev, EvalConfig, required=("suites", "out"))
-    add_cli_flags(ev, "quiet", "dry_run")
-    ev.set_defaults(func=_cmd_eval)
-
-    add_demo_parser(sub)
-    add_mine_parser(sub)
-    add_index_parser(sub)
-
-    add_toy_parser(sub)
-    add_perturb_parser(sub)
-    add_attack_parser(sub)
-    add_run_parser(sub)
-    add_report_parser(sub)
-    add_compare_parser(sub)
-    add_store_parser(sub)
-    add_export_parser(sub)
-    add_bench_parser(sub)
-    add_watch_parser(sub)
+    for name, line in COMMANDS.items():
+        if commands is None or name in commands:
+            _add_command(sub, name)
+        else:
+            sub.add_parser(name, help=line, add_help=False)
     return ap
 
 
@@ -150,9 +134,14 @@ def _sigterm_as_interrupt():
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    named = _named(argv)
+    args = build_parser(() if named is None else (named,)).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:  # transformers' and the Hugging Face hub's own warnings, here and in Ray's workers (which
+        for var in _LIBRARY_VERBOSITY:  # inherit the environment), only with -v (Ray's: executors.ray_embed)
+            os.environ.setdefault(var, "error")
     kept = ("finished work is kept (committed store shards, written results and mining shards): run the same "
             "command again to resume")
     try:

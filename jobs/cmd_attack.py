@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from hardrank.errors import EXIT_OK
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, expand_globs, options_from_args
 from hardrank.jobs.progress import make_progress
 from hardrank.perturb.attack_run import AttackImagesConfig, AttackTextsConfig, attack_images, attack_texts
@@ -16,8 +17,7 @@ _REQUIRED = ("model", "annotations", "images", "out")
 
 def add_attack_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``attack texts`` and ``attack images`` to the ``hardrank`` sub-commands."""
-    p = subparsers.add_parser("attack", help="find, per checkpoint, the caption substitutions and image partners "
-                              "that break it; write them as RoCOCO variant files", formatter_class=Formatter,
+    p = subparsers.add_parser("attack", help=COMMANDS["attack"], formatter_class=Formatter,
                               epilog="the examples reuse what `hardrank demo --out results/demo` made\nexamples:\n"
                                      "  hardrank attack texts --model toy-clip --checkpoint "
                                      "engine/assets/toy_checkpoints/toy-clip_step0200.safetensors "

@@ -9,6 +9,7 @@ from hardrank.atomic import write_json_atomic
 from hardrank.compare import compare_checkpoints, format_comparison, pick
 from hardrank.config import check_options, opt
 from hardrank.errors import EXIT_OK
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_options, options_from_args
 from hardrank.scoring.statistics import RESAMPLES
 
@@ -60,7 +61,7 @@ def _finite(obj):
 def add_compare_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hardrank compare RESULTS_DIR [OTHER_DIR] [--a A] [--b B]``."""
     p = subparsers.add_parser(
-        "compare", help="two checkpoints' results compared per metric, with intervals and paired tests",
+        "compare", help=COMMANDS["compare"],
         description="Compare two checkpoints evaluated on the same suites: for every number of the terminal table, "
                     "B - A with its 95% paired-bootstrap interval over the suite's units (images, items) and a "
                     "p-value (the exact McNemar test for right/wrong metrics such as R@K and accuracies, a paired "

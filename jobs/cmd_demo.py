@@ -7,9 +7,10 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hardrank.config import EmbedOptions, EvalConfig, SuiteOptions, flat_fields, opt
+from hardrank.config import EmbedOptions, EvalConfig, SuiteOptions, build, flat_fields, opt
 from hardrank.errors import EXIT_OK, DataError
 from hardrank.evaluate import evaluate, plan
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.jobs.grid import print_plan
 from hardrank.jobs.progress import make_progress
@@ -84,9 +85,9 @@ def _cmd_demo(args) -> int:
     report = evaluate(cfg, progress=make_progress(args.quiet), echo=echo)
     print(format_table(report.table_rows()))
     amodal = build_amodal_world(amodal)
-    cfg = replace(cfg, suites=("amodal",), suite_options=SuiteOptions(
-        data=str(amodal), predictions=str(amodal / "predictions" / "noisy"), baseline="clip-regions",
-        tie_rule=cfg.suite_options.tie_rule))
+    cfg = replace(cfg, suites=("amodal",), suite_options=build(SuiteOptions, {
+        "data": str(amodal), "predictions": str(amodal / "predictions" / "noisy"), "baseline": "clip-regions",
+        "tie_rule": cfg.suite_options.tie_rule}))
     report = evaluate(cfg, progress=make_progress(args.quiet), echo=echo)
     print("\ntoy amodal (gIoU / cIoU, %): clip-regions baseline per checkpoint, and a noisy mask predictor")
     print(format_table(report.table_rows()))
@@ -97,7 +98,7 @@ def _cmd_demo(args) -> int:
 def add_demo_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hardrank demo``."""
     dm = subparsers.add_parser(
-        "demo", help="build the toy world and evaluate all toy checkpoints on it", formatter_class=Formatter,
+        "demo", help=COMMANDS["demo"], formatter_class=Formatter,
         description="Build the toy world (rendered shapes with RoCOCO-style perturbations) in OUT/toy_world, "
                     "evaluate the six bundled toy-clip checkpoints on it with the store in OUT/store, score the "
                     "toy mask suite, then print where everything is and three commands to try next.",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from hardrank.config import check_options, opt
 from hardrank.errors import EXIT_OK, UsageError
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_options, options_from_args
 from hardrank.scoring.clip_benchmark_export import FORMATS, export_clip_benchmark
 
@@ -41,7 +42,7 @@ def _cmd_export(args) -> int:
 def add_export_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hardrank export RESULTS_DIR --format clip_benchmark --out DIR``."""
     p = subparsers.add_parser(
-        "export", help="write a results folder in another tool's format (CLIP_benchmark JSON)",
+        "export", help=COMMANDS["export"],
         formatter_class=Formatter,
         description="Write every result below RESULTS_DIR as CLIP_benchmark result JSON: one file per "
                     "(checkpoint, CLIP_benchmark dataset) with keys dataset, model, pretrained, task, metrics "

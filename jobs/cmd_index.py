@@ -6,6 +6,7 @@ import sys
 
 from hardrank.config import IndexBuildConfig
 from hardrank.errors import EXIT_OK
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.mining.index import build_index
 
@@ -26,7 +27,7 @@ def _cmd_build(args) -> int:
 def add_index_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hardrank index build``."""
     p = subparsers.add_parser(
-        "index", help="FAISS indexes of a corpus kept in a folder: build once, mine many times",
+        "index", help=COMMANDS["index"],
         formatter_class=Formatter,
         description="An IVF index of a corpus of embeddings, written to a folder with the corpus's ids: `hardrank "
                     "mine --index FOLDER` reuses it for any query set, k and filters after checking it was built "

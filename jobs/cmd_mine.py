@@ -8,6 +8,7 @@ from hardrank import urls
 from hardrank.config import DIRECTIONS, MineConfig
 from hardrank.errors import EXIT_OK
 from hardrank.inputs import registry
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.jobs.progress import make_progress
 from hardrank.mining import mine, recall_line
@@ -81,7 +82,7 @@ def _cmd_mine(args) -> int:
 def add_mine_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``mine`` sub-command to a ``hardrank`` sub-parser set."""
     p = subparsers.add_parser(
-        "mine", help="mine hard negatives: per query, the top-k corpus items that are not its positives",
+        "mine", help=COMMANDS["mine"],
         formatter_class=Formatter,
         epilog="inputs (--corpus / --queries), recognised in this order (hardrank.inputs.registry):\n"
                + registry.help_text() + "\n"

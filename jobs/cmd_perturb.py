@@ -6,6 +6,7 @@ import json
 import sys
 
 from hardrank.errors import EXIT_OK
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_options, options_from_args
 from hardrank.perturb import PerturbImagesConfig, PerturbTextsConfig, perturb_images, perturb_texts
 
@@ -14,8 +15,7 @@ __all__ = ["add_perturb_parser", "run_perturb"]
 
 def add_perturb_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``perturb texts`` and ``perturb images`` to the ``hardrank`` sub-commands."""
-    p = subparsers.add_parser("perturb", help="make RoCOCO-style perturbed captions or altered images, or "
-                              "ImageNet-C corrupted images",
+    p = subparsers.add_parser("perturb", help=COMMANDS["perturb"],
                               formatter_class=Formatter,
                               epilog="examples:\n"
                                      "  hardrank perturb texts --model ViT-B-32 --pretrained openai "

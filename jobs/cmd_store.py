@@ -6,9 +6,11 @@ import json
 import os
 from dataclasses import dataclass
 
-from hardrank.config import EvalConfig, default_store, opt
+from hardrank.config import EvalConfig, SuiteOptions, default_store, flat_fields, opt
 from hardrank.errors import EXIT_OK
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
+from hardrank.models.forms import forms_help
 from hardrank.store.id_export import export_embeddings, list_stores
 
 __all__ = ["add_store_parser", "StoreListConfig", "StoreExportConfig"]
@@ -34,13 +36,18 @@ class StoreExportConfig:
     file: str = opt("", "the Parquet file to write", flag="--out", metavar="FILE.parquet", path=True)
 
 
-# the options of `store export`: an allow-list, so an option added to EvalConfig stays off it until it applies
-_EXPORT_OPTIONS = ("folder", "file", "suites", "model", "checkpoints", "pretrained", "random_init", "run", "data",
-                   "images", "annotations", "image_variants", "seeds", "text_variants", "predictions", "captions",
-                   "caption_protocol", "languages", "captions_per_image", "store", "precision", "device", "decoder",
-                   "key_by")
-_EXPORT_HELP = {"model": "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder> that made the "
-                         "embeddings (with --checkpoint or --pretrained)",
+# the options of `store export`: an allow-list, so an option added to EvalConfig stays off it until it applies; the
+# suite options (shared and the suites' own) decide which items the suites hold, all but the tie rule (scoring only)
+_EXPORT_OPTIONS = ("folder", "file", "suites", "model", "checkpoints", "pretrained", "random_init", "run", "store",
+                   "precision", "device", "decoder", "key_by")
+_NOT_EXPORT_SUITE_OPTIONS = ("tie_rule", "per_suite")
+
+
+def _export_options() -> tuple[str, ...]:
+    return _EXPORT_OPTIONS + tuple(n for n, _, _ in flat_fields(SuiteOptions) if n not in _NOT_EXPORT_SUITE_OPTIONS)
+
+
+_EXPORT_HELP = {"model": f"the model that made the embeddings (with --checkpoint or --pretrained): {forms_help()}",
                 "checkpoints": "the checkpoint that made the embeddings (one)"}
 
 
@@ -54,8 +61,10 @@ def _cmd_list(args) -> int:
     print(f"store {root}: {len(rows)} fingerprint folder(s)")
     for r in rows:
         rows_ = r["rows"] or {}
+        newer = "" if r["readable"] else (f"  (store format version {r['schema_version']}: not readable by this "
+                                          f"hardrank, left as it is)")
         print(f"  {r['fingerprint']}  {r['arch']} {r['precision']} {r['decoder'] or ''}  "
-              f"images {rows_.get('image', 0)}, texts {rows_.get('text', 0)}  {_checkpoint_words(r)}")
+              f"images {rows_.get('image', 0)}, texts {rows_.get('text', 0)}  {_checkpoint_words(r)}{newer}")
     return EXIT_OK
 
 
@@ -96,7 +105,7 @@ def _cmd_export(args) -> int:
 def add_store_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hardrank store list`` and ``hardrank store export``."""
     p = subparsers.add_parser(
-        "store", help="the embedding store: list its folders, export embeddings with their ids",
+        "store", help=COMMANDS["store"],
         formatter_class=Formatter,
         description="The store keeps one folder per model fingerprint (architecture + checkpoint hash + "
                     "precision + preprocessing), its rows keyed by content. `list` says which folder is which "
@@ -132,6 +141,6 @@ def add_store_parser(subparsers) -> argparse.ArgumentParser:
                "--store results/demo/store --out results/demo_emb.parquet\n"
                "  hardrank store export ~/.cache/hardrank/store/ViT-B-32-fp16-ab12 --suite rococo --annotations "
                "data/rococo --images /data/coco --out b32.parquet")
-    add_options(ex, StoreExportConfig, only=_EXPORT_OPTIONS, required=("suites", "file"), help=_EXPORT_HELP)
+    add_options(ex, StoreExportConfig, only=_export_options(), required=("suites", "file"), help=_EXPORT_HELP)
     ex.set_defaults(func=_cmd_export)
     return p

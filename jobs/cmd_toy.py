@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from hardrank.config import DATA_DIR, SuiteOptions, check_options, opt
 from hardrank.errors import EXIT_OK
 from hardrank.inputs.convert import write_karpathy_shards
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_options, options_from_args
 from hardrank.suites.toy import default_world_dir, ensure_world
 from hardrank.toyworld import build_world
@@ -65,7 +66,7 @@ def _cmd_train(args) -> int:
 
 def add_toy_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hardrank toy world|shards|train``."""
-    toy = subparsers.add_parser("toy", help="toy world and toy checkpoints", formatter_class=Formatter,
+    toy = subparsers.add_parser("toy", help=COMMANDS["toy"], formatter_class=Formatter,
                                 epilog="examples:\n  hardrank toy world --out /tmp/toy_world\n  hardrank toy train")
     tsub = toy.add_subparsers(dest="toy_command", required=True)
     tw = tsub.add_parser("world", help="build the toy world", formatter_class=Formatter,

@@ -11,6 +11,7 @@ from hardrank.config import EvalConfig, check_options, opt
 from hardrank.dashboards import Dashboards
 from hardrank.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, MissingExtra, Terminated, UsageError
 from hardrank.evaluate import evaluate
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.jobs.progress import make_progress
 from hardrank.jobs.report import build_report
@@ -67,6 +68,7 @@ def _watch(cfg: EvalConfig, interval: float, settle: float, until: int | None, o
                 except MissingExtra as exc:
                     echo(f"watch: report not refreshed: {exc}")
                     report = False
+            rep.raise_failures()  # a suite that cannot load would be retried at every look: stop, as a load error did
         if once or (until is not None and f"epoch_{until}" in done + [p.stem for p in run_checkpoints(cfg.run)
                                                                       if _evaluated(cfg, p.stem)]):
             return done
@@ -119,7 +121,7 @@ def _cmd_watch(args) -> int:
 def add_watch_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hardrank watch RUN_DIR --suite ... --out ...``."""
     p = subparsers.add_parser(
-        "watch", help="evaluate each new checkpoint of an open_clip training run as it appears",
+        "watch", help=COMMANDS["watch"],
         description="Follow an open_clip training run (the folder with params.txt and checkpoints/): every complete "
                     "epoch_<N>.pt not yet evaluated is evaluated with the run's own model and preprocessing, and the "
                     "report under --out is rebuilt. A checkpoint still being written is left until it is whole and "

@@ -6,8 +6,11 @@ import dataclasses
 import glob
 import typing
 
+import hardrank.suites  # noqa: F401  (registers the suites: their own options are flags too)
+from hardrank import suite_registry
 from hardrank.config import build, flat_fields, option_kind
-from hardrank.suites import ALIASES, SUITES
+from hardrank.jobs.commands import CLI_FLAGS, Formatter, add_cli_flags  # the front page's, shared
+from hardrank.models.forms import forms_help
 
 __all__ = ["add_options", "add_cli_flags", "options_from_args", "expand_globs", "Formatter", "CLI_FLAGS",
            "CONFIG_CLASS"]
@@ -16,36 +19,11 @@ __all__ = ["add_options", "add_cli_flags", "options_from_args", "expand_globs", 
 CONFIG_CLASS = "config_class"
 
 
-class Formatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the epilog's example lines as written."""
-
-
-# The only flags that are no option of a config: they steer the command line itself (what it prints,
-# whether it does the work at all), never the work, so no config, job file or Python call has them.
-CLI_FLAGS = {
-    "quiet": (("--quiet",), "no progress output (bars on a terminal, periodic lines in logs)"),
-    "dry_run": (("--dry-run",), "print the plan (suites, unique items, store hits per checkpoint) and encode nothing"),
-    "verbose": (("-v", "--verbose"), "log what happens (INFO); `hardrank run` also prints a failing entry's "
-                "traceback"),
-}
-
 _GROUPS = {"SuiteOptions": "suite inputs", "EmbedOptions": "embedding (model runs, store, executor)",
-           "MineOptions": "mining"}
+           "MineOptions": "mining", "ProbeOptions": "linear probe (suite linear_probe)"}
 
 
-def _suites() -> str:
-    """The suite registry's names, aliases first with what they stand for."""
-    return ", ".join([*(f"{a} (= {' + '.join(m)})" for a, m in ALIASES.items()), *SUITES])
-
-
-_LISTINGS = {"suites": _suites}  # opt(listing=...) -> the names the help lists, from their registry
-
-
-def add_cli_flags(parser: argparse.ArgumentParser, *names: str, help: dict[str, str] | None = None) -> None:
-    """The command-line-only flags ``names`` (keys of ``CLI_FLAGS``); ``help`` rewords one for a command."""
-    for name in names:
-        flags, text = CLI_FLAGS[name]
-        parser.add_argument(*flags, dest=name, action="store_true", help=(help or {}).get(name, text))
+_LISTINGS = {"suites": suite_registry.listing, "models": forms_help}  # opt(listing=...) -> what the help lists
 
 
 def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, required=(), help=None,
@@ -65,16 +43,20 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, req
     if unknown:
         raise ValueError(f"{cls.__name__} has no options {sorted(unknown)}")
     groups: dict[str, argparse._ActionsContainer] = {}
+    own = suite_registry.own_fields()
     for owner, name, f, tp in _owned_fields(cls):
         if name in skip or (only is not None and name not in only) or not f.metadata.get("cli", True):
             continue
         title = _GROUPS.get(owner.__name__)
+        if name in own and own[name][1] is owner:  # a suite's own option: under that suite's heading
+            title = f"suite {', '.join(own[name][2])}" if len(own[name][2]) == 1 else \
+                f"suites {', '.join(own[name][2])}"
         target = parser if title is None else groups.setdefault(title, parser.add_argument_group(title))
         scalar, is_list, _ = option_kind(tp)
         flag = f.metadata.get("flag") or "--" + name.replace("_", "-")
         default = None if f.default is dataclasses.MISSING else f.default
         help_text = (help or {}).get(name, f.metadata.get("help", ""))
-        if f.metadata.get("listing"):
+        if f.metadata.get("listing") and name not in (help or {}):  # a command's own wording replaces it all
             help_text += ": " + _LISTINGS[f.metadata["listing"]]()
         if default not in (None, (), "", (None,)) and name not in required:
             shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
@@ -82,9 +64,13 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, req
         kw = {"dest": name, "help": help_text,
               "metavar": f.metadata.get("metavar") or flag.lstrip("-").replace("-", "_").upper(),
               "default": None if default in ((None,), ()) else (list(default) if is_list and default else default)}
+        if name in own:  # given or not, never a default: a suite's option given with other suites is refused
+            kw["default"] = None
         if scalar is bool:
             kw["action"] = argparse.BooleanOptionalAction
             kw.pop("metavar")
+        elif f.metadata.get("per_suite"):  # DIR, SUITE=DIR ..., repeatable
+            kw.update(type=str, nargs="+", action="extend")
         else:
             kw["type"] = scalar if scalar in (int, float) else str
             if f.metadata.get("choices"):
@@ -108,11 +94,15 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), only=None, req
 
 
 def _owned_fields(cls):
-    """(owning dataclass, name, field, type) of every option, nested dataclasses flattened."""
+    """(owning dataclass, name, field, type) of every option, nested dataclasses flattened (a suite's own
+    options owned by the class it declared them in)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
             yield from _owned_fields(hints[f.name])
+        elif f.metadata.get("declared_by") == "suites":
+            for name, (fld, owner, _) in suite_registry.own_fields().items():
+                yield owner, name, fld, typing.get_type_hints(owner)[name]
         else:
             yield cls, f.name, f, hints[f.name]
 

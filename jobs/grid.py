@@ -16,15 +16,17 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package
     import tomli as tomllib
 
-from hardrank.config import EvalConfig, build, flat_fields, opt
+from hardrank import suite_registry
+from hardrank.config import EvalConfig, SuiteOptions, build, flat_fields, opt, split_per_suite
 from hardrank.errors import EXIT_OK, INPUT_FILE_ERRORS, HardrankError, TooManyFailures, UsageError, exit_code
 from hardrank.evaluate import evaluate, plan
 from hardrank.executors import executor
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.jobs.progress import make_progress
 from hardrank.scoring.results import format_table
 
-__all__ = ["JobFile", "JobModel", "JobFileError", "load_job", "print_plan", "add_run_parser", "OPTION_KEYS",
+__all__ = ["JobFile", "JobModel", "JobFileError", "load_job", "print_plan", "add_run_parser", "option_keys",
            "RunConfig"]
 
 EXAMPLE = """\
@@ -43,7 +45,7 @@ decoder = "pillow"                     # or "dali"
 search = "exhaustive"                  # or "faiss:IVF1024,Flat"
 
 [[model]]
-model = "ViT-B-32"                     # open_clip name, config .json, hf-hub:ORG/NAME or local-dir:<folder>
+model = "ViT-B-32"                     # as --model: a name, config .json, hf-hub:, local-dir:, hf: or blip:
 pretrained = "laion2b_s34b_b79k"       # its weights from the local cache (no checkpoints given)
 
 [[model]]
@@ -56,9 +58,39 @@ embeddings = "my_model.parquet"        # precomputed embeddings instead of a mod
 suites = ["rococo"]                    # overrides the top-level suites
 """
 
-# set per [[model]] entry, not in [options]
-_ENTRY_FIELDS = ("suites", "out", "model", "checkpoints", "pretrained", "random_init", "run", "embeddings")
-OPTION_KEYS = tuple(name for name, _, _ in flat_fields(EvalConfig) if name not in _ENTRY_FIELDS)
+EXAMPLE_PER_SUITE = """\
+# suites as tables: each suite's own data (any suite option; paths relative to this file)
+out = "results/compositional"
+
+[suites.sugarcrepe]
+data = "data/sugarcrepe"
+images = "/data/coco/val2017"
+
+[suites.aro]
+data = "data/aro"
+images = "/data/vg_images"
+
+[options]                              # every suite's, unless its table says otherwise
+batch_size = 256
+
+[[model]]
+model = "ViT-B-32"
+pretrained = "openai"
+"""
+
+# set per [[model]] entry, not in [options]; per-suite values go in [suites.NAME] tables
+_ENTRY_FIELDS = ("suites", "out", "model", "checkpoints", "pretrained", "random_init", "run", "embeddings",
+                 "per_suite")
+
+
+def option_keys() -> tuple[str, ...]:
+    """The keys of [options]: every option of `hardrank eval` but those of an entry (the suites' own included)."""
+    return tuple(name for name, _, _ in flat_fields(EvalConfig) if name not in _ENTRY_FIELDS)
+
+
+def _suite_keys() -> tuple[str, ...]:
+    """The keys of a [suites.NAME] table: every suite option (the shared ones and the suites' own)."""
+    return tuple(name for name, _, _ in flat_fields(SuiteOptions) if name != "per_suite")
 _TOP_KEYS = ("out", "suites", "options", "model")
 
 
@@ -71,7 +103,7 @@ class _Entry:
     """The keys of one [[model]] table."""
 
     name: str | None = opt(None, "results sub-folder: <out>/<name>/<checkpoint>/")
-    model: str | None = opt(None, "open_clip name, config .json, hf-hub:ORG/NAME or local-dir:")
+    model: str | None = opt(None, "the model", listing="models")
     pretrained: str | None = opt(None, "open_clip pretrained tag")
     random_init: bool = opt(False, "random weights on purpose")
     run: str | None = opt(None, "an open_clip training run folder", path=True)
@@ -172,6 +204,60 @@ def _model_path(base: Path, model: str | None) -> str | None:
     return _resolve(base, model) if model.endswith(".json") else model
 
 
+def _suite_tables(raw, path: Path) -> tuple[tuple[str, ...] | None, dict]:
+    """(the default suites, {suite: {option: value}}) of the top-level ``suites``: a list of names, or
+    tables ``[suites.NAME]`` (each suite with its own option values; its order is the suites')."""
+    if "suites" not in raw:
+        return None, {}
+    value = raw["suites"]
+    if not isinstance(value, dict):
+        try:
+            return build(_Entry, {"suites": value}).suites, {}
+        except UsageError as exc:
+            raise JobFileError(f"{path}: the top level: {exc}") from exc
+    for name, table in value.items():
+        if not suite_registry.is_suite(name):
+            names = sorted([*suite_registry.names(), *suite_registry.aliases()])
+            hint = difflib.get_close_matches(name, names, n=1)
+            raise JobFileError(f"{path}: [suites.{name}]: no suite is named {name!r}"
+                               + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; suites: {', '.join(names)}")
+        if not isinstance(table, dict):
+            raise JobFileError(f"{path}: suites.{name} must be a table ([suites.{name}] with option = value lines), "
+                               f"got {type(table).__name__} {table!r}")
+        _known(f"[suites.{name}]", table, _suite_keys(), path)
+    return tuple(value), {name: dict(table) for name, table in value.items() if table}
+
+
+def _split_options(opts: dict, per: dict, path: Path) -> dict:
+    """[options] with each per-suite value (``data = {aro = "..."}``, ``"aro=..."``) moved into ``per``, where a
+    suite's [suites.NAME] table wins."""
+    fields = {name: f for name, f, _ in flat_fields(SuiteOptions)}
+    out = dict(opts)
+    for k, v in opts.items():
+        if k in fields and fields[k].metadata.get("per_suite"):
+            try:
+                default, pairs = split_per_suite(fields[k], v, "[options] ")
+            except UsageError as exc:
+                raise JobFileError(f"{path}: {exc}") from exc
+            if default is None:
+                out.pop(k)
+            else:
+                out[k] = default
+            for suite, value in pairs:
+                per.setdefault(suite, {}).setdefault(k, value)
+    return out
+
+
+def _for_suites(opts: dict, per: dict, suites) -> dict:
+    """The options of an entry running ``suites``: the suite options none of them takes left out (another
+    entry's), and the per-suite tables of those suites."""
+    names = set(suite_registry.expand(suites))
+    own = suite_registry.own_fields()
+    kept = {k: v for k, v in opts.items() if k not in own or set(own[k][2]) & names}
+    tables = {s: t for s, t in per.items() if set(suite_registry.expand([s])) & names}
+    return {**kept, **({"per_suite": tables} if tables else {})}
+
+
 def load_job(path: str | os.PathLike) -> JobFile:
     """Parse and validate a job file. Unknown keys, wrong types and bad values raise JobFileError
     naming the file, the table and the key."""
@@ -192,15 +278,9 @@ def load_job(path: str | os.PathLike) -> JobFile:
     opts = raw.get("options", {})
     if not isinstance(opts, dict):
         raise JobFileError(f"{path}: options must be a table ([options]), got {type(opts).__name__}")
-    _known("[options]", opts, OPTION_KEYS, path)
-    try:
-        default_suites = build(_Entry, {"suites": raw["suites"]}).suites if "suites" in raw else None
-    except UsageError as exc:
-        raise JobFileError(f"{path}: the top level: {exc}") from exc
-    try:
-        build(EvalConfig, {**opts, "suites": ("_",)}, base=base)  # the options alone, checked once
-    except UsageError as exc:
-        raise JobFileError(f"{path}: [options] {exc}") from exc
+    _known("[options]", opts, option_keys(), path)
+    default_suites, per = _suite_tables(raw, path)
+    opts = _split_options(opts, per, path)
 
     entries = raw.get("model")
     if not entries:
@@ -208,7 +288,7 @@ def load_job(path: str | os.PathLike) -> JobFile:
                            f" (or embeddings = ...)")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise JobFileError(f"{path}: model must be an array of tables ([[model]] ...)")
-    models, names = [], set()
+    parsed = []
     for i, raw_entry in enumerate(entries):
         where = f"[[model]] #{i + 1}"
         _known(where, raw_entry, [f.name for f in dataclasses.fields(_Entry)], path)
@@ -216,13 +296,25 @@ def load_job(path: str | os.PathLike) -> JobFile:
             e = build(_Entry, raw_entry, base=base)
         except UsageError as exc:
             raise JobFileError(f"{path}: {where}: {exc}") from exc
+        if not (e.suites or default_suites):
+            raise JobFileError(f"{path}: {where} has no suites; set suites = [...] at the top level or in the entry")
+        parsed.append((where, e, e.suites or default_suites))
+    every = [s for _, _, suites in parsed for s in suites]
+    try:  # the options alone, checked once against every suite the job runs; then the per-suite tables
+        build(EvalConfig, {**opts, "suites": every}, base=base)
+    except UsageError as exc:
+        raise JobFileError(f"{path}: [options] {exc}") from exc
+    try:
+        build(EvalConfig, {**opts, "per_suite": per, "suites": every}, base=base)
+    except UsageError as exc:
+        raise JobFileError(f"{path}: per-suite options: {exc}") from exc
+
+    models, names = [], set()
+    for where, e, suites in parsed:
         if sum(v is not None for v in (e.model, e.embeddings, e.run)) != 1:
             raise JobFileError(f"{path}: {where} needs exactly one of model = ..., run = ... or embeddings = ...")
         if e.embeddings and e.checkpoints:
             raise JobFileError(f"{path}: {where} gives embeddings and checkpoints; checkpoints need a model")
-        suites = e.suites or default_suites
-        if not suites:
-            raise JobFileError(f"{path}: {where} has no suites; set suites = [...] at the top level or in the entry")
         model = _model_path(base, e.model)
         if e.name is not None:
             _check_name(e.name, path, where)
@@ -232,13 +324,14 @@ def load_job(path: str | os.PathLike) -> JobFile:
         names.add(name)
         ckpts = _expand(base, e.checkpoints, path, name) if e.checkpoints else (None,)
         try:
-            cfg = build(EvalConfig, {**opts, "suites": suites, "out": os.path.join(out, name), "model": model,
-                                     "checkpoints": ckpts, "pretrained": e.pretrained, "random_init": e.random_init,
-                                     "run": e.run, "embeddings": e.embeddings}, base=base)
+            cfg = build(EvalConfig, {**_for_suites(opts, per, suites), "suites": suites,
+                                     "out": os.path.join(out, name), "model": model, "checkpoints": ckpts,
+                                     "pretrained": e.pretrained, "random_init": e.random_init, "run": e.run,
+                                     "embeddings": e.embeddings}, base=base)
         except UsageError as exc:
             raise JobFileError(f"{path}: {where}: {exc}") from exc
         models.append(JobModel(name=name, config=cfg))
-    return JobFile(path=path, out=out, models=tuple(models), options=dict(opts))
+    return JobFile(path=path, out=out, models=tuple(models), options=dict(raw.get("options", {})))
 
 
 # -- plans (dry runs) ------------------------------------------------------------------------
@@ -252,7 +345,8 @@ def print_plan(p: dict, echo=print) -> None:
     if not p["suites"]:
         return
     for name, tasks in p["suites"].items():
-        echo(f"  {name}")
+        inputs = (p.get("inputs") or {}).get(name)
+        echo(f"  {name}" + (f"  ({', '.join(f'{k} {v}' for k, v in inputs.items())})" if inputs else ""))
         for line in tasks:
             echo(f"    {line}")
     dup = p.get("image_duplicates", 0)
@@ -282,6 +376,7 @@ def _run_entry(job: JobFile, m: JobModel, args) -> None:
     report = evaluate(m.config, progress=make_progress(args.quiet), echo=echo,
                       runner=_shared_runner(m.config, runners) if runners is not None else None)
     print(format_table(report.table_rows()))
+    report.raise_failures()  # a suite that could not be loaded: the others ran; exit nonzero now
 
 
 def _shared_runner(cfg: EvalConfig, runners: dict):
@@ -351,15 +446,17 @@ def _run_entries(job: JobFile, args, codes: list) -> None:
 def add_run_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hardrank run JOB.toml [--dry-run] [--quiet]``."""
     p = subparsers.add_parser(
-        "run", help="run a grid of models x checkpoints x suites from a TOML job file",
+        "run", help=COMMANDS["run"],
         description="Run every [[model]] of a TOML job file on its suites (each model's checkpoints share one "
                     "decode). Entries that fail (for any reason) are reported and the others still run; the exit "
                     "code is that of the first failure (2 bad job file or options, 3 bad data, 4 too many "
                     "unreadable images, 5 no space left, 1 anything else; 130 Ctrl-C, 143 SIGTERM). [options] takes "
-                    f"the names of the `hardrank eval` flags: {', '.join(OPTION_KEYS)}.",
+                    f"the names of the `hardrank eval` flags: {', '.join(option_keys())}; [suites.NAME] tables "
+                    "(instead of a top-level suites = [...] list) give a suite its own values of the suite options "
+                    "(docs/evaluate.md).",
         formatter_class=Formatter,
         epilog="examples:\n  hardrank run grid.toml --dry-run\n  hardrank run grid.toml --quiet > grid.log\n\n"
-               "a job file:\n\n" + EXAMPLE)
+               "a job file:\n\n" + EXAMPLE + "\nor, each suite with its own data:\n\n" + EXAMPLE_PER_SUITE)
     add_options(p, RunConfig, required=("job",))
     add_cli_flags(p, "dry_run", "quiet")
     p.set_defaults(func=_cmd_run)

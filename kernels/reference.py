@@ -1,6 +1,7 @@
 """Slow, obviously correct twins of the kernels (full score matrix, per-query loops): test oracles, bench baselines."""
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -29,10 +30,25 @@ def _scores(xq: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
     err = 2 * x.shape[1] * 2.0 ** -52 * (x.abs() @ y.abs().T) + 2.0 ** -1000
     lo, hi = (s - err).float(), (s + err).float()
     out = lo + 0.0  # -0.0 -> +0.0
+    xn, yn = x.numpy(), y.numpy()
     for i, j in torch.nonzero(lo != hi).tolist():
-        exact = sum((Fraction(a) * Fraction(b) for a, b in zip(x[i].tolist(), y[j].tolist())), Fraction(0))
-        out[i, j] = _nearest_fp32(exact)
+        out[i, j] = _exact_fp32_dot(xn[i], yn[j])
     return out
+
+
+def _exact_fp32_dot(a: np.ndarray, b: np.ndarray) -> float:
+    """The exact dot product of two fp32-valued float64 rows, rounded once to the nearest fp32 (ties to even).
+    Each product is exact in float64 (24 + 24 significand bits); ``math.fsum`` rounds their exact sum once to
+    float64, and rounding that to fp32 is the single rounding unless it sits exactly on an fp32 midpoint (then
+    the sum is taken in fractions)."""
+    f = math.fsum((a * b).tolist())
+    c = np.float32(f)
+    if float(c) != f and np.isfinite(c):
+        other = np.nextafter(c, np.float32(np.inf) if f > float(c) else np.float32(-np.inf))
+        if f == (float(c) + float(other)) / 2:  # a midpoint: double rounding could differ from one rounding
+            return _nearest_fp32(sum((Fraction(p) * Fraction(q) for p, q in zip(a.tolist(), b.tolist())),
+                                     Fraction(0)))
+    return float(c) + 0.0
 
 
 def best_positives_reference(xq, xb, pos_ptr, pos_idx) -> tuple[torch.Tensor, torch.Tensor]:

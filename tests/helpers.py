@@ -237,3 +237,46 @@ def empty_hf_cache_no_network(hub: Path, monkeypatch) -> dict:
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     return {"hub": hub, "tries": tries}
+
+
+# -- CLIP_benchmark, installed --no-deps into a scratch folder (never into the environment) ----------------------
+CB_PACKAGES = ("clip_benchmark", "scikit-learn", "scipy", "joblib", "threadpoolctl", "cloudpickle", "narwhals")
+
+
+def install_clip_benchmark() -> Path:
+    """CLIP_benchmark (and scikit-learn, which its metrics import) installed with ``--no-deps`` into a cache
+    folder of its own under the temp folder; pytest.skip only where that install fails."""
+    import subprocess
+    import sys
+    import tempfile
+
+    import pytest
+
+    target = Path(tempfile.gettempdir()) / "hardrank-test-clip-benchmark"
+    if not (target / "clip_benchmark" / "metrics" / "linear_probe.py").is_file():
+        try:
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                            "--target", str(target), *CB_PACKAGES], check=True, capture_output=True, timeout=600)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+            pytest.skip(f"clip_benchmark could not be installed: {exc}")
+    return target
+
+
+def import_clip_benchmark(target: Path, monkeypatch, *modules: str) -> list:
+    """Import ``modules`` from the scratch folder; every module imported from it leaves ``sys.modules`` at teardown
+    (a later ``find_spec("clip_benchmark")`` must not find what this environment cannot import). CLIP_benchmark
+    1.6's ``accuracy`` calls ``float()`` on a 1-element array, which numpy >= 2.1 refuses: its module gets a
+    ``float`` that takes the one element, so its own code runs otherwise unchanged."""
+    import builtins
+    import importlib
+    import sys
+
+    monkeypatch.syspath_prepend(str(target))
+    before = set(sys.modules)
+    mods = [importlib.import_module(m) for m in modules]
+    for name in set(sys.modules) - before:
+        if str(getattr(sys.modules[name], "__file__", "") or "").startswith(str(target)):
+            monkeypatch.setitem(sys.modules, name, sys.modules.pop(name))  # absent before: removed at teardown
+    zsc = importlib.import_module("clip_benchmark.metrics.zeroshot_classification")
+    monkeypatch.setattr(zsc, "float", lambda x: builtins.float(np.asarray(x).reshape(-1)[0]), raising=False)
+    return mods

@@ -273,6 +273,23 @@ def test_image_attack_outranks_random_partners(world, tmp_path):
     assert suite.meta["image_variants"] == ["adv_toy-clip_step0700_mix_0.9_s1"]
 
 
+def test_image_attack_reports_progress_on_every_long_stage(world, tmp_path, capsys):
+    """`attack images` was silent between its embedding bars for minutes (writing k candidates an image,
+    scoring them, copying the winners): each stage now says what it does, and the writing stages advance
+    a progress bar of the project's kind (a log line without a terminal)."""
+    args = ["attack", "images", *_args(world, tmp_path / "out", tmp_path / "store"), "--method", "mix", "-k", "4",
+            "--size", "64"]
+    args.remove("--quiet")
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    stages = ["embedding 40 images and", "each image's 4 nearest images", "160 candidate images (mix, an image with "
+              "each of its partners) into", "write candidate images: 160/160 (100%)", "160 candidate images (160 "
+              "written, 0 kept)", "toy-clip_step0700: scoring 40 x 4 candidates", "write adv_toy-clip_step0700_mix_0"
+              ".9_s1: 40/40 (100%)", "evaluating 1 checkpoint(s) on"]
+    at = [err.find(s) for s in stages]
+    assert all(a >= 0 for a in at) and at == sorted(at), list(zip(stages, at))
+
+
 @pytest.mark.parametrize("method", ["mix", "patch"])
 def test_image_candidates_use_the_perturb_alteration(world, tmp_path, method):
     paths = [im for im, _ in read_karpathy(world / "karpathy_test.json")][:3]

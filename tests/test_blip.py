@@ -16,6 +16,7 @@ import pytest
 import torch
 from blip_helpers import make_blip
 from helpers import make_karpathy_world, pillow_mode_image
+from hf_helpers import edit_image_processor, save_processor
 from PIL import Image
 
 from hardrank import EmbedOptions, EmbedPipeline, evaluate
@@ -36,6 +37,7 @@ from hardrank.suites import SuiteOptions, load_suites
 from hardrank.tasks import RankingTask
 
 PHOTO = Path(__import__("matplotlib").get_data_path()) / "sample_data" / "grace_hopper.jpg"
+MAX_LEN = 35  # BLIP's caption length (the reference's max_length)
 pytestmark = pytest.mark.skipif(not PHOTO.is_file(), reason="matplotlib's sample photograph is not installed")
 
 
@@ -151,8 +153,7 @@ def test_blip_stores_are_keyed_by_the_processor_settings(tmp_path, blip):
     for f in blip.iterdir():
         (other / f.name).write_bytes(f.read_bytes())
     a = load_model(ModelSpec(f"blip:{other}", device="cpu"))
-    cfg = json.loads((other / "preprocessor_config.json").read_text())
-    (other / "preprocessor_config.json").write_text(json.dumps({**cfg, "resample": 2}))
+    edit_image_processor(other, resample=2)
     b = load_model(ModelSpec(f"blip:{other}", device="cpu"))
     assert b.preprocess_cfg[PROCESSOR_KEY]["resample"] == 2 and b.fingerprint != a.fingerprint
     with pytest.raises(UsageError, match="--decoder dali: transformers models"):
@@ -174,6 +175,81 @@ def test_blip_without_enc_token_keeps_cls_as_transformers(tmp_path, photos):
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("variant", ["transformers4", "sharded"])
+def test_blip_folders_of_every_layout_are_the_same_model(variant, blip, photos, tmp_path):
+    """The same weights and processor saved in transformers 4's layout (preprocessor_config.json) or in shards
+    (model.safetensors.index.json) give the embeddings of the transformers 5 folder (processor_config.json)."""
+    from transformers import AutoProcessor, BlipForImageTextRetrieval
+
+    other = tmp_path / "tiny-blip"  # the fixture's model and processor, loaded and saved again as users do
+    BlipForImageTextRetrieval.from_pretrained(str(blip)).save_pretrained(
+        other, **({"max_shard_size": "50KB"} if variant == "sharded" else {}))
+    save_processor(other, AutoProcessor.from_pretrained(str(blip)), "4" if variant == "transformers4" else "5")
+    if variant == "sharded":
+        assert len(list(other.glob("model-*-of-*.safetensors"))) > 2 and not (other / "model.safetensors").exists()
+    else:
+        assert (other / "preprocessor_config.json").is_file() and not (other / "processor_config.json").exists()
+    texts = ["a dog and a cat on the bus", "zebra"]
+
+    def embed(folder):
+        pipe = EmbedPipeline([ModelSpec(f"blip:{folder}", device="cpu")],
+                             EmbedOptions(store=str(tmp_path / f"s-{folder.parent.name}"), device="cpu"))
+        tables = Tables.empty()
+        tables.images.add_many([ImageRef(str(p)) for p in photos[:2]])
+        tables.texts.add_many(texts)
+        pipe.run(tables)
+        return pipe.embeddings(0, tables, np.float32)
+
+    ref, got = embed(blip), embed(other)
+    for kind in ("image", "text"):
+        np.testing.assert_allclose(got[kind], ref[kind], atol=1e-6, rtol=0)
+
+
+def test_blip_trainer_checkpoint_loads_as_model_and_as_checkpoint(blip, photos, tmp_path):
+    """One step of a Trainer fine-tuning the ITM head (its compute_loss: cross-entropy of itm_score, as users
+    write it) saves checkpoint-1/ with the processor; it loads as --model blip:checkpoint-1 and as --checkpoint
+    of the model it was trained from, both equal to transformers' own path on the trained weights."""
+    pytest.importorskip("accelerate")  # transformers' Trainer needs it
+    from transformers import AutoProcessor, BlipForImageTextRetrieval, Trainer, TrainingArguments
+
+    processor = AutoProcessor.from_pretrained(str(blip), local_files_only=True)
+
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            text = processor.tokenizer(["a dog and a cat on the bus", "zebra"][i], padding="max_length",
+                                       max_length=MAX_LEN, truncation=True, return_tensors="pt")
+            return {"input_ids": text["input_ids"][0], "attention_mask": text["attention_mask"][0],
+                    "pixel_values": torch.rand(3, 32, 32), "labels": torch.tensor(i % 2)}
+
+    class ItmTrainer(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+            labels = inputs.pop("labels")
+            out = model(**inputs, use_itm_head=True)
+            loss = torch.nn.functional.cross_entropy(out.itm_score, labels)
+            return (loss, out) if return_outputs else loss
+
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=1, save_steps=1, per_device_train_batch_size=2,
+                             report_to=[], use_cpu=True, remove_unused_columns=False, learning_rate=0.05)
+    ItmTrainer(model=BlipForImageTextRetrieval.from_pretrained(str(blip)), args=args, train_dataset=Pairs(),
+               processing_class=processor).train()
+    ckpt = tmp_path / "run" / "checkpoint-1"
+    assert {"training_args.bin", "optimizer.pt", "model.safetensors"} <= {p.name for p in ckpt.iterdir()}
+    *_, ref_img, ref_txt = _reference(ckpt, photos[:2], ["zebra"])
+    for spec in (ModelSpec(f"blip:{ckpt}", device="cpu"), ModelSpec(f"blip:{blip}", str(ckpt), device="cpu")):
+        m = load_model(spec)
+        with torch.no_grad():
+            px = make_decoder(m.preprocess_cfg)({"ref": [ImageRef(str(p)) for p in photos[:2]]})["pixels"]
+            img = torch.nn.functional.normalize(m.model.encode_image(px), dim=-1).numpy()
+            txt = torch.nn.functional.normalize(m.model.encode_text(m.tokenizer(["zebra"])), dim=-1).numpy()
+        np.testing.assert_allclose(img, ref_img, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(txt, ref_txt, atol=1e-5, rtol=0)
+    untrained = _reference(blip, photos[:2], ["zebra"])[-2]
+    assert float(np.abs(untrained - ref_img).max()) > 1e-3  # the step changed the weights
+
+
 def test_blip_folder_errors(tmp_path, blip):
     with pytest.raises(DataError, match="not a BLIP config"):
         (tmp_path / "x").mkdir()
@@ -181,7 +257,8 @@ def test_blip_folder_errors(tmp_path, blip):
         load_model(ModelSpec(f"blip:{tmp_path / 'x'}", device="cpu"))
     with pytest.raises(DataError, match="not in the local Hugging Face cache"):
         load_model(ModelSpec("blip:nobody/no-such-blip", device="cpu"))
-    with pytest.raises(DataError, match="preprocessor_config.json is missing"):
+    with pytest.raises(DataError, match=r"holds no image processor settings \(preprocessor_config.json, or "
+                                        r"processor_config.json with an image_processor.*processor.save_pretrained"):
         (tmp_path / "y").mkdir()
         (tmp_path / "y" / "config.json").write_text((blip / "config.json").read_text())
         load_model(ModelSpec(f"blip:{tmp_path / 'y'}", device="cpu"))
@@ -296,7 +373,7 @@ def _cfg(world, blip, tmp_path, **kw):
     return build(EvalConfig, base)
 
 
-@pytest.mark.parametrize("k", [3, 1000])
+@pytest.mark.parametrize("k", [3, 16, 1000])
 def test_evaluate_rerank_equals_brute_force_with_transformers(world, blip, tmp_path, k):
     """Engine (store, decoder, batched cross-encoder) == the reference loop on transformers' own features."""
     from transformers import AutoImageProcessor, AutoTokenizer, BlipForImageTextRetrieval

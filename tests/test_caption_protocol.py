@@ -36,7 +36,7 @@ def kworld(tmp_path_factory):
 
 def _texts(suite: str, **opts) -> tuple[list[str], list[str], dict]:
     tables = Tables.empty()
-    (s,) = load_suites([suite], tables, SuiteOptions(**opts))
+    (s,) = load_suites([suite], tables, build(SuiteOptions, opts))
     return list(tables.texts.entries), list(tables.texts.ids), s.meta
 
 

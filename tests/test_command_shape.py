@@ -17,7 +17,7 @@ from hardrank.errors import UsageError
 from hardrank.jobs.bench import KernelBenchConfig, PipelineBenchConfig
 from hardrank.jobs.cli import build_parser, main
 from hardrank.jobs.flags import CLI_FLAGS, CONFIG_CLASS, options_from_args
-from hardrank.suites import ALIASES, SUITES
+from hardrank.suites import ALIASES, SUITES, register, unregister
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,9 +120,12 @@ def test_suite_help_lists_the_suite_registry(monkeypatch):
         assert "--suite" in a.option_strings
         for name in [*SUITES, *ALIASES]:
             assert name in a.help, (cmd, name)
-    monkeypatch.setitem(SUITES, "my_suite", lambda tables, opts: None)  # a suite registered later is listed too
-    p = dict(_parsers(build_parser()))["hardrank eval"]
-    assert "my_suite" in next(a.help for a in _actions(p) if a.dest == "suites")
+    register("my_suite", lambda tables, opts, name: None)  # a suite registered later is listed too
+    try:
+        p = dict(_parsers(build_parser()))["hardrank eval"]
+        assert "my_suite" in next(a.help for a in _actions(p) if a.dest == "suites")
+    finally:
+        unregister("my_suite")
 
 
 def _calls(name: str) -> list[str]:

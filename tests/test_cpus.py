@@ -1,5 +1,6 @@
-"""The thread budget (hardrank.cpus): affinity, cgroup quota, overrides, the idle probe; --threads reaches the
-pools and the records; results do not depend on the thread count."""
+"""The thread budget (hardrank.cpus) and the run's settings (hardrank.settings): affinity, cgroup quota,
+overrides, the idle probe, the range of thread counts; --threads reaches the pools and the records; two runs
+in one process each use and record their own; results do not depend on the thread count."""
 import json
 import subprocess
 import sys
@@ -11,21 +12,24 @@ import pytest
 import torch
 from helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
 
+import hardrank
 from hardrank import cpus
+from hardrank.config import EmbedOptions
 from hardrank.errors import UsageError
+from hardrank.executors import LocalRunner, executor
 from hardrank.jobs.cli import main
+from hardrank.settings import RunSettings, start_run
 
 
 @pytest.fixture(autouse=True)
 def _restore_budget(monkeypatch):
-    """Each test leaves torch's threads, the applied budget and the hooks as it found them."""
+    """Each test leaves torch's threads and the cached look at the idle cores as it found them."""
     for name in cpus.ENV_OVERRIDES:
         monkeypatch.delenv(name, raising=False)
-    threads, applied, hooks, probed = torch.get_num_threads(), cpus._APPLIED, list(cpus._HOOKS), cpus._PROBED
+    threads, probed = torch.get_num_threads(), cpus._PROBED
     yield
     torch.set_num_threads(threads)
-    cpus._APPLIED, cpus._PROBED = applied, probed
-    cpus._HOOKS[:] = hooks
+    cpus._PROBED = probed
 
 
 def _fake_cgroup(monkeypatch, tmp_path, self_cgroup: str, files: dict[str, str], affinity: int = 8):
@@ -76,10 +80,11 @@ def test_overrides_in_order_and_refused_when_malformed(monkeypatch, tmp_path):
     assert b.describe() == "1 ($HARDRANK_THREADS 1; affinity 2, quota none)"
     b = cpus.budget(4, probe=False)
     assert (b.threads, b.source, b.cores) == (4, "--threads", 2)
-    with pytest.raises(UsageError, match=r"option threads \(--threads\) must be a whole number >= 1, got 0"):
+    with pytest.raises(UsageError, match=r"option threads \(--threads\) must be a whole number in 1\.\.\d+ .*, got 0"):
         cpus.budget(0)
     monkeypatch.setenv("HARDRANK_THREADS", "two")
-    with pytest.raises(UsageError, match=r"\$HARDRANK_THREADS is 'two': set it to a whole number >= 1"):
+    with pytest.raises(UsageError, match=r"\$HARDRANK_THREADS is 'two': set it to a thread count, a whole number "
+                                         r"in 1\.\.\d+"):
         cpus.budget()
 
 
@@ -126,44 +131,128 @@ def test_a_recent_look_at_the_idle_cores_is_reused(monkeypatch, tmp_path):
     assert cpus.use().threads == 1 and len(looks) == 2  # too old: looked again
 
 
-def test_use_sizes_torch_and_registered_pools(monkeypatch, tmp_path):
+def test_thread_counts_outside_one_to_four_per_cpu_are_refused_naming_the_option(monkeypatch):
+    """--threads 100000 segfaulted while the model was built (issue 37): every thread-count option, the two
+    environment overrides and the Python API take 1..4 x os.cpu_count() and say so."""
+    monkeypatch.setattr(cpus.os, "cpu_count", lambda: 2)
+    assert cpus.max_threads() == 8 and cpus.budget(8, probe=False).threads == 8
+    ranged = "must be a whole number in 1..8 (at most 4 per CPU; this machine has 2), got "
+    with pytest.raises(UsageError) as e:
+        cpus.budget(9, probe=False)
+    assert str(e.value) == "option threads (--threads) " + ranged + "9"
+    for name in ("threads", "decode_threads"):
+        with pytest.raises(UsageError) as e:
+            EmbedOptions(**{name: 100000})
+        assert str(e.value) == f"option {name} (--{name.replace('_', '-')}) " + ranged + "100000"
+    assert EmbedOptions(threads=8, decode_threads=8).threads == 8
+    monkeypatch.setenv("OMP_NUM_THREADS", "100000")
+    with pytest.raises(UsageError, match=r"^\$OMP_NUM_THREADS is '100000': set it to a thread count, a whole "
+                                         r"number in 1\.\.8 "):
+        cpus.budget(probe=False)
+    from hardrank.jobs.bench.options import KernelBenchConfig, PipelineBenchConfig
+    with pytest.raises(UsageError, match=r"^option threads \(--threads\) must be a whole number in 1\.\.8 "):
+        KernelBenchConfig(threads=64)
+    with pytest.raises(UsageError, match=r"^option naive_workers \(--naive-workers\) must be a whole number in 0\.\.8"):
+        PipelineBenchConfig(model="toy-clip", naive_workers=9)
+
+
+def test_start_run_sizes_torch_and_returns_the_run_settings(monkeypatch, tmp_path):
     _fake_cgroup(monkeypatch, tmp_path, "0::/\n", {}, affinity=2)
-    # as in a fresh process: no budget applied yet by an earlier run in this one, and only this test's hook
-    monkeypatch.setattr(cpus, "_APPLIED", None)
-    monkeypatch.setattr(cpus, "_HOOKS", [])
-    seen = []
-    cpus.on_use(seen.append)
-    b = cpus.use(1)
-    assert torch.get_num_threads() == 1 and cpus.current() is b and seen == [1]
-    assert cpus.decode_threads() == 1
-    cpus.on_use(seen.append)  # registered after a budget is applied: sized at once
-    assert seen == [1, 1]
-    cpus.use(2, probe=False)
-    assert torch.get_num_threads() == 2 and seen == [1, 1, 2, 2]
-    rec = cpus.current().record()
+    s = start_run(1)
+    assert isinstance(s, RunSettings) and torch.get_num_threads() == 1 and (s.threads, s.decode_threads) == (1, 1)
+    s = start_run(2, probe=False)
+    assert torch.get_num_threads() == 2 and s.decode_threads == 2
+    assert start_run(2, decode_threads=5).decode_threads == 5  # --decode-threads wins
+    assert start_run(None, probe=False).budget.source == "cores"  # the last run's --threads 2 is not kept
+    rec = start_run(2, probe=False).record()
     assert rec["threads"] == 2 and rec["description"].startswith("2 (--threads 2;") and rec["wait_policy"]
+    with pytest.raises(AttributeError):
+        s.budget = None  # frozen: a run's settings never change under it
 
 
-def test_faiss_threads_follow_the_budget():
+def test_faiss_threads_follow_the_run_budget():
+    """FAISS's OpenMP pool is sized at each index build and search to torch's threads, i.e. the budget of the
+    run that searches (whatever ran before); nothing is registered at import. (Where FAISS and torch load one
+    libgomp, as the PyPI wheels here do, the two counts are one setting anyway.)"""
     faiss_index = pytest.importorskip("hardrank.scoring.faiss_index")
     n = faiss_index.faiss.omp_get_max_threads()
+    xb = np.eye(4, dtype=np.float32)
     try:
-        cpus.use(1)
-        assert faiss_index.faiss.omp_get_max_threads() == 1
-        cpus.use(2)
-        assert faiss_index.faiss.omp_get_max_threads() == 2
+        for t in (1, 2, 1):
+            start_run(t)
+            index = faiss_index.FaissIndex(xb, "Flat", gpu=False)
+            assert faiss_index.faiss.omp_get_max_threads() == t
+            assert index.search(xb, 1)[1][:, 0].tolist() == [0, 1, 2, 3]
+            assert faiss_index.faiss.omp_get_max_threads() == t
     finally:
         faiss_index.faiss.omp_set_num_threads(n)
 
 
-def test_local_ray_cluster_gets_the_budget_as_its_cpus(monkeypatch):
+def _ray_init_args(monkeypatch) -> dict:
+    """What ``ray.init`` would be called with (Ray itself is not started)."""
     ray_embed = pytest.importorskip("hardrank.executors.ray_embed")
     got = {}
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray_embed.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray_embed.ray, "init", lambda **kw: got.update(kw))
-    cpus.use(1)
-    assert ray_embed.connect(None) is True and got["num_cpus"] == 1
+    return got
+
+
+def test_local_ray_cluster_gets_the_run_budget_as_its_cpus(monkeypatch):
+    got = _ray_init_args(monkeypatch)
+    ray_options = EmbedOptions(executor="ray")
+    executor(ray_options, start_run(1)).embed_runner([])._connect()
+    assert got["num_cpus"] == 1
+    executor(ray_options, start_run(2)).embed_runner([])._connect()
+    assert got["num_cpus"] == 2
+    executor(EmbedOptions(executor="ray", threads=1)).embed_runner([])._connect()  # no settings: the options'
+    assert got["num_cpus"] == 1
+
+
+def _mine_identity(out, settings=None) -> dict:
+    from hardrank.config import MineOptions
+    from hardrank.mining.problem import MineProblem
+    from hardrank.mining.run import mine_arrays
+
+    x = np.eye(6, dtype=np.float32)
+    problem = MineProblem(xq=x, xb=x, query_ids=[f"q{i}" for i in range(6)], corpus_ids=[f"c{i}" for i in range(6)],
+                          modality="image", direction="i2i")
+    return mine_arrays(problem, MineOptions(k=2, search="exact", dup_threshold=None, recall_sample=0), out,
+                       settings=settings)
+
+
+def test_two_runs_in_one_process_keep_their_own_budgets(tiny_world, tmp_path, monkeypatch):
+    """A run with --threads 1, then runs in the same process with other budgets: each sizes torch, its decode
+    threads, a local Ray cluster and its record from its own options, never from the run before (the budget
+    used to live in a module global that later runs read: they got 1 thread, 1 decode thread, a 1-CPU cluster
+    and a record saying --threads 1)."""
+    assert _eval(tiny_world, tmp_path, 1)["provenance"]["threads"]["threads"] == 1
+    seen = []
+
+    def runner(work):  # what the stages get: torch's threads while they run, each job's decode threads
+        seen.append((torch.get_num_threads(), [job.decode_threads for job, _ in work]))
+        LocalRunner(pipe.models)(work)
+
+    spec = hardrank.ModelSpec(str(tiny_world["cfg"]), str(tiny_world["ckpt"]), device="cpu")
+    pipe = hardrank.EmbedPipeline([spec], EmbedOptions(store=str(tmp_path / "s2"), device="cpu", threads=2),
+                                  runner=runner)
+    tables = hardrank.Tables.empty()
+    tables.images.add(hardrank.ImageRef(str(next(tiny_world["images"].rglob("*.jpg")))))
+    tables.texts.add("a caption")
+    pipe.run(tables)
+    assert seen == [(2, [2, 2])]
+
+    _eval(tiny_world, tmp_path, 1)
+    got = _ray_init_args(monkeypatch)
+    executor(EmbedOptions(executor="ray", threads=2)).embed_runner([])._connect()
+    assert got["num_cpus"] == 2
+
+    _eval(tiny_world, tmp_path, 1)
+    summary = _mine_identity(tmp_path / "m1", start_run(2))
+    assert summary["threads"]["threads"] == 2 and torch.get_num_threads() == 2
+    _eval(tiny_world, tmp_path, 1)
+    summary = _mine_identity(tmp_path / "m2")  # no settings: a run of its own, with mining's default budget
+    assert summary["threads"]["source"] != "--threads"
 
 
 def test_torch_imported_first_is_reported_as_spinning():

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -549,6 +550,9 @@ def test_unwritable_out_or_store_fails_before_any_work(world, tmp_path, capsys, 
     (("--max-failures", "-1"), "option max_failures (--max-failures) must be a number >= 0, got -1"),
     (("--decode-threads", "0"), "option decode_threads (--decode-threads) must be a number >= 1, got 0"),
     (("--suite", "nope"), "unknown suite 'nope'; choose from"),
+    (("--language", "de"), "option languages (--language) is for suites xm3600; this run's suites are karpathy"),
+    (("--data", "sugarcrep=x"), "'sugarcrep' names no suite (did you mean 'sugarcrepe'?); suites: amodal, aro"),
+    (("--images", "aro=x"), "option images is given for suite aro, which this run does not evaluate"),
     (("--device", "cuda"), "option device (--device) is 'cuda', but torch sees no CUDA GPU"),
     (("--device", "cuda:7"), "option device (--device) is 'cuda:7'"),
 ])
@@ -560,6 +564,31 @@ def test_bad_options_are_usage_errors(world, tmp_path, capsys, flags, message):
     assert main(_eval(world, tmp_path / "out", tmp_path / "store", extra=flags)) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("flag, env", [("--threads", None), ("--decode-threads", None), (None, "HARDRANK_THREADS"),
+                                       (None, "OMP_NUM_THREADS")])
+def test_a_thread_count_past_four_per_cpu_is_one_line_before_any_model_is_built(world, tmp_path, flag, env):
+    """``--threads 100000`` segfaulted while the model was built (exit 139); each thread count, flag or
+    environment, is checked first: one line naming it, what it got and the range (1..4 x os.cpu_count()).
+    In a child process: the old failure took the interpreter with it."""
+    args = _eval(world, tmp_path / "out", tmp_path / "store", extra=(flag, "100000") if flag else ())
+    environ = {**os.environ, **({env: "100000"} if env else {})}
+    for name in ("HARDRANK_THREADS", "OMP_NUM_THREADS"):
+        if name != env:
+            environ.pop(name, None)
+    out = subprocess.run([sys.executable, "-m", "hardrank.jobs.cli", *args], capture_output=True, text=True,
+                         timeout=600, env=environ)
+    err = out.stderr.strip()
+    assert out.returncode == 2 and len(err.splitlines()) == 1, (out.returncode, err[-3000:])
+    ranged = rf"a whole number in 1\.\.{4 * os.cpu_count()} \(at most 4 per CPU; this machine has {os.cpu_count()}\)"
+    if flag:
+        option = flag[2:].replace("-", "_")
+        assert re.fullmatch(rf"hardrank: error: option {option} \({flag}\) must be {ranged}, got 100000", err), err
+    else:
+        assert re.fullmatch(rf"hardrank: error: \${env} is '100000': set it to a thread count, {ranged}, or "
+                            rf"unset it", err), err
     assert not (tmp_path / "store").exists()
 
 
@@ -1041,10 +1070,11 @@ def _zs(images, tmp_path, *extra) -> list[str]:
 
 def _load_zs(**opts):
     from hardrank import SuiteOptions, Tables
+    from hardrank.config import build
     from hardrank.suites import load_suites
 
     tables = Tables.empty()
-    (suite,) = load_suites(["classification"], tables, SuiteOptions(**opts))
+    (suite,) = load_suites(["classification"], tables, build(SuiteOptions, opts))  # classnames: the suite's own
     return suite, tables
 
 
@@ -1226,3 +1256,230 @@ def test_perturbing_clip_benchmark_shards_prints_the_classification_command(tmp_
                  str(cb)]) == 3
     assert f"it is CLIP_benchmark's WebDataset root: corrupt its shards, --images '{cb / 'test'}/{{0..0}}.tar'" \
         in capsys.readouterr().err
+
+
+# -- round four: outputs checked first, empty files, damaged results ---------------------------------------
+@pytest.mark.parametrize("which", ["report", "export", "store-export"])
+def test_an_output_folder_that_cannot_be_written_is_refused_up_front(world, tmp_path, capsys, which):
+    """`report --out`, `export --out` and `store export --out` into a read-only folder: one line naming the
+    option and the folder, as `eval --out` gets, before anything is written (they used to fail part-way, with
+    a PermissionError traceback)."""
+    store = tmp_path / "store"
+    assert main(_eval(world, tmp_path / "res", store)) == 0
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    fp = store / _result(tmp_path / "res")["model_fingerprint"]
+    args = {"report": ["report", str(tmp_path / "res"), "--out", str(folder / "rep")],
+            "export": ["export", str(tmp_path / "res"), "--format", "clip_benchmark", "--out", str(folder / "cb")],
+            "store-export": ["store", "export", str(fp), "--suite", "karpathy", "--annotations", str(world["ann"]),
+                             "--images", str(world["images"]), "--out", str(folder / "e.parquet")]}[which]
+    option = "file (--out)" if which == "store-export" else "out (--out"
+    with _read_only(folder):
+        capsys.readouterr()
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"option {option}" in err and str(folder) in err and "cannot be written" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert list(folder.iterdir()) == []
+    if which == "store-export":  # a folder where the file goes: named too
+        assert main([*args[:-1], str(folder)]) == 2
+        assert "which is a folder; name the Parquet file to write" in capsys.readouterr().err
+
+
+def test_export_training_with_a_wrong_name_is_refused_before_anything_is_embedded(world, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """`mine --export-training x.parquet` (no such format), or a NegCLIP table from inputs without (image,
+    caption) pairs: refused before the model is loaded (it used to be refused after the embedding)."""
+    import hardrank.embed.pipeline
+
+    work = []
+    monkeypatch.setattr(hardrank.embed.pipeline, "load_model", lambda spec: work.append(("load", spec)))
+    assert main(_mine(world, tmp_path / "a", tmp_path / "store", extra=("--export-training",
+                                                                          str(tmp_path / "x.parquet")))) == 2
+    err = capsys.readouterr().err
+    assert f"--export-training {tmp_path / 'x.parquet'}: name a .tsv or .csv" in err and "Traceback" not in err
+    assert work == [] and not list(tmp_path.rglob("shard-*.arrow"))
+    folder = tmp_path / "imgs"
+    shutil.copytree(world["images"], folder)  # an image folder: images without captions, so no pairs
+    args = ["mine", "--model", str(world["cfg"]), "--checkpoint", str(world["ckpts"][0]), "--corpus", str(folder),
+            "--queries", str(folder), "--direction", "i2i", "--out", str(tmp_path / "b"), "--store",
+            str(tmp_path / "store"), "--quiet", "--export-training", str(tmp_path / "t.tsv")]
+    assert main(args) == 2
+    assert "a NegCLIP --export-training table needs (image, caption) pairs" in capsys.readouterr().err
+    assert work == [] and not list(tmp_path.rglob("shard-*.arrow"))
+
+
+def test_an_empty_corpus_file_is_one_line_naming_it(world, tmp_path, capsys):
+    """An embeddings file with no rows (written the obvious way its columns are typed null: it said "column
+    'kind' is null, expected strings"), and an empty listing (it mined nothing and exited 0)."""
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"kind": [], "id": [], "embedding": []}), empty)
+    rng = np.random.default_rng(0)
+    full = tmp_path / "full.parquet"
+    pq.write_table(pa.table({"kind": ["text"] * 3, "id": ["a", "b", "c"],
+                             "embedding": rng.standard_normal((3, 4)).tolist()}), full)
+    listing = tmp_path / "listing.parquet"
+    pq.write_table(pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}), listing)
+    for corpus, message in ((empty, f"{empty}: holds no rows (an empty file); an embeddings file needs one row per "
+                                    f"item with kind"),
+                            (listing, f"corpus {listing} (parquet) holds no texts: it is empty; pass a corpus input "
+                                      f"with at least one text")):
+        assert main(["mine", "--corpus", str(corpus), "--queries", str(full), "--direction", "t2t", "--out",
+                     str(tmp_path / "out"), "--quiet"]) == 3
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out" / "summary.json").exists()
+    assert main(["eval", "--embeddings", str(empty), "--suite", "karpathy", "--annotations", str(world["ann"]),
+                 "--out", str(tmp_path / "e"), "--quiet"]) == 3
+    assert "holds no rows (an empty file)" in capsys.readouterr().err
+
+
+_BENCH_WRAPPER = r"""
+import sys, time
+import hardrank.jobs.bench.naive as naive
+
+get = naive._ImageList.__getitem__
+def slow(self, i):  # in the DataLoader workers: the naive pass is under way, and stays so
+    print("HR-TEST naive decoding", file=sys.stderr, flush=True)
+    time.sleep(0.5)
+    return get(self, i)
+naive._ImageList.__getitem__ = slow
+from hardrank.jobs.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_bench_pipeline_stopped_by_a_group_sigterm_is_one_line_143(world, tmp_path):
+    """SIGTERM to the whole process group (Slurm, systemd, `timeout`) during the naive pass reaches its
+    DataLoader workers too: they died of it and torch raised their deaths into the cleanup, a 100-line
+    traceback exiting 1. Now the workers leave the stop to the parent: one line, 143, no worker left."""
+    log = tmp_path / "bench.log"
+    args = ["bench", "pipeline", "--model", world["cfg"], "--checkpoint", world["ckpts"][0], "--suite", "karpathy",
+            "--annotations", world["ann"], "--images", world["images"], "--naive-workers", "2", "--batch-size", "2",
+            "--out", tmp_path / "bench"]
+    proc = subprocess.Popen([sys.executable, "-c", _BENCH_WRAPPER, *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=open(log, "w"), start_new_session=True)
+    try:
+        _wait_for(log, "HR-TEST naive decoding", proc, timeout=300)
+        workers = [int(p) for t in Path(f"/proc/{proc.pid}/task").iterdir()
+                   for p in (t / "children").read_text().split()]
+        assert len(workers) >= 2, workers
+        for w in workers:  # the group's SIGTERM, reaching the workers a moment before their parent
+            os.kill(w, signal.SIGTERM)
+        time.sleep(1)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(120) == 143
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the workers end with their parent
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("a DataLoader worker outlived the command")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = [line for line in log.read_text().splitlines() if not line.startswith("HR-TEST")]
+    assert "Traceback" not in "\n".join(err), "\n".join(err)[-3000:]
+    assert err[-1].startswith("hardrank: terminated (SIGTERM)") and sum("hardrank:" in e for e in err) == 1
+
+
+def test_a_model_object_given_to_the_api_is_refused_in_one_short_line(tmp_path):
+    """`hardrank.evaluate(model=<a torch module>)` printed the module's whole repr (45 lines for a ViT); the
+    error names the type and what the option takes, on one line. (In-memory models are not taken yet.)"""
+    import hardrank
+    from hardrank.errors import UsageError
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(40)])
+    for kw in ({"model": model}, {"checkpoints": [model]}):
+        with pytest.raises(UsageError) as e:
+            hardrank.evaluate(suites=["toy"], out=str(tmp_path / "out"), **kw)
+        msg = str(e.value)
+        name = next(iter(kw))
+        assert len(msg.splitlines()) == 1 and len(msg) < 400 and "Linear" not in msg, msg
+        assert msg.startswith(f"option {name!r} must be a") and "got Sequential (a torch.nn.modules.container." \
+                                                                  "Sequential object)" in msg
+        assert f"; {name}: " in msg and ("the model" in msg or "checkpoint files" in msg)  # its help, said
+    assert not (tmp_path / "out").exists()
+
+
+# -- the store's compatibility rule: read what can be read, refuse what cannot, never destroy ----------------
+def _legacy_store():
+    """hardrank's store module of commit e619070, the layout before shards carried checksums (tests/legacy)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("store_e619070", Path(__file__).parent / "legacy" /
+                                                  "store_e619070.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_store_of_the_previous_layout_is_read_as_it_is(world, tmp_path, capsys):
+    """A store written by the code of the layout before checksums (e619070's writer, run here) serves every
+    embedding it holds: nothing is encoded again, no shard is moved, and the metrics are those of the run
+    that filled it."""
+    from hardrank.store.embedding_store import open_store
+
+    store = tmp_path / "store"
+    assert main(_eval(world, tmp_path / "first", store)) == 0
+    first = _result(tmp_path / "first")
+    folder = store / first["model_fingerprint"]
+    now = open_store(folder)
+    rows = {m: (now.keys(m), now.read(m, now.keys(m))) for m in ("image", "text")}
+    meta, dim, dtype = now.meta, now.dim, now.dtype
+    shutil.rmtree(folder)
+    old = _legacy_store().EmbeddingStore(store, folder.name, dim=dim, dtype=dtype, meta=meta)
+    for modality, (keys, emb) in rows.items():
+        old.write(modality, keys, emb)
+    shards = {k: v for k, v in _files(folder).items() if k.startswith(("image/", "text/"))}
+    assert len(shards) == 2 and all(b"hardrank_digest" not in data for data in shards.values())  # the old layout
+    assert main(_eval(world, tmp_path / "again", store)) == 0
+    again = _result(tmp_path / "again")
+    assert again["metrics"] == first["metrics"] and again["model_fingerprint"] == folder.name
+    assert again["provenance"]["embed"]["image"]["encoded"] == again["provenance"]["embed"]["text"]["encoded"] == 0
+    assert {k: v for k, v in _files(folder).items() if k.startswith(("image/", "text/"))} == shards  # none moved
+    assert not (folder / "quarantine").exists() and "Traceback" not in capsys.readouterr().err
+    for modality, (keys, emb) in rows.items():
+        assert np.array_equal(open_store(folder).read(modality, keys), emb)
+
+
+@pytest.mark.parametrize("where", ["manifest", "shards"])
+def test_a_store_of_a_newer_format_is_refused_in_one_line_and_left_as_it_is(world, tmp_path, capsys, monkeypatch,
+                                                                             where):
+    """A store a newer hardrank wrote (the writer with its format version raised: manifest and shards say 2)
+    was taken without a word; its shards, when they failed a check of this version, were quarantined and
+    encoded again. Now every command refuses it when the folder (or, the manifest gone, a shard) is opened:
+    one line naming the folder, its version, the versions read here and the fix; not a file moved or written."""
+    from hardrank.store import embedding_store
+
+    store = tmp_path / "store"
+    monkeypatch.setattr(embedding_store, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(embedding_store, "READS", (1, 2), raising=False)  # the newer one reads it
+    assert main(_eval(world, tmp_path / "newer", store)) == 0
+    monkeypatch.undo()
+    folder = store / _result(tmp_path / "newer")["model_fingerprint"]
+    if where == "shards":
+        (folder / "manifest.json").unlink()
+    before = _files(store)
+    capsys.readouterr()
+    what = "manifest.json" if where == "manifest" else "shard image/shard-"
+    for args in (_eval(world, tmp_path / "again", store), _mine(world, tmp_path / "mined", store),
+                 ["store", "export", str(folder), "--suite", "karpathy", "--annotations", str(world["ann"]),
+                  "--images", str(world["images"]), "--out", str(tmp_path / "e.parquet")]):
+        assert main(args) == 3, args
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert f"store folder {folder}: {what}" in err and "store format version 2, written by a newer hardrank; " \
+               "this one reads version 1: upgrade hardrank to use these embeddings, or pass another --store" in err
+    assert _files(store) == before  # every file as it was: nothing moved, rewritten or quarantined
+    assert not list(tmp_path.glob("again/**/karpathy.json")) and not (tmp_path / "e.parquet").exists()
+    if where == "manifest":
+        assert main(["store", "list", str(store)]) == 0
+        assert "(store format version 2: not readable by this hardrank, left as it is)" in capsys.readouterr().out

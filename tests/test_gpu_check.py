@@ -38,7 +38,7 @@ def cpu_run(tmp_path_factory):
     """One CPU run of the whole check (tiny sizes): (its JSON, its log, the process)."""
     tmp = tmp_path_factory.mktemp("gpu_check")
     # with a GPU present, force the CPU skeleton and leave the GPU parts to the device run
-    args = ["--profile", "cpu", "--parts", "env", "kernels", "encoders", "e2e"] if CUDA else []
+    args = ["--profile", "cpu", "--parts", "env", "kernels", "encoders", "e2e", "e2e_hf"] if CUDA else []
     proc = run_check(tmp, "--out", str(tmp / "out"), *args)
     data = json.loads((tmp / "out" / "gpu_check.json").read_text())
     return data, (tmp / "out" / "gpu_check.log").read_text(), proc
@@ -51,8 +51,10 @@ def test_cpu_run_writes_the_json_and_log(cpu_run):
     assert data["profile"] == "cpu"
     assert set(data) >= {"started", "seconds", "budget_s", "machine", "carried", "skipped", "parts", "headline"}
     assert measured(data["seconds"]) and data["budget_s"] > 0  # (the budget is an option, not a measurement)
-    for part in ("env", "kernels", "encoders", "e2e"):
+    for part in ("env", "kernels", "encoders", "e2e", "e2e_hf"):
         assert data["parts"][part]["status"] == "ok", (part, data["parts"][part])
+    hf = data["parts"]["e2e_hf"]["result"]["hf_clip"]  # the transformers path ran end to end
+    assert hf["images"] == 16 and hf["texts"] == 80 and measured(hf["images_per_s"])
     assert "gpu_check: " in log and "JSON: " in log  # the log holds the summary table
     assert data["machine"]["torch"] == torch.__version__
     assert data["machine"]["hardrank"] == str(ROOT / "engine")
@@ -122,6 +124,7 @@ def test_out_defaults_to_the_device_folder_and_peak_can_be_given(tmp_path):
 # --- run on the GPU machine by the check's `tests` part (pytest -m gpu) ---------------------------------------
 
 cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+_TILING_REFS: dict = {}  # the references of the engine-tiling test, computed once for its three dtypes
 
 
 def _quantised(n: int, d: int, gen: torch.Generator) -> torch.Tensor:
@@ -143,13 +146,17 @@ def test_cuda_kernels_with_the_engine_tiling_match_reference(dtype):
     ptr = torch.cat([torch.zeros(1, dtype=torch.long), n_pos.cumsum(0)])
     idx = torch.randint(0, nb, (int(ptr[-1]),), generator=gen)
     xqc, xbc = xq.to("cuda", dtype), xb.to("cuda", dtype)
+    # the inputs are exact in every dtype, so the (slow, CPU) references are shared by the three dtypes
+    refs = _TILING_REFS.setdefault("refs", {
+        **{rule: grouped_ranks_reference(xq, xb, bounds, ptr, idx, tie_rule=rule)
+           for rule in ("index", "optimistic", "pessimistic")},
+        "topk": topk_reference(xq, xb, 10, exclude_ptr=ptr, exclude_idx=idx)})
     for rule in ("index", "optimistic", "pessimistic"):
         fast = grouped_ranks(xqc, xbc, bounds, ptr, idx, tie_rule=rule, budget_bytes=256 << 20)
-        ref = grouped_ranks_reference(xq, xb, bounds, ptr, idx, tie_rule=rule)
         for f in ("counts", "pos_score", "pos_index", "neg_score", "neg_index"):
-            assert torch.equal(getattr(fast, f).cpu(), getattr(ref, f)), (rule, f)
+            assert torch.equal(getattr(fast, f).cpu(), getattr(refs[rule], f)), (rule, f)
     D, I = topk(xqc, xbc, 10, exclude_ptr=ptr, exclude_idx=idx, budget_bytes=256 << 20)
-    Dr, Ir = topk_reference(xq, xb, 10, exclude_ptr=ptr, exclude_idx=idx)
+    Dr, Ir = refs["topk"]
     assert torch.equal(D.cpu(), Dr) and torch.equal(I.cpu(), Ir)
 
 

@@ -16,21 +16,22 @@ import numpy as np
 import pytest
 import torch
 from helpers import empty_hf_cache_no_network
+from hf_helpers import (
+    LAYOUTS,
+    LENGTH,
+    SENTENCES,
+    edit_image_processor,
+    image_processor_settings,
+    make_clip,
+    make_siglip,
+    make_siglip2,
+)
 from PIL import Image
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     BertConfig,
-    CLIPConfig,
-    CLIPImageProcessor,
     CLIPModel,
-    PreTrainedTokenizerFast,
-    Siglip2Config,
-    Siglip2ImageProcessor,
-    Siglip2Model,
     Siglip2Processor,
-    SiglipConfig,
     SiglipImageProcessor,
-    SiglipModel,
 )
 
 import hardrank
@@ -43,85 +44,6 @@ PHOTO = Path(__import__("matplotlib").get_data_path()) / "sample_data" / "grace_
 CAPTIONS = ["a portrait of an officer in uniform", "A Dog, and a CAT on the bus!", "zebra",
             "two men ride horses near the boat " * 6,  # longer than the context: truncated
             "pizza   on\ta table"]
-SENTENCES = ["a portrait of an officer in uniform", "a dog and a cat on a bus", "a red square left of a blue circle",
-             "two men ride horses near the boat", "pizza on a table", "an old photograph of a woman in a hat",
-             "a small green triangle", "a big yellow circle"]
-VISION = {"image_size": 32, "patch_size": 8, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-          "num_attention_heads": 2}
-LENGTH = 16  # the text towers' position table: captions are padded and cut to it
-
-
-def _bpe_tokenizer(folder: Path) -> dict:
-    """A CLIP-like byte-level BPE tokenizer (<|startoftext|> ... <|endoftext|>, padded with <|endoftext|>)."""
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=300, special_tokens=[
-        "<|startoftext|>", "<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    bos, eos = tok.token_to_id("<|startoftext|>"), tok.token_to_id("<|endoftext|>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<|startoftext|> $A <|endoftext|>", special_tokens=[("<|startoftext|>", bos), ("<|endoftext|>", eos)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>", model_max_length=LENGTH,
-                                   model_input_names=["input_ids", "attention_mask"])
-    fast.save_pretrained(folder)
-    return {"vocab_size": tok.get_vocab_size(), "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": eos}
-
-
-def _unigram_tokenizer(folder: Path) -> dict:
-    """A SigLIP-like (T5-style) Unigram tokenizer: pad 0, eos 1 appended, padded to the max length."""
-    tok = Tokenizer(models.Unigram())
-    tok.normalizer = normalizers.NFKC()
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(SENTENCES, trainers.UnigramTrainer(vocab_size=60, special_tokens=["<pad>", "</s>", "<unk>"],
-                                                               unk_token="<unk>"))
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                            model_max_length=LENGTH, model_input_names=["input_ids", "attention_mask"]
-                            ).save_pretrained(folder)  # with a mask, as transformers 5's SiglipTokenizer
-    return {"vocab_size": tok.get_vocab_size(), "pad_token_id": 0, "eos_token_id": 1}
-
-
-def make_clip(folder: Path, seed: int = 0, crop: int = 32) -> Path:
-    """A tiny random CLIPModel with its processor (shortest-edge bicubic resize + center crop) and tokenizer."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ids = _bpe_tokenizer(folder)
-    text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "max_position_embeddings": LENGTH, **ids}
-    torch.manual_seed(seed)
-    CLIPModel(CLIPConfig(text_config=text, vision_config={**VISION, "image_size": crop}, projection_dim=16)) \
-        .save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": crop}, crop_size={"height": crop, "width": crop}).save_pretrained(folder)
-    return folder
-
-
-def make_siglip(folder: Path, seed: int = 0) -> Path:
-    """A tiny random SiglipModel with its processor (squash to 32 x 32, mean = std = 0.5) and tokenizer."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ids = _unigram_tokenizer(folder)
-    text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "max_position_embeddings": LENGTH, **ids}
-    torch.manual_seed(seed)
-    SiglipModel(SiglipConfig(text_config=text, vision_config=VISION)).save_pretrained(folder)
-    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
-    return folder
-
-
-def make_siglip2(folder: Path, seed: int = 0, max_num_patches: int = 16) -> Path:
-    """A tiny random Siglip2Model (NaFlex) with its processor: each image resized, aspect kept, to at most
-    ``max_num_patches`` 8 x 8 patches, padded to that many; captions padded to the position table, with a mask."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ids = _unigram_tokenizer(folder)
-    text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "max_position_embeddings": LENGTH, **ids}
-    vision = {k: v for k, v in VISION.items() if k != "image_size"}
-    torch.manual_seed(seed)
-    Siglip2Model(Siglip2Config(text_config=text, vision_config={**vision, "num_patches": 16})).save_pretrained(folder)
-    # do_convert_rgb: the photos come in L, RGBA, P and CMYK too (without it the processor refuses them)
-    Siglip2ImageProcessor(patch_size=8, max_num_patches=max_num_patches, do_convert_rgb=True).save_pretrained(folder)
-    return folder
 
 
 def photos(folder: Path) -> list[Path]:
@@ -191,9 +113,15 @@ def offline(tmp_path, monkeypatch):
     return empty_hf_cache_no_network(tmp_path / "hub", monkeypatch)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["transformers5", "transformers4"])
 @pytest.mark.parametrize("make", [make_clip, make_siglip], ids=["clip", "siglip"])
-def test_embeddings_equal_transformers_own_path(make, tmp_path, offline):
-    folder = make(tmp_path / "model")
+def test_embeddings_equal_transformers_own_path(make, layout, tmp_path, offline):
+    """Folders saved as users save them (model.save_pretrained + XProcessor.save_pretrained), in the layout of
+    the installed transformers 5 (one processor_config.json, the image processor nested) and of transformers 4
+    (preprocessor_config.json), embed as transformers' own path."""
+    folder = make(tmp_path / "model", layout=layout)
+    assert (folder / ("processor_config.json" if layout == "5" else "preprocessor_config.json")).is_file()
+    assert not (folder / ("preprocessor_config.json" if layout == "5" else "processor_config.json")).exists()
     images = photos(tmp_path / "img")
     img, txt, m = hardrank_embed(hardrank.ModelSpec(f"hf:{folder}", device="cpu"), tmp_path / "s", images, CAPTIONS)
     ref_img, ref_txt = reference(folder, images, CAPTIONS)
@@ -201,6 +129,62 @@ def test_embeddings_equal_transformers_own_path(make, tmp_path, offline):
     _close(txt, ref_txt)
     assert m.tokenizer(CAPTIONS)["input_ids"].shape == (len(CAPTIONS), LENGTH)  # padded to the trained length
     assert m.info["transformers"]["class"] == ("CLIPModel" if make is make_clip else "SiglipModel")
+    assert offline["tries"] == []
+
+
+def test_sharded_weights_and_trainer_checkpoints_load(tmp_path, offline):
+    """A model saved in shards (model.safetensors.index.json + model-0000k-of-0000n.safetensors) embeds as the
+    same model in one file, its fingerprint hashing every shard; a Trainer's checkpoint-N/ folder (saved with its
+    processor) loads as --model hf:checkpoint-N and as a --checkpoint of the model it was trained from."""
+    pytest.importorskip("accelerate")  # transformers' Trainer needs it
+    from transformers import AutoProcessor, Trainer, TrainingArguments
+
+    whole, sharded = make_clip(tmp_path / "whole"), tmp_path / "sharded"
+    CLIPModel.from_pretrained(str(whole)).save_pretrained(sharded, max_shard_size="20KB")
+    AutoProcessor.from_pretrained(str(whole)).save_pretrained(sharded)
+    shards = sorted(p.name for p in sharded.glob("model-*.safetensors"))
+    assert len(shards) > 2 and (sharded / "model.safetensors.index.json").is_file()
+    images = photos(tmp_path / "img")[:2]
+    ref = hardrank_embed(hardrank.ModelSpec(f"hf:{whole}", device="cpu"), tmp_path / "s0", images, CAPTIONS)
+    got = hardrank_embed(hardrank.ModelSpec(f"hf:{sharded}", device="cpu"), tmp_path / "s1", images, CAPTIONS)
+    _close(got[0], ref[0], 1e-6)
+    _close(got[1], ref[1], 1e-6)
+    assert got[2].checkpoint_hash != ref[2].checkpoint_hash  # the index and each shard are hashed
+    (sharded / shards[-1]).write_bytes((sharded / shards[-1]).read_bytes()[:-4] + b"\0\0\0\1")
+    assert hardrank.load_model(hardrank.ModelSpec(f"hf:{sharded}", device="cpu")).checkpoint_hash \
+        != got[2].checkpoint_hash
+
+    # one training step of the whole model, saved by the Trainer with its processor (processing_class)
+    processor = AutoProcessor.from_pretrained(str(whole), local_files_only=True)
+
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            ids = processor.tokenizer(SENTENCES[i], padding="max_length", max_length=LENGTH, truncation=True,
+                                      return_tensors="pt")
+            return {"input_ids": ids["input_ids"][0], "attention_mask": ids["attention_mask"][0],
+                    "pixel_values": torch.rand(3, 32, 32)}
+
+    def collate(batch):
+        return {**{k: torch.stack([b[k] for b in batch]) for k in batch[0]}, "return_loss": True}
+
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=1, save_steps=1, per_device_train_batch_size=2,
+                             report_to=[], use_cpu=True, remove_unused_columns=False, learning_rate=0.1)
+    Trainer(model=CLIPModel.from_pretrained(str(whole)), args=args, train_dataset=Pairs(), data_collator=collate,
+            processing_class=processor).train()
+    ckpt = tmp_path / "run" / "checkpoint-1"
+    assert {"training_args.bin", "optimizer.pt", "model.safetensors", "processor_config.json"} <= {
+        p.name for p in ckpt.iterdir()}
+    as_model = hardrank_embed(hardrank.ModelSpec(f"hf:{ckpt}", device="cpu"), tmp_path / "s2", images, CAPTIONS)
+    as_ckpt = hardrank_embed(hardrank.ModelSpec(f"hf:{whole}", str(ckpt), device="cpu"), tmp_path / "s3", images,
+                             CAPTIONS)
+    trained = reference(ckpt, images, CAPTIONS)
+    for emb in (as_model, as_ckpt):
+        _close(emb[0], trained[0])
+        _close(emb[1], trained[1])
+    assert float(np.abs(as_model[0] - ref[0]).max()) > 1e-3  # the step changed the weights
     assert offline["tries"] == []
 
 
@@ -244,8 +228,7 @@ def test_k_checkpoints_folders_and_files_and_the_fingerprint(tmp_path):
     fps = [m.fingerprint for m in pipe.models]
     assert fps[0] == fps[1] != fps[2] and pipe.labels == ["ckpt-1", "step1", "model"]
     # the same weights, another crop: another store folder
-    cfg = json.loads((folder / "preprocessor_config.json").read_text())
-    (folder / "preprocessor_config.json").write_text(json.dumps({**cfg, "resample": 2}))
+    edit_image_processor(folder, resample=2)
     assert hardrank.load_model(specs[2]).fingerprint != fps[2]
 
 
@@ -458,10 +441,10 @@ def test_siglip2_fingerprint_holds_max_num_patches_and_the_processor(tmp_path):
     folder = make_siglip2(tmp_path / "model")
     m = hardrank.load_model(hardrank.ModelSpec(f"hf:{folder}", device="cpu"))
     assert m.preprocess_cfg["inputs"]["pixel_values"]["shape"] == [16, 192]
-    cfg = json.loads((folder / "preprocessor_config.json").read_text())
+    cfg = image_processor_settings(folder)
     fps = {m.fingerprint}
     for change in ({"max_num_patches": 9}, {"resample": 3}, {"image_mean": [0.4, 0.5, 0.5]}):
-        (folder / "preprocessor_config.json").write_text(json.dumps({**cfg, **change}))
+        edit_image_processor(folder, **{**cfg, **change})
         fps.add(hardrank.load_model(hardrank.ModelSpec(f"hf:{folder}", device="cpu")).fingerprint)
     assert len(fps) == 4
 
@@ -470,14 +453,13 @@ def test_an_unsupported_variable_resolution_processor_is_refused(tmp_path):
     """A processor whose images vary in size, other than SigLIP 2's, is refused by name; so is a SigLIP 2
     model saved with a fixed-size processor (no max_num_patches)."""
     folder = make_clip(tmp_path / "clip")
-    cfg = json.loads((folder / "preprocessor_config.json").read_text())
-    (folder / "preprocessor_config.json").write_text(json.dumps({**cfg, "do_center_crop": False}))
+    edit_image_processor(folder, do_center_crop=False)
     with pytest.raises(UsageError, match=r"its image processor \(CLIPImageProcessor\) gives images of varying size"
                                          r".* only SigLIP 2's \(Siglip2Model, .*\) is supported"):
         hardrank.load_model(hardrank.ModelSpec(f"hf:{folder}", device="cpu"))
     s2 = make_siglip2(tmp_path / "siglip2")
-    (s2 / "preprocessor_config.json").unlink()
-    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(s2)
+    (s2 / "processor_config.json").unlink()
+    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(s2)  # the wrong processor, saved alone
     with pytest.raises(UsageError, match=r"a SigLIP 2 model needs its variable-resolution image processor "
                                          r"\(Siglip2ImageProcessor, with max_num_patches and patch_size\), got "
                                          r"SiglipImageProcessor"):

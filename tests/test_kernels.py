@@ -518,3 +518,31 @@ def test_cuda_duplicates_of_the_positive_tie_with_it():
         r = grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule=rule, g_block=7)
         r0 = grouped_ranks(xq, xb, bounds, ptr, idx, tie_rule="optimistic", g_block=7)
         assert (r.counts - r0.counts).cpu().tolist() == [expect] * 9
+
+
+def test_reference_scores_round_the_exact_dot_product_once():
+    """The reference's exact path (fsum of exact float64 products, fractions on an fp32 midpoint) equals the
+    definition in fractions, on sums that straddle, hit or just miss an fp32 rounding midpoint."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    from hardrank.kernels import reference as R
+
+    def definition(a, b):
+        return R._nearest_fp32(sum((Fraction(p) * Fraction(q) for p, q in zip(a, b)), Fraction(0)))
+
+    rows = [([1.0, 2.0 ** -24], [1.0, 1.0]),                # exactly a midpoint: ties to even (1.0)
+            ([1.0, 2.0 ** -24, 2.0 ** -80], [1.0] * 3),     # a hair above it: fsum lands on it, fractions decide
+            ([1.0, 2.0 ** -24, -2.0 ** -80], [1.0] * 3),    # a hair below it
+            ([1.0 + 2.0 ** -23, 2.0 ** -24], [1.0, 1.0]),   # a midpoint with an odd lower neighbour: rounds up
+            ([3.0, -3.0], [0.5, 0.5]), ([], [])]            # an exact zero, an empty row
+    gen = np.random.default_rng(3)
+    rows += [(gen.standard_normal(7).astype(np.float32) * 2.0 ** gen.integers(-40, 40, 7),
+              gen.standard_normal(7).astype(np.float32)) for _ in range(300)]
+    for a, b in rows:
+        a = np.asarray(a, np.float32).astype(np.float64)
+        b = np.asarray(b, np.float32).astype(np.float64)
+        got, want = R._exact_fp32_dot(a, b), definition(a.tolist(), b.tolist())
+        assert got == want and np.signbit(got) == np.signbit(want), (a, b, got, want)
+    assert R._exact_fp32_dot(np.array([1.0, 2.0 ** -24, 2.0 ** -80]), np.ones(3)) == float(np.float32(1 + 2 ** -23))

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
+import textwrap
 import zipfile
 from pathlib import Path
 
@@ -88,15 +90,24 @@ def test_nothing_imports_the_folder_names():
                 assert all(a.name.split(".")[0] not in FOLDERS for a in node.names), test.name
 
 
+# the front doors, which import what they name on first use, so that `import hardrank` and `hardrank --help`
+# need no torch: the package's public API (``hardrank.__getattr__``), the command line's sub-commands
+# (``jobs.cli``) and ``--version``'s package metadata (``jobs.commands``)
+LAZY_FRONTS = {"hardrank": ("hardrank.",), "hardrank.jobs.cli": ("hardrank.jobs.",),
+               "hardrank.jobs.commands": ("importlib.metadata",)}
+
+
 def test_function_level_imports_only_for_heavy_optional_dependencies():
     """A function may import ray / DALI / faiss / matplotlib, or the one hardrank module that holds
-    such an import at its top; everything else is imported at module top."""
+    such an import at its top; everything else is imported at module top (but in the two front doors)."""
     holds_heavy = {m for m in MODULES if any(_heavy(x) for x in _imports(m)[0])}
     offenders = []
     for name in MODULES:
         for m in _imports(name)[1]:
             if name == "hardrank.openclip_import" and m.split(".")[0] == "open_clip":
-                continue  # its one job: import open_clip with transformers hidden (a guard around the import)
+                continue  # binds transformers into open_clip's module when a text tower needs it
+            if name in LAZY_FRONTS and m.startswith(LAZY_FRONTS[name]):
+                continue
             if not (_heavy(m) or m in holds_heavy or any(m.startswith(h + ".") for h in holds_heavy)):
                 offenders.append(f"{MODULES[name].relative_to(ROOT)}: {m}")
     assert not offenders, "function-level imports of core modules:\n" + "\n".join(offenders)
@@ -115,9 +126,10 @@ HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.embed.da
          # builds the Hugging Face tokenizers and towers with them), hf_models (transformers models themselves) and
          # blip (BLIP); tokenizers builds the tests' stand-in tokenizers
          # (and hardrank.jobs.bench.inputs, which saves random BLIP folders for the benchmarks)
-         # (and hardrank.openclip_import, which binds it into open_clip when a text tower needs it)
+         # (and hardrank.openclip_import, which binds it into open_clip when a text tower needs it; and
+         # hardrank.models.boundary, which asks it whether a class a folder's settings name is its own)
          "transformers": ("hardrank.models.hf_text", "hardrank.models.hf_models", "hardrank.models.blip",
-                          "hardrank.jobs.bench.inputs", "hardrank.openclip_import"),
+                          "hardrank.jobs.bench.inputs", "hardrank.openclip_import", "hardrank.models.boundary"),
          "sentencepiece": ("hardrank.models.hf_text",), "tokenizers": (),
          # the training dashboards (--log-to): each imported inside hardrank.dashboards' functions, when asked for
          "tensorboard": ("hardrank.dashboards",), "torch.utils.tensorboard": ("hardrank.dashboards",),
@@ -241,3 +253,103 @@ def test_wheel_installs_one_name(tmp_path):
     assert "hardrank/kernels/ranking.py" in names and "hardrank/jobs/cli.py" in names
     assert any(n.startswith("hardrank/assets/toy_checkpoints/") for n in names)
     assert "hardrank/embed/pipeline.py" in names and "hardrank/mining/run.py" in names
+
+
+# What runs at import besides imports, definitions and plain assignments (issue 38: no process-wide effect at
+# import but OpenMP's wait policy), each with its reason. Anything else is an explicit call of whoever needs it.
+AT_IMPORT = {
+    # must precede torch's loading of libgomp, which reads it once (docs/running.md "Busy machines")
+    ("hardrank.openmp", "os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')"),
+    # open_clip's first import (whenever it comes) leaves transformers out: a finder on sys.meta_path that
+    # hides transformers from the thread importing open_clip, only while it does (start-up: 1.1-1.9 s)
+    ("hardrank.openclip_import", "if 'open_clip' not in sys.modules and 'transformers' not in sys.modules:\n"
+                                 "    sys.meta_path.insert(0, _OpenClipWithoutTransformers())"),
+    # the lazy package: `hardrank.evaluate` stays the function once hardrank/evaluate.py is imported
+    ("hardrank", "sys.modules[__name__].__class__ = _Package"),
+    # a YAML loader subclass of our own that refuses repeated keys (the class's table, not yaml's)
+    ("hardrank.suites.collections",
+     "_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)"),
+}
+# a registry's entries, made in its own package by its own register / alias calls (no other library's state):
+# the search backends' built-ins, the suites' one line each
+REGISTRY_CALLS = {"hardrank.scoring.backends": {"register"}, "hardrank.suites": {"register", "alias"}}
+
+
+def _registry_line(module: str, stmt: ast.stmt) -> bool:
+    calls = REGISTRY_CALLS.get(module, set())
+    if isinstance(stmt, ast.For):
+        return all(_registry_line(module, s) for s in stmt.body)
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name)
+            and stmt.value.func.id in calls)
+# calls that change process-wide state when a module-level assignment makes them (``x = os.environ.setdefault(...)``)
+_EFFECTS = {"setdefault", "putenv", "set_num_threads", "set_num_interop_threads", "omp_set_num_threads",
+            "basicConfig", "filterwarnings", "simplefilter", "signal", "setLevel", "addHandler", "manual_seed",
+            "set_flush_denormal", "set_float32_matmul_precision", "on_use", "add_model_config"}
+
+
+def _runs_at_import(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return False
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):  # a docstring
+        return False
+    if isinstance(stmt, ast.If) and ast.unparse(stmt.test) == "__name__ == '__main__'":
+        return False
+    if isinstance(stmt, ast.Try):  # `try: import tomllib / except ...: import tomli as tomllib`
+        return not all(isinstance(s, (ast.Import, ast.ImportFrom)) for b in (stmt.body, *[h.body for h in
+                       stmt.handlers]) for s in b)
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        if any(isinstance(t, (ast.Subscript, ast.Attribute)) for t in targets):  # os.environ["X"] = ..., mod.x = ...
+            return True
+        return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in _EFFECTS
+                   for c in ast.walk(stmt))
+    return True
+
+
+def test_nothing_runs_at_import_but_the_listed_statements():
+    """No module sets environment variables, thread pools, logging, warnings filters or other libraries'
+    registries when it is imported (``hardrank.scoring.faiss_index`` used to register FAISS's thread setter
+    with the budget module): whoever needs a setting makes it, explicitly, when the run starts."""
+    found = set()
+    for name, path in MODULES.items():
+        for stmt in ast.parse(path.read_text()).body:
+            if _runs_at_import(stmt) and not _registry_line(name, stmt):
+                found.add((name, ast.unparse(stmt)))
+    assert found == AT_IMPORT, (f"runs at import, unlisted: {sorted(found - AT_IMPORT)}; "
+                                f"listed, gone: {sorted(AT_IMPORT - found)}")
+
+
+def test_importing_every_module_changes_no_process_setting_but_the_wait_policy():
+    """In a fresh interpreter, after the libraries hardrank imports (open_clip sets TOKENIZERS_PARALLELISM, Ray
+    its warnings filters: theirs, not ours): every hardrank module imported (those whose optional extra is
+    missing are skipped) leaves the environment (but ``OMP_WAIT_POLICY``), torch's and FAISS's threads,
+    logging, warnings filters and signal handlers as they were."""
+    external = sorted({m.split(".")[0] if m.split(".")[0] != "nvidia" else m for name in MODULES
+                       for m in _imports(name)[0] if not m.startswith("hardrank")})
+    script = textwrap.dedent(f"""
+        import importlib, json, logging, os, signal, sys, warnings
+        def load(names):
+            skipped = []
+            for name in names:
+                try:
+                    importlib.import_module(name)
+                except ImportError:
+                    skipped.append(name)
+            return skipped
+        load({external!r})
+        import torch
+        faiss = sys.modules.get("faiss")
+        def state():
+            return {{"env": {{k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}},
+                    "torch": [torch.get_num_threads()], "faiss": faiss.omp_get_max_threads() if faiss else None,
+                    "logging": [logging.root.level, len(logging.root.handlers)], "warnings": len(warnings.filters),
+                    "signals": [str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM)]}}
+        before = state()
+        skipped = load({sorted(MODULES)!r})
+        print(json.dumps({{"before": before, "after": state(), "skipped": skipped}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["after"] == got["before"]
+    assert len(got["skipped"]) < len(MODULES) // 4, got["skipped"]

@@ -92,6 +92,21 @@ def test_sharded_mining_equals_local(ray_cluster, tmp_path, shards, nb):
 
 
 @pytest.mark.slow
+def test_shards_of_a_float16_file_corpus_mine_as_the_local_run(ray_cluster, tmp_path):
+    """A float16 embeddings file's corpus (``vectors.UnitRows``: float16 values, rows normalised on read) goes
+    to the shard actors as it is held and is searched there as locally."""
+    from hardrank.executors.ray_search import ShardedSearchFactory
+    from hardrank.vectors import UnitRows
+
+    prob = _tied_case(seed=4, nb=60)
+    prob.xb = UnitRows.of((prob.xb * 3).astype(np.float16), str)  # not unit: normalised on read
+    opts = MineOptions(k=6, dup_threshold=0.9, search="exact", block_size=16, budget_mb=1)
+    mine_arrays(prob, opts, tmp_path / "local")
+    _mine_sharded(prob, opts, tmp_path / "sharded", ShardedSearchFactory(shards=3))
+    assert _negatives(tmp_path / "local").equals(_negatives(tmp_path / "sharded"))
+
+
+@pytest.mark.slow
 def test_a_killed_shard_actor_does_not_change_the_output(ray_cluster, tmp_path):
     from hardrank.executors.ray_search import ShardedSearchFactory
 

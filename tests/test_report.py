@@ -3,6 +3,7 @@ import csv
 import html
 import io
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -189,6 +190,55 @@ def test_name_order_and_duplicate_runs(world, tmp_path):
     # a second report skips its own output folder and the results are unchanged
     again = build_report(tmp_path / "res")
     assert list(csv.DictReader(again["csv"].open())) == rows
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random-bytes", "other-columns"])
+def test_a_damaged_outcomes_parquet_is_named_and_the_report_written_whole(report, tmp_path, capsys, caplog, damage):
+    """A per-query Parquet that cannot be read (cut short, overwritten, another table): one warning naming it,
+    the report written whole with that checkpoint left out of the worst failures (the metrics come from the
+    JSON files); it used to stop with a traceback after leaderboard.csv and the plots were written."""
+    from hardrank.jobs.cli import main
+
+    results = tmp_path / "results"
+    shutil.copytree(report[0], results)
+    bad = results / CHECKPOINTS[-1] / "rococo.parquet"
+    if damage == "truncated":
+        bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    elif damage == "random-bytes":
+        bad.write_bytes(np.random.default_rng(0).bytes(bad.stat().st_size))
+    else:
+        pq.write_table(pa.table({"x": [1, 2]}), bad)
+    with caplog.at_level(logging.WARNING):
+        assert main(["report", str(results), "--out", str(tmp_path / "o")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith(f"{bad}: not a readable per-query Parquet ("), warned  # once
+    assert f"the worst failures leave out checkpoint {CHECKPOINTS[-1]}" in warned[0]
+    page, md = (tmp_path / "o" / "report.html").read_text(), (tmp_path / "o" / "report.md").read_text()
+    assert f"Not read (its checkpoint is left out here): {bad}" in md and html.escape(str(bad)) in page
+    # the metrics are those of the intact folder (from the JSON files); the intervals and gaps to the best come
+    # from the outcomes, so the damaged checkpoint has none and the others are tested without it
+    from_outcomes = ("result", "main_ci95_low", "main_ci95_high", "vs_best", "vs_best_p_holm", "vs_best_holds")
+    metrics = lambda path: [{k: v for k, v in r.items() if k not in from_outcomes} for r in csv.DictReader(path.open())]
+    assert metrics(tmp_path / "o" / "leaderboard.csv") == metrics(report[1]["csv"])
+    damaged = [r for r in csv.DictReader((tmp_path / "o" / "leaderboard.csv").open())
+               if r["checkpoint"] == CHECKPOINTS[-1] and r["suite"] == "rococo"]
+    assert damaged and all(r["main_ci95_low"] == "" for r in damaged)
+    assert "### rococo (checkpoint toy-clip_step0400)" in md  # the last checkpoint whose outcomes were read
+
+
+def test_a_report_fails_before_writing_anything(report, tmp_path, monkeypatch):
+    """Every part of a report is made before the first file is written: a failure on the way (here, the
+    Markdown) leaves no leaderboard or plots of a report that never was."""
+    import hardrank.jobs.report.build as build
+
+    def boom(ctx, plot_files):
+        raise RuntimeError("rendering failed")
+
+    monkeypatch.setattr(build, "render_md", boom)
+    with pytest.raises(RuntimeError, match="rendering failed"):
+        build_report(report[0], tmp_path / "o")
+    assert not (tmp_path / "o").exists() or list((tmp_path / "o").iterdir()) == []
 
 
 def test_errors(tmp_path):

@@ -1,20 +1,23 @@
 """Zero-shot classification: classifier, metrics vs brute force, the three layouts, bad input, CLIP_benchmark."""
 from __future__ import annotations
 
-import builtins
 import csv
 import json
 import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import save_random_checkpoint, write_image, write_tiny_config
+from helpers import (
+    import_clip_benchmark,
+    install_clip_benchmark,
+    save_random_checkpoint,
+    write_image,
+    write_tiny_config,
+)
 
+from hardrank.config import build
 from hardrank.errors import DataError
 from hardrank.evaluate import evaluate
 from hardrank.items import Tables
@@ -135,7 +138,7 @@ def _imagefolder(root: Path, per_class=3, classes=CLASSES, seed=0) -> Path:
 
 def _load(tmp_path, **kw):
     tables = Tables.empty()
-    suite, = load_suites(["imagefolder"], tables, SuiteOptions(**kw))
+    suite, = load_suites(["imagefolder"], tables, build(SuiteOptions, kw))
     return suite, tables
 
 
@@ -242,21 +245,9 @@ def test_eval_three_layouts_agree(tmp_path, tiny_model):
 
 
 # -- agreement with CLIP_benchmark ---------------------------------------------------------------------------
-_CB_PACKAGES = ("clip_benchmark", "scikit-learn", "scipy", "joblib", "threadpoolctl", "cloudpickle", "narwhals")
-
-
 @pytest.fixture(scope="session")
 def clip_benchmark_path():
-    """CLIP_benchmark (and scikit-learn, which its classification imports) installed with --no-deps into a
-    cache folder of its own, never into the environment; skipped only where that install fails."""
-    target = Path(tempfile.gettempdir()) / "hardrank-test-clip-benchmark"
-    if not (target / "clip_benchmark" / "metrics" / "zeroshot_classification.py").is_file():
-        try:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                            "--target", str(target), *_CB_PACKAGES], check=True, capture_output=True, timeout=600)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-            pytest.skip(f"clip_benchmark could not be installed: {exc}")
-    return target
+    return install_clip_benchmark()
 
 
 def test_agrees_with_clip_benchmark(tmp_path, tiny_model, clip_benchmark_path, monkeypatch):
@@ -267,19 +258,7 @@ def test_agrees_with_clip_benchmark(tmp_path, tiny_model, clip_benchmark_path, m
 
     from hardrank.models.openclip import resolve_arch
 
-    monkeypatch.syspath_prepend(str(clip_benchmark_path))
-    before = set(sys.modules)
-    # the modules imported from the target leave with it: a later find_spec("clip_benchmark") (test_interop) must
-    # not find what this environment cannot import
-    from clip_benchmark.metrics import zeroshot_classification as cb
-
-    for name in set(sys.modules) - before:
-        if str(getattr(sys.modules[name], "__file__", "") or "").startswith(str(clip_benchmark_path)):
-            monkeypatch.setitem(sys.modules, name, sys.modules.pop(name))  # absent before: removed at teardown
-
-    # CLIP_benchmark 1.6's accuracy() calls float() on a 1-element array, which numpy >= 2.1 refuses; its module
-    # gets a float() that takes the one element, so its own code runs otherwise unchanged
-    monkeypatch.setattr(cb, "float", lambda x: builtins.float(np.asarray(x).reshape(-1)[0]), raising=False)
+    cb, = import_clip_benchmark(clip_benchmark_path, monkeypatch, "clip_benchmark.metrics.zeroshot_classification")
     cfg, ckpts = tiny_model
     root = _imagefolder(tmp_path / "if", per_class=3, seed=5)
     templates = ["a photo of a {c}.", "a drawing of the {c}."]

@@ -18,16 +18,19 @@ from pathlib import Path
 
 import numpy as np
 
-from hardrank import cpus, urls
+from hardrank import (
+    executors,  # the module, not its names: hardrank.executors imports this package back
+    urls,
+)
 from hardrank.config import DECODERS, EmbedOptions
 from hardrank.embed.decode import is_processor_cfg
 from hardrank.embed.job import EmbedJob, EmbedSink, EmbedStats, check_failures
 from hardrank.errors import UsageError
-from hardrank.executors import LocalRunner, executor
 from hardrank.items import ItemTable, Tables
 from hardrank.models.load import load_model
 from hardrank.models.openclip import LoadedModel, ModelSpec
 from hardrank.models.runs import user_specs
+from hardrank.settings import RunSettings, start_run
 from hardrank.store.embedding_store import EmbeddingStore, is_store_folder
 from hardrank.store.idkeys import IdIndex, table_keys
 
@@ -36,15 +39,16 @@ __all__ = ["EmbedPipeline", "embed_tables", "table_embeddings", "make_runner", "
 log = logging.getLogger("hardrank.embed")
 
 
-def make_runner(options: EmbedOptions, models: list[LoadedModel]):
-    """The embed runner of the executor ``options.executor`` names (``hardrank.executors``)."""
-    return executor(options).embed_runner(models)
+def make_runner(options: EmbedOptions, models: list[LoadedModel], settings: RunSettings | None = None):
+    """The embed runner of the executor ``options.executor`` names (``hardrank.executors``), for the run
+    ``settings`` describe (None: its threads from ``options``)."""
+    return executors.executor(options, settings).embed_runner(models)
 
 
-def make_scan_mapper(options: EmbedOptions):
+def make_scan_mapper(options: EmbedOptions, settings: RunSettings | None = None):
     """How tar shards are scanned (``hardrank.inputs.scan_with``): None (threads here) for the local
     executor; with ``ray``, Ray tasks, so the workers read the shards and the driver reads none."""
-    return executor(options).scan_mapper()
+    return executors.executor(options, settings).scan_mapper()
 
 
 def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[EmbeddingStore], *,
@@ -103,7 +107,7 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
                 work.append(job_sink)
         try:
             if work:  # one call for both modalities: workers start once; runners add their time to the stats
-                (runner or LocalRunner(models))(work)
+                (runner or executors.LocalRunner(models))(work)
         finally:  # also on errors and interrupts: whatever was encoded is committed
             for _, sink in work:
                 sink.flush()
@@ -248,13 +252,17 @@ class EmbedPipeline:
     >>> emb = pipe.embeddings(0, tables)    # {"image": (n_img, d), "text": (n_txt, d)}
 
     ``runner``: an executor to use instead of the one ``options.executor`` names (its lifetime is
-    then the caller's); otherwise one is made for each ``run`` and closed after it.
+    then the caller's); otherwise one is made for each ``run`` and closed after it. ``settings``: the
+    threads of the run this pipeline serves (``hardrank.settings.start_run``); None: each ``run`` is a run
+    of its own, its threads decided from ``options`` (``threads``, ``decode_threads``) when it starts.
     """
 
-    def __init__(self, specs: Sequence[ModelSpec], options: EmbedOptions = EmbedOptions(), *, runner=None):
+    def __init__(self, specs: Sequence[ModelSpec], options: EmbedOptions = EmbedOptions(), *, runner=None,
+                 settings: RunSettings | None = None):
         if not specs:
             raise UsageError("an embed pipeline needs at least one model")
         self.options = options
+        self.settings = settings
         self.models = [load_model(s) for s in specs]
         self.labels = unique_labels([m.label for m in self.models])
         self.runner = runner
@@ -264,10 +272,12 @@ class EmbedPipeline:
 
     @classmethod
     def from_checkpoints(cls, model: str, checkpoints: Sequence[str | None], options: EmbedOptions = EmbedOptions(),
-                         *, pretrained: str | None = None, random_init: bool = False, runner=None) -> EmbedPipeline:
+                         *, pretrained: str | None = None, random_init: bool = False, runner=None,
+                         settings: RunSettings | None = None) -> EmbedPipeline:
         """K checkpoints of ``model`` (``None``: the tag's / folder's weights, or random with ``random_init``)."""
         return cls(user_specs(model, checkpoints, precision=options.precision, device=options.device,
-                              pretrained=pretrained, random_init=random_init), options, runner=runner)
+                              pretrained=pretrained, random_init=random_init), options, runner=runner,
+                   settings=settings)
 
     def fingerprint(self, i: int) -> str:
         """Store folder of model i: DALI pixels differ from Pillow's (within a tested bound), so
@@ -316,11 +326,11 @@ class EmbedPipeline:
     def run(self, tables: Tables, *, progress=None, flush_rows: int = 8192) -> dict[str, EmbedStats]:
         """Encode every item of ``tables`` some store lacks; returns stats per modality."""
         o = self.options
-        runner = self.runner or make_runner(o, self.models)
-        decode_threads = o.decode_threads or cpus.decode_threads()
+        settings = self.settings or start_run(o.threads, o.decode_threads)
+        runner = self.runner or make_runner(o, self.models, settings)
         try:
             return embed_tables(tables, self.models, self.stores, batch_size=o.batch_size, flush_rows=flush_rows,
-                                decode_threads=decode_threads, decoder=o.decoder, max_failures=o.max_failures,
+                                decode_threads=settings.decode_threads, decoder=o.decoder, max_failures=o.max_failures,
                                 progress=progress, runner=runner, key_by=o.key_by, ids=self.ids)
         finally:
             if runner is not self.runner and hasattr(runner, "close"):

@@ -1,10 +1,11 @@
 """Where work runs: in this process (threads) or on long-lived Ray actors, behind one factory.
 
-``executor(options)`` is the only place the executor option is read. Each kind of work asks it for its
-runner: embedding (``embed_runner``), tar-shard scans (``scan_mapper``), ranking galleries sharded over
-actors (``sharded_ranker``) and mining's corpus sharded over actors (``sharded_search``). The
-``ray_*`` modules of this package are the only ones in hardrank that import Ray; they load when a Ray
-executor first needs them, so the core runs without the ``ray`` extra.
+``executor(options, settings)`` is the only place the executor option is read; the executor carries the run's
+threads to what it starts (a local Ray cluster's CPUs). Each kind of work asks it for its runner: embedding
+(``embed_runner``), tar-shard scans (``scan_mapper``), ranking galleries sharded over actors
+(``sharded_ranker``) and mining's corpus sharded over actors (``sharded_search``). The ``ray_*`` modules of
+this package are the only ones in hardrank that import Ray; they load when a Ray executor first needs them, so
+the core runs without the ``ray`` extra.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 from hardrank.config import EmbedOptions
 from hardrank.errors import MissingExtra
 from hardrank.executors.local import LocalRunner
+from hardrank.settings import RunSettings
 
 __all__ = ["executor", "LocalExecutor", "RayExecutor", "LocalRunner"]
 
@@ -35,8 +37,9 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, address: str | None = None):
+    def __init__(self, address: str | None = None, threads: int | None = None):
         self.address = address  # the Ray cluster for the work that runs on actors (None: start one)
+        self.threads = threads  # the run's thread budget: a local Ray cluster's CPUs (None: this process's budget)
 
     def embed_runner(self, models):
         return LocalRunner(models)
@@ -63,7 +66,7 @@ class LocalExecutor:
     def _ray_ranker(self, shards: int, above_mb: int):
         with _needs_ray("eval --shard-gallery"):
             from hardrank.executors.ray_rank import ShardedRanker
-        return ShardedRanker(shards=shards, above_mb=above_mb, address=self.address)
+        return ShardedRanker(shards=shards, above_mb=above_mb, address=self.address, threads=self.threads)
 
 
 class RayExecutor(LocalExecutor):
@@ -75,7 +78,7 @@ class RayExecutor(LocalExecutor):
     def embed_runner(self, models):
         with _needs_ray("--executor ray"):
             from hardrank.executors.ray_embed import RayRunner
-        return RayRunner(address=self.address)
+        return RayRunner(address=self.address, threads=self.threads)
 
     def shared_runner_key(self) -> str | None:
         return self.address or os.environ.get("RAY_ADDRESS") or ""  # one Ray session per cluster
@@ -83,7 +86,7 @@ class RayExecutor(LocalExecutor):
     def scan_mapper(self):
         with _needs_ray("--executor ray"):
             from hardrank.executors.ray_embed import ScanMapper
-        return ScanMapper(address=self.address)
+        return ScanMapper(address=self.address, threads=self.threads)
 
     def sharded_ranker(self, shards: int, above_mb: int):
         return self._ray_ranker(shards, above_mb)
@@ -91,12 +94,13 @@ class RayExecutor(LocalExecutor):
     def sharded_search(self, shards: int | None):
         with _needs_ray("mine --executor ray"):
             from hardrank.executors.ray_search import ShardedSearchFactory
-        return ShardedSearchFactory(shards=shards, address=self.address)
+        return ShardedSearchFactory(shards=shards, address=self.address, threads=self.threads)
 
 
 _KINDS = {cls.name: cls for cls in (LocalExecutor, RayExecutor)}
 
 
-def executor(options: EmbedOptions) -> LocalExecutor:
-    """The executor ``options.executor`` names (``EmbedOptions`` has checked the name)."""
-    return _KINDS[options.executor](options.ray_address)
+def executor(options: EmbedOptions, settings: RunSettings | None = None) -> LocalExecutor:
+    """The executor ``options.executor`` names (``EmbedOptions`` has checked the name), for the run ``settings``
+    describe (None: the threads ``options`` set, if any)."""
+    return _KINDS[options.executor](options.ray_address, settings.threads if settings else options.threads)

@@ -48,24 +48,30 @@ def _shipped_package() -> str:
     return str(root)
 
 
-def connect(address: str | None = None) -> bool:
-    """Join the Ray cluster at ``address`` (else ``$RAY_ADDRESS``, else start a local one), shipping this
-    hardrank to remote workers. Returns whether this call initialised Ray (the caller then shuts it
-    down); an already initialised Ray session is used as it is."""
+def connect(address: str | None = None, threads: int | None = None) -> bool:
+    """Join the Ray cluster at ``address`` (else ``$RAY_ADDRESS``, else start a local one of ``threads`` CPUs:
+    the run's thread budget; None: this process's, ``cpus.decide``), shipping this hardrank to remote
+    workers. Returns whether this call initialised Ray (the caller then shuts it down); an already
+    initialised Ray session is used as it is."""
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
+    # Ray's own lines (its warnings at start, its workers' and raylet's output relayed to this process)
+    # follow hardrank's log level: shown with `-v` (INFO), else only Ray's errors; an actor's failure
+    # still reaches the driver as the task's exception
+    verbose = log.isEnabledFor(logging.INFO)
+    quiet = {"logging_level": logging.INFO if verbose else logging.ERROR, "log_to_driver": verbose}
     with _keep_sigterm_handler():
         if address:  # ship this checkout's code so workers run exactly what the driver runs
             env = {"py_modules": [_shipped_package()], "excludes": ["*.safetensors", "*.pt", "__pycache__"]}
             try:
-                ray.init(address=address, runtime_env=env, logging_level=logging.WARNING)
+                ray.init(address=address, runtime_env=env, **quiet)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise UsageError(f"could not join the Ray cluster at {address!r} ({exc}); check "
                                  f"--ray-address / $RAY_ADDRESS, or unset both to start a local cluster") from exc
         else:  # a local cluster's workers run this interpreter, which imports hardrank already; its CPUs are
-            # this process's thread budget (affinity, cgroup quota, --threads), which sizes every actor's threads
-            ray.init(num_cpus=cpus.current().threads, include_dashboard=False, logging_level=logging.WARNING)
+            # the run's thread budget (affinity, cgroup quota, --threads), which sizes every actor's threads
+            ray.init(num_cpus=threads or cpus.decide().threads, include_dashboard=False, **quiet)
     return True
 
 
@@ -115,23 +121,24 @@ class RayRunner:
     scans, sharded ranking or mining). The plan still sizes them from the cluster's CPUs and sets
     their threads.
 
-    address: a Ray cluster to join (default ``$RAY_ADDRESS``; neither: start a local cluster).
-    An already initialised Ray session in this process is used as it is.
+    address: a Ray cluster to join (default ``$RAY_ADDRESS``; neither: start a local cluster of ``threads``
+    CPUs, the run's thread budget). An already initialised Ray session in this process is used as it is.
     """
 
-    def __init__(self, address: str | None = None, *, decode_actors: int | None = None,
+    def __init__(self, address: str | None = None, *, threads: int | None = None, decode_actors: int | None = None,
                  encode_actors: int | None = None, inflight: int = 2):
         for name, v in (("decode_actors", decode_actors), ("encode_actors", encode_actors), ("inflight", inflight)):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise UsageError(f"RayRunner {name} must be a positive int or None, got {v!r}")
         self.address = address or os.environ.get("RAY_ADDRESS") or None
+        self.threads = threads
         self.decode_actors, self.encode_actors, self.inflight = decode_actors, encode_actors, inflight
         self._owned = False
         self._pools: dict[str, tuple] = {}  # "decode" | "encode" | "embed" -> (key, [actor handles])
 
     # -- cluster -------------------------------------------------------------------------
     def _connect(self) -> None:
-        self._owned = connect(self.address) or self._owned
+        self._owned = connect(self.address, self.threads) or self._owned
 
     def close(self) -> None:
         """Kill the runner's actors, and shut Ray down if this runner started or joined it."""
@@ -206,15 +213,15 @@ class ScanMapper:
     shard), so the cluster's workers read the shards (no shared filesystem needed when they are URLs)
     and the driver receives only their member lists and captions."""
 
-    def __init__(self, address: str | None = None):
-        self.address = address
+    def __init__(self, address: str | None = None, threads: int | None = None):
+        self.address, self.threads = address, threads
         self._owned = False
 
     def __call__(self, fn, items, *args):
         items = list(items)
         if not items:
             return []
-        self._owned = connect(self.address) or self._owned
+        self._owned = connect(self.address, self.threads) or self._owned
         task = ray.remote(num_cpus=0.5)(fn)
         return ray.get([task.remote(x, *args) for x in items])
 

@@ -80,10 +80,11 @@ class ShardedRanker:
     """The sharded placement's ranker (``hardrank.scoring.backends.sharded``): ``ranker(xq, xb, group_bounds,
     pos_ptr, pos_idx, tie_rule=, precision=, budget_bytes=)`` -> ``GroupedRanks`` equal to ``grouped_ranks``
     on one machine, the gallery split over ``shards`` actors (0: one per ``above_mb`` MiB of gallery).
-    Joins (or starts) the Ray cluster; ``close`` ends the Ray session it started."""
+    Joins (or starts, of ``threads`` CPUs: ``ray_embed.connect``) the Ray cluster; ``close`` ends the Ray session
+    it started."""
 
-    def __init__(self, shards: int = 0, above_mb: int = 8192, address: str | None = None):
-        self.shards, self.above_mb, self.address = shards, above_mb, address
+    def __init__(self, shards: int = 0, above_mb: int = 8192, address: str | None = None, threads: int | None = None):
+        self.shards, self.above_mb, self.address, self.threads = shards, above_mb, address, threads
         self._owned = False
 
     def wants(self, nb: int, d: int) -> bool:
@@ -92,7 +93,7 @@ class ShardedRanker:
 
     def __call__(self, xq, xb, group_bounds, pos_ptr, pos_idx, *, tie_rule: str = "index",
                  precision: str = "auto", budget_bytes: int = 256 << 20) -> GroupedRanks:
-        self._owned = connect(self.address) or self._owned
+        self._owned = connect(self.address, self.threads) or self._owned
         xq, xb = f32(np.asarray(xq)), np.asarray(xb)
         bounds = np.asarray(group_bounds, np.int64)
         ptr, idx = np.asarray(pos_ptr, np.int64), np.asarray(pos_idx, np.int64)

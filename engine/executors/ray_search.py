@@ -24,6 +24,7 @@ from hardrank.config import MineOptions
 from hardrank.executors.ray_embed import connect
 from hardrank.mining.problem import f32
 from hardrank.mining.searcher import merge_topk, searcher_for
+from hardrank.vectors import UnitRows
 
 __all__ = ["ShardedSearch", "ShardedSearchFactory"]
 
@@ -63,7 +64,8 @@ class _Shard:
         torch.set_num_threads(max(1, threads))
         # rows and queries arrive read-only (Ray's object store, memory maps); the kernels only read them
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        self.xb = np.asarray(rows)                                      # (n_s, d) store dtype
+        # (n_s, d) store dtype; a float16 file's UnitRows stays float16 (normalised on read)
+        self.xb = rows if isinstance(rows, UnitRows) else np.asarray(rows)
         self.search = searcher_for(self.xb, opts) if len(self.xb) else None
         self.budget = opts.budget_mb << 20
         self._flat = None  # exact search for the recall sample of an approximate shard, built when asked
@@ -189,15 +191,16 @@ def local_csr(excl, lo: int, hi: int):
 class ShardedSearchFactory:
     """``factory(xb, opts)``: the sharded placement's searcher (``hardrank.scoring.backends.sharded``) over the
     corpus rows ``xb``: joins (or starts) the Ray cluster and shards the corpus over ``shards`` actors
-    (default: one per CPU of the cluster). ``close`` ends the actors and the Ray session it started."""
+    (default: one per CPU of the cluster; a local cluster has ``threads`` CPUs: ``ray_embed.connect``). ``close``
+    ends the actors and the Ray session it started."""
 
-    def __init__(self, shards: int | None = None, address: str | None = None):
-        self.shards, self.address = shards, address
+    def __init__(self, shards: int | None = None, address: str | None = None, threads: int | None = None):
+        self.shards, self.address, self.threads = shards, address, threads
         self._owned = False
         self._search: ShardedSearch | None = None
 
     def __call__(self, xb, opts: MineOptions) -> ShardedSearch:
-        self._owned = connect(self.address) or self._owned
+        self._owned = connect(self.address, self.threads) or self._owned
         n = self.shards or max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._search = ShardedSearch(xb, opts, n)
         return self._search

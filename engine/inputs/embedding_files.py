@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -11,9 +12,9 @@ import pyarrow.parquet as pq
 
 from hardrank.errors import DataError
 from hardrank.items import Tables
-from hardrank.vectors import unit_rows
+from hardrank.vectors import UnitRows, unit_rows
 
-__all__ = ["load_embedding_file", "match_ids"]
+__all__ = ["load_embedding_file", "read_embedding_file", "KindRows", "FileRows", "match_ids"]
 
 _COLUMNS = ("kind", "id", "embedding")
 
@@ -21,15 +22,31 @@ _COLUMNS = ("kind", "id", "embedding")
 _BATCH_VALUES = 1 << 19  # float values decoded per batch (4 MB as float64): the reader's working set
 
 
+class KindRows(NamedTuple):
+    """One kind's rows of an embeddings file: ids, their vectors, and the file rows they were read from."""
+
+    ids: list[str]
+    vectors: np.ndarray | UnitRows   # (n, d) float32 unit rows (a float16 file's: a UnitRows view)
+    file_rows: np.ndarray            # (n,) int64 row of each in the file (a repeated id: its first row)
+
+
 def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarray]]:
-    """{kind: (ids, (n, d) L2-normalised)} from a Parquet file with columns kind, id, embedding.
+    """{kind: (ids, (n, d) L2-normalised)} from a Parquet file with columns kind, id, embedding
+    (``read_embedding_file`` without the file rows)."""
+    return {kind: (r.ids, r.vectors) for kind, r in read_embedding_file(path).items()}
+
+
+def read_embedding_file(path: str | Path) -> dict[str, KindRows]:
+    """{kind: KindRows} from a Parquet file with columns kind, id, embedding.
     Every problem (missing or mistyped column, null, duplicated id, NaN, all-zero vector) raises a
     DataError naming the file and the first offending id. Vectors of any finite magnitude are
     normalised to their direction (``vectors.unit_rows``: x 1e20 or x 1e-25 scores as the vector itself).
 
     Memory: the vectors are streamed, a few MB of rows at a time, into one array per kind allocated up
-    front: float16 when the file's values are float16, else float32. Nothing else of the vectors'
-    size is held (the Parquet column is never materialised whole)."""
+    front: float32 unit rows, or for a file of float16 values those values as stored, in a
+    ``vectors.UnitRows`` view that normalises rows on read (float32 rows equal to those of the same values
+    written as float32; rounding the unit vectors to float16 again would move scores by ~1e-4). Nothing
+    else of the vectors' size is held (the Parquet column is never materialised whole)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"embeddings file {path} {'is a folder' if path.is_dir() else 'does not exist'}; pass a "
@@ -40,6 +57,10 @@ def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarr
         schema = pf.schema_arrow
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    if pf.metadata.num_rows == 0:  # before the types: an empty file's columns are often typed null
+        raise DataError(f"{path}: holds no rows (an empty file); an embeddings file needs one row per item "
+                        f"with kind ('image'|'text'), id and embedding (list of floats): write its rows, or "
+                        f"pass the file that holds them")
     missing = [c for c in _COLUMNS if c not in schema.names]
     if missing:
         raise DataError(f"{path}: missing column(s) {missing}; expected kind ('image'|'text'), id, embedding "
@@ -92,6 +113,9 @@ def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarr
             block = _vectors(path, kind, ids[kind], at, sub, dim)
             if kind not in emb:
                 emb[kind] = np.empty((len(ids[kind]), dim[kind]), dtype)  # the one array of the kind's vectors
+            if dtype == np.float16:  # kept as stored: normalised on read (UnitRows), never rounded again
+                emb[kind][at[0]:at[-1] + 1] = block
+                continue
             name = lambda j, kind=kind, at=at: f"{path}: {kind} id {ids[kind][at[j]]!r}"
             unit_rows(block, name, out=emb[kind][at[0]:at[-1] + 1])  # at is consecutive: rows keep file order
     pa.default_memory_pool().release_unused()  # the batches' buffers: the pool keeps them otherwise
@@ -99,9 +123,12 @@ def load_embedding_file(path: str | Path) -> dict[str, tuple[list[str], np.ndarr
     for kind in ids:
         if kind not in emb:  # no batch held the kind's rows: only possible for an empty file
             continue
-        kid, kemb = _one_row_per_id(path, kind, ids[kind], emb[kind])
-        out[kind] = (kid, kemb)
-    dims = {v[1].shape[1] for v in out.values()}
+        kemb = emb[kind]
+        if dtype == np.float16:
+            kemb = UnitRows.of(kemb, lambda j, kind=kind: f"{path}: {kind} id {ids[kind][j]!r}")
+        keep, kemb = _one_row_per_id(path, kind, ids[kind], kemb)
+        out[kind] = KindRows([ids[kind][r] for r in keep], kemb, rows[kind][keep])
+    dims = {v.vectors.shape[1] for v in out.values()}
     if len(dims) > 1:
         raise DataError(f"{path}: image and text embeddings differ in dimension {sorted(dims)}")
     return out
@@ -134,13 +161,14 @@ def _vectors(path: Path, kind: str, ids: list[str], at: np.ndarray, col, dim: di
     return block
 
 
-def _one_row_per_id(path: Path, kind: str, ids: list[str], emb: np.ndarray) -> tuple[list[str], np.ndarray]:
-    """Rows of a repeated id (a caption written once per occurrence) must hold the same vector; they
-    become one, compacted within ``emb`` (no second array). Different vectors under one id would make
-    the result depend on row order: an error."""
+def _one_row_per_id(path: Path, kind: str, ids: list[str], emb):
+    """(rows kept, their vectors): rows of a repeated id (a caption written once per occurrence) must hold
+    the same vector (the same unit row); they become one, compacted within ``emb`` (no second array; a
+    ``UnitRows`` compacts its float16 values and norms). Different vectors under one id would make the
+    result depend on row order: an error."""
     counts = Counter(ids)
     if len(counts) == len(ids):
-        return ids, emb
+        return np.arange(len(ids)), emb
     first: dict[str, int] = {}
     keep = []
     for r, i in enumerate(ids):
@@ -152,11 +180,85 @@ def _one_row_per_id(path: Path, kind: str, ids: list[str], emb: np.ndarray) -> t
                             f"{j} and {r} of the {kind} rows); each id needs one embedding: drop or fix the "
                             f"duplicates")
     keep = np.asarray(keep, np.int64)
+    arrays = (emb.raw, emb.root) if isinstance(emb, UnitRows) else (emb,)
     step = max(1, _BATCH_VALUES // max(1, emb.shape[1]))
     for s in range(0, len(keep), step):  # keep[j] >= j: every source row is read before it is overwritten
         src = keep[s:s + step]
-        emb[s:s + len(src)] = emb[src]
-    return [ids[r] for r in keep], emb[:len(keep)]
+        for a in arrays:
+            a[s:s + len(src)] = a[src]
+    return keep, emb[:len(keep)]
+
+
+class FileRows:
+    """(n, d) float32 unit rows of an embeddings file read again from the file on every access: nothing of
+    the vectors is held, only each row's position in the file. The recall check's reference reads through
+    it, so what it compares against is the file as stored, whatever the loaded arrays became (a float16
+    file's vectors rounded a second time on load once passed unseen: the reference saw the same copy).
+
+    An array-like: ``len``, ``shape``, ``dtype``, slices (another view), integer-array indexing (one pass over
+    the row groups holding the rows), ``np.asarray``; ``blocks()`` streams every row once, in file order."""
+
+    ndim = 2
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, path: str | Path, file_rows: np.ndarray, dim: int):
+        self.path, self.file_rows, self.dim = Path(path), np.asarray(file_rows, np.int64), int(dim)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.file_rows), self.dim)
+
+    def __len__(self) -> int:
+        return len(self.file_rows)
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return FileRows(self.path, self.file_rows[idx], self.dim)
+        idx = np.asarray(idx)
+        if idx.dtype == bool:
+            idx = np.flatnonzero(idx)
+        flat = idx.reshape(-1).astype(np.int64)
+        out = np.empty((len(flat), self.dim), np.float32)
+        for at, rows in FileRows(self.path, self.file_rows[flat], self.dim).blocks():
+            out[at] = rows
+        return out.reshape(*idx.shape, self.dim)
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[np.arange(len(self))]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def blocks(self):
+        """(positions (b,) in this view, (b, d) float32 unit rows): every row once, a batch of the file at a
+        time (row groups holding none of the rows are skipped)."""
+        if not len(self.file_rows):
+            return
+        pf = pq.ParquetFile(self.path, pre_buffer=False, buffer_size=1 << 20)
+        order = np.argsort(self.file_rows, kind="stable")
+        fr = self.file_rows[order]
+        step = max(1, _BATCH_VALUES // 4 // max(1, self.dim))  # a quarter of the loader's batches: 1 MB of float32
+        start = 0
+        for g in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            a, b = np.searchsorted(fr, [start, start + n])
+            if a < b:
+                lo = start
+                for batch in pf.iter_batches(batch_size=step, row_groups=[g], columns=["embedding"]):
+                    i, j = np.searchsorted(fr, [lo, lo + len(batch)])
+                    if i < j:
+                        col, at = batch.column(0), fr[i:j] - lo
+                        whole = j - i == len(col) and at[-1] - at[0] == len(col) - 1  # every row once, in order
+                        yield order[i:j], self._unit(col if whole else col.take(pa.array(at)), fr[i:j])
+                    lo += len(batch)
+                    del batch
+                    pa.default_memory_pool().release_unused()  # the pool keeps each batch's buffers otherwise
+            start += n
+
+    def _unit(self, col, file_rows: np.ndarray) -> np.ndarray:
+        flat = np.asarray(pc.list_flatten(col).to_numpy(zero_copy_only=False))
+        if flat.size != len(file_rows) * self.dim:
+            raise DataError(f"{self.path}: changed while it was read (rows {file_rows[0]}..{file_rows[-1]} no "
+                            f"longer hold {self.dim}-d embeddings); rerun on a file that stays as it is")
+        return unit_rows(flat.reshape(len(file_rows), self.dim), lambda j: f"{self.path}: row {file_rows[j]}")
 
 
 def _suffixes(uri: str):

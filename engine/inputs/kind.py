@@ -149,6 +149,12 @@ class Embeddings:
         processes; a kind that can returns a picklable view that reads on demand."""
         return np.asarray(self.vectors(modality)[np.asarray(rows, dtype=np.int64)], dtype=np.float32)
 
+    def reread(self, modality: str, rows):
+        """The rows ``read`` gives, read again from the input's files on each access, holding no copy of them
+        (an array-like): the recall check's reference, independent of what loading made of the vectors. None
+        (the default): ``read`` already reads the files as stored (a store's shards, memory-mapped parts)."""
+        return None
+
     def for_tables(self, tables: Tables) -> dict[str, np.ndarray]:
         """Whole-table (rows, d) arrays for a suite's items, in table order; missing ids fail."""
         data = {m: (self.ids(m), np.asarray(self.vectors(m), dtype=np.float32)) for m in self.modalities}

@@ -22,6 +22,7 @@ from hardrank.mining.problem import MineProblem
 from hardrank.scoring import corpus_io
 from hardrank.scoring.backends.auto import size_index
 from hardrank.scoring.backends.faiss import faiss_searcher
+from hardrank.settings import RunSettings, start_run
 
 __all__ = ["identity", "corpus_identity", "index_searcher", "build_index", "built_factory", "check_index"]
 
@@ -84,9 +85,12 @@ def index_searcher(problem: MineProblem, opts: MineOptions, factory: str, folder
     return search
 
 
-def build_index(cfg: IndexBuildConfig, echo=None) -> dict:
-    """Build the index ``cfg`` describes (``hardrank index build``); returns its manifest."""
+def build_index(cfg: IndexBuildConfig, echo=None, settings: RunSettings | None = None) -> dict:
+    """Build the index ``cfg`` describes (``hardrank index build``); returns its manifest. ``settings``: the
+    run's threads (None: a run of its own, on all the cores this process may use, as mining's)."""
     echo = echo or (lambda s: None)
+    settings = settings or start_run(probe=False)  # a long GEMM-bound build: no look at the idle cores
+    echo(f"threads: {settings.budget.describe()}")
     check_writable_dir(cfg.out, "out (--out)")
     src = registry.open_input(cfg.corpus, InputOptions())
     if src.embeddings is None:

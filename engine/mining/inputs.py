@@ -1,6 +1,7 @@
 """Mining inputs: corpus and queries opened through the input registry, embedded, compiled into a problem."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -9,15 +10,17 @@ import numpy as np
 from hardrank import urls
 from hardrank.config import DIRECTIONS, MineConfig
 from hardrank.embed import EmbedPipeline
-from hardrank.errors import UsageError
+from hardrank.errors import DataError, UsageError
 from hardrank.inputs import registry
 from hardrank.inputs.kind import Embeddings, InputOptions, Items, Source
 from hardrank.inputs.kinds.image_folder import IMAGE_EXTENSIONS
 from hardrank.items import ItemTable, Tables, text_key
 from hardrank.mining.catalog import MAPPED_ROWS, Catalog
 from hardrank.mining.problem import MineProblem, StoreRows
+from hardrank.mining.training_table import check_training_inputs
 from hardrank.models.runs import user_specs
 from hardrank.scoring.counts import embed_line
+from hardrank.settings import RunSettings
 from hardrank.store.embedding_store import EmbeddingStore
 
 __all__ = ["build_problem", "IMAGE_EXTENSIONS"]
@@ -29,8 +32,8 @@ def _content_id(emb) -> str:
     return getattr(emb, "content_id", "") or emb.fingerprint
 
 
-def _pipeline(cfg: MineConfig, sources: list[Source], echo,
-              runner) -> tuple[EmbedPipeline | None, EmbeddingStore | Embeddings, str]:
+def _pipeline(cfg: MineConfig, sources: list[Source], echo, runner,
+              settings: RunSettings | None) -> tuple[EmbedPipeline | None, EmbeddingStore | Embeddings, str]:
     """(the model's embed pipeline or None, the store new embeddings go to; without a model, the
     inputs' own embeddings, which name the model that made them; why the corpus and queries compare).
 
@@ -58,7 +61,8 @@ def _pipeline(cfg: MineConfig, sources: list[Source], echo,
         return None, stores[0], why
     e = cfg.embed
     pipe = EmbedPipeline(user_specs(cfg.model, (cfg.checkpoint,), precision=e.precision, device=e.device,
-                                    pretrained=cfg.pretrained, random_init=cfg.random_init), e, runner=runner)
+                                    pretrained=cfg.pretrained, random_init=cfg.random_init), e, runner=runner,
+                         settings=settings)
     for s in stores:
         if s.names_model and s.fingerprint != pipe.fingerprint(0):
             raise UsageError(f"{s.dir} holds embeddings of {s.fingerprint}, but --model/--checkpoint "
@@ -132,7 +136,8 @@ def _pairs(sources: list[Source]) -> list[tuple[str, str, str, str]]:
 
 
 def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, lazy_corpus: bool = False,
-                  ids_dir: Path | None = None, ids_mapped: bool = False, ids_reuse: Path | None = None) -> MineProblem:
+                  ids_dir: Path | None = None, ids_mapped: bool = False, ids_reuse: Path | None = None,
+                  settings: RunSettings | None = None) -> MineProblem:
     """Load both inputs, embed what the store lacks, and compile queries, corpus and positives.
 
     Positives of a query (in the corpus modality) are the items of its own source in its group: for
@@ -140,7 +145,8 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
     the image); elsewhere, the item itself in same-modal mining and none across modalities. Corpus
     rows are never returned for a query when their content key is a positive's, or their group
     (Karpathy image, keyed by image content when --images is given) is the query's. Duplicate query
-    ids are merged, their positives united."""
+    ids are merged, their positives united. ``settings``: the mining run's threads (None: the embedding is a
+    run of its own, its threads from ``cfg.embed``)."""
     echo = echo or (lambda s: None)
     qmod, cmod = DIRECTIONS[cfg.direction]
     opts = InputOptions(images=cfg.images, captions=cfg.captions)
@@ -152,10 +158,16 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
             hint = f" ({src.hint})" if src.hint else ""
             raise UsageError(f"{role} {src.path} ({src.kind}) has no {mod}s, which direction {cfg.direction} "
                              f"needs{hint}; it has {sorted(src.items) or 'nothing'}")
+        if not len(src.items[mod].ids):
+            raise DataError(f"{role} {src.path} ({src.kind}) holds no {mod}s: it is empty; pass a {role} input "
+                            f"with at least one {mod}")
     if qsrc.group_names is not None and cmod not in qsrc.items:
         raise UsageError(f"queries {qsrc.path}: pass --images so each caption's image (its positive, to be "
                          f"excluded) is known")
-    pipe, store, compatibility = _pipeline(cfg, [csrc, qsrc], echo, runner)
+    if cfg.export_training:  # before anything is embedded: pairs come from Karpathy files with their images
+        check_training_inputs(cfg.export_training, any(s.paired and s.path_ids and {"image", "text"} <= set(s.items)
+                                                       for s in (csrc, qsrc)))
+    pipe, store, compatibility = _pipeline(cfg, [csrc, qsrc], echo, runner, settings)
     sources = list({id(x): x for x in (qsrc, csrc)}.values())
     image_root = _rebase_image_ids(cfg, sources)
     if image_root is not None:
@@ -195,6 +207,10 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
             return src.embeddings.read(mod, sel, lazy=lazy)
         keys = [src.items[mod].keys[i] for i in sel]
         return StoreRows.of(store, mod, keys) if lazy else store.read(mod, keys)
+
+    def reread(src: Source, mod: str, sel):
+        """Rows ``sel`` read again from the input's files on each access (None: ``read`` reads them as stored)."""
+        return src.embeddings.reread(mod, sel) if src.embeddings is not None else None
 
     def gkey(it: Items, i: int) -> str:
         return it.group_key[i] if it.group_key is not None else it.keys[i]
@@ -273,7 +289,7 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
             "queries": {"path": cfg.queries, "kind": qsrc.kind, "rows": len(q_rows),
                         "skipped": sum(1 for k in qit.keys if not k)},
             "model_fingerprint": fp, "compatibility": compatibility, "embed": embed}
-    return MineProblem(
+    problem = MineProblem(
         xq=xq, xb=xb, query_ids=[qit.ids[i] for i in q_rows],
         corpus_ids=catalog.ids if catalog is not None else [cit.ids[i] for i in c_rows],
         modality=cmod, direction=cfg.direction,
@@ -283,3 +299,9 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
         query_keys=[qit.keys[i] for i in q_rows],
         corpus_keys=catalog.keys if catalog is not None else [cit.keys[i] for i in c_rows],
         pairs=_pairs(sources), meta=meta)
+    ref = {"xb": reread(csrc, cmod, c_rows), "xq": reread(qsrc, qmod, q_rows),
+           "pos_emb": reread(qsrc, cmod, flat_pos) if pos_items is not None and flat_pos else None}
+    ref = {name: r for name, r in ref.items() if r is not None}
+    if ref:
+        problem.reference = dataclasses.replace(problem, **ref)
+    return problem

@@ -36,6 +36,9 @@ class MineProblem:
     pairs: list[tuple[str, str, str, str]] | None = None  # Karpathy (image path, image key, caption, caption
     #                                        key) of the inputs: the rows of a NegCLIP --export-training file
     meta: dict = field(default_factory=dict)  # sources, counts: copied into the summary
+    # the same problem with xq / xb / pos_emb read again from the inputs' files (``Embeddings.reread``): the
+    # recall check's reference, blind to what loading made of the vectors; None: the arrays are as stored
+    reference: MineProblem | None = None
 
     def validate(self) -> None:
         nq, nb = len(self.xq), len(self.xb)

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hardrank import cpus, urls
+from hardrank import urls
 from hardrank.atomic import atomic_path, write_json_atomic
 from hardrank.config import (
     DIRECTIONS,
@@ -35,14 +35,16 @@ from hardrank.mining.inputs import build_problem
 from hardrank.mining.problem import MineProblem, negatives_schema
 from hardrank.mining.progress import Progress, hms
 from hardrank.mining.searcher import SampleReference, build_searcher, measure_recall, written_recall
-from hardrank.mining.training_table import check_training, shard_path, write_training
+from hardrank.mining.training_table import check_training, shard_path, training_format, write_training
 from hardrank.scoring import backends, corpus_io
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.auto import gemm_rate
 from hardrank.scoring.backends.faiss import faiss_searcher
 from hardrank.scoring.backends.sharded import for_mining
+from hardrank.settings import RunSettings, start_run
+from hardrank.vectors import UnitRows
 
-__all__ = ["mine", "mine_arrays", "recall_line"]
+__all__ = ["mine", "mine_arrays", "mining_settings", "recall_line"]
 
 RUN_VERSION = 2  # 2: human ids (image paths relative to one root), query_key / negative_key columns
 _HIST_BINS = 40  # score histogram: 40 bins over [-1, 1]
@@ -106,8 +108,10 @@ def _peak_rss() -> int:
 
 
 def _resident_bytes(*arrays) -> int:
-    """Bytes of the arrays held in memory (memory maps and lazy views are read on demand: not counted)."""
-    return sum(int(a.nbytes) for a in arrays if isinstance(a, np.ndarray) and not corpus_io.mapped(a))
+    """Bytes of the arrays held in memory (memory maps and lazy views are read on demand: not counted; a
+    float16 file's ``UnitRows`` holds its values)."""
+    return sum(int(a.nbytes) for a in arrays
+               if isinstance(a, UnitRows) or isinstance(a, np.ndarray) and not corpus_io.mapped(a))
 
 
 _BUDGET_BOUNDS = ("the search: its index (in memory: IVF lists and codes up to half the budget; larger lists are "
@@ -208,7 +212,8 @@ def _shortfall(recall: dict, search: dict, exact: bool, problem: MineProblem, op
 
 
 def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike, *,
-                export_training: str | os.PathLike | None = None, echo=None, backend: Backend | None = None) -> dict:
+                export_training: str | os.PathLike | None = None, echo=None, backend: Backend | None = None,
+                settings: RunSettings | None = None) -> dict:
     """Mine ``opts.k`` negatives per query into ``out/negatives/part-*.parquet`` (one shard per
     block of ``opts.block_size`` queries, written atomically; existing shards are skipped, so a
     killed run resumes), then write ``out/summary.json`` and return it.
@@ -219,12 +224,15 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     (``backends.auto.plan``). An IVF index lives in a folder when ``opts.index`` (reused, checked against
     the corpus), ``opts.index_out`` (built there, resumable) or when its lists exceed half the budget
     (``out/index``). ``backend``: that backend as placed for this run, e.g. on the Ray shards of
-    ``hardrank.executors.ray_search`` (``backends.sharded``); the blocks, filters and outputs are the same."""
+    ``hardrank.executors.ray_search`` (``backends.sharded``); the blocks, filters and outputs are the same.
+    ``settings``: the run's threads (``mine`` decides them); None: this call is a run of its own, with
+    mining's default (``mining_settings``)."""
+    settings = settings or mining_settings()
     echo = echo or (lambda s: None)
     start = problem.meta.get("start_memory") or memory.status()  # mine(): before the inputs were read
     watch = memory.MemoryWatch().start()
     try:
-        return _mine_arrays(problem, opts, Path(out), export_training, echo, backend, start, watch)
+        return _mine_arrays(problem, opts, Path(out), export_training, echo, backend, start, watch, settings)
     finally:
         watch.stop()
 
@@ -265,7 +273,7 @@ def _searcher(problem: MineProblem, opts: MineOptions, backend: Backend, plan, o
 
 
 def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_training, echo, backend: Backend | None,
-                 start: dict, watch: memory.MemoryWatch) -> dict:
+                 start: dict, watch: memory.MemoryWatch, settings: RunSettings) -> dict:
     problem.validate()
     if export_training:
         check_training(export_training, problem)  # a bad name or missing pairs fail before any work
@@ -415,7 +423,7 @@ def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_trai
                                          if todo and timings["search"] > 0 else None)},
         "files": files,
         "memory": _memory(problem, opts, start, watch),
-        "threads": cpus.current().record(),  # how many threads computed it, and why (results do not depend on it)
+        "threads": settings.record(),  # how many threads computed it, and why (results do not depend on it)
     }
     if training is not None:
         summary["training"] = training
@@ -423,13 +431,14 @@ def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_trai
     return summary
 
 
-def use_threads(threads: int | None = None) -> cpus.ThreadBudget:
-    """Mining's thread budget: all the cores this process may use (or ``--threads``), no look at the idle
-    ones. Its time is a long GEMM-bound search, whose parallel regions are large: beside one busy process on
-    2 cores, exact search of 5,000 x 50,000 took 1.09x its quiet time with 2 threads and 1.76x with the 1
-    the idle look gives (``benchmarks/bench_contention.py``; OpenMP's waits are passive). An evaluation's
-    many small ops are another matter: it keeps the look (``evaluate``)."""
-    return cpus.use(threads, probe=False)
+def mining_settings(threads: int | None = None, decode_threads: int | None = None) -> RunSettings:
+    """A mining run's settings (``hardrank.settings.start_run``), torch sized to them. The thread budget: all the
+    cores this process may use (or ``--threads``), no look at the idle ones. Its time is a long GEMM-bound search,
+    whose parallel regions are large: beside one busy process on 2 cores, exact search of 5,000 x 50,000 took 1.09x
+    its quiet time with 2 threads and 1.76x with the 1 the idle look gives (``benchmarks/bench_contention.py``;
+    OpenMP's waits are passive). An evaluation's many small ops are another matter: it keeps the look
+    (``evaluate``)."""
+    return start_run(threads, decode_threads, probe=False)
 
 
 def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None, **options) -> dict:
@@ -440,11 +449,16 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
         raise UsageError(f"pass a MineConfig or keyword options, not both (got {sorted(options)})")
     cfg = cfg if cfg is not None else build(MineConfig, options)
     echo = echo or (lambda s: None)
+    settings = mining_settings(cfg.embed.threads, cfg.embed.decode_threads)  # usage first (a bad $HARDRANK_THREADS)
     resolve_device(cfg.embed.device)  # usage first: nothing is embedded for a missing device or unwritable output
     check_writable_dir(cfg.out, "out (--out)")
     if cfg.model is not None:
         cfg.embed.check_store()
     if cfg.export_training:
+        training_format(cfg.export_training)  # .tsv / .csv / .jsonl: a wrong name fails before any work
+        if Path(cfg.export_training).is_dir():
+            raise UsageError(f"option export_training (--export-training) is {cfg.export_training!r}, which is a "
+                             f"folder; name the file to write (.tsv, .csv or .jsonl)")
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
     o = cfg.options
     if o.index_out:
@@ -452,12 +466,11 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
     if o.index and not Path(o.index).is_dir():
         raise DataError(f"--index {o.index}: no such folder; build an index there first (hardrank index build "
                         f"--corpus {cfg.corpus} --out {o.index}, or mine with --index-out {o.index})")
-    threads = use_threads(cfg.embed.threads)
-    echo(f"threads: {threads.describe()}")
+    echo(f"threads: {settings.budget.describe()}")
     t0 = time.perf_counter()
     import hardrank.scoring.faiss_index  # noqa: F401  (FAISS's start-up counts as start-up, whichever search runs)
     start = memory.status()  # start-up (torch, FAISS, the CLI) before any input is read: the memory aim's base
-    backend = for_mining(backends.get(o.search_spec), executor(cfg.embed), o.shards)
+    backend = for_mining(backends.get(o.search_spec), executor(cfg.embed, settings), o.shards)
     if backend.remote and (o.index or o.index_out):
         backend.close()
         raise UsageError("--index / --index-out keep one index of the whole corpus; with --executor ray each shard "
@@ -467,12 +480,13 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
             # the corpus's ids: reused from --index (never written there), kept in --index-out, else in --out
             problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=backend.remote,
                                     ids_dir=Path(o.index_out or out), ids_mapped=bool(o.index_out),
-                                    ids_reuse=Path(o.index) if o.index else None)
+                                    ids_reuse=Path(o.index) if o.index else None, settings=settings)
             t_inputs = time.perf_counter() - t0
             echo(f"{len(problem.query_ids)} {DIRECTIONS[cfg.direction][0]} queries, {len(problem.corpus_ids)} "
                  f"{problem.modality} corpus items ({t_inputs:.1f}s)")
             problem.meta.setdefault("timings", {})["inputs"] = round(t_inputs, 3)
             problem.meta["start_memory"] = start
-            return mine_arrays(problem, o, out, export_training=cfg.export_training, echo=echo, backend=backend)
+            return mine_arrays(problem, o, out, export_training=cfg.export_training, echo=echo, backend=backend,
+                               settings=settings)
     finally:
         backend.close()

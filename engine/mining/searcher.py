@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from hardrank.atomic import atomic_path
 from hardrank.config import MineOptions
@@ -57,16 +58,69 @@ def _sample(nq: int, n: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(nq, n, replace=False))
 
 
+def _block_top(S: np.ndarray, pos: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(D, I) of one block's scores ``S`` (m, b) (-inf: excluded) over corpus rows ``pos`` (b,): per query,
+    every item scoring at least its kk-th best (ties kept, so the merge can break them by index)."""
+    m, b = S.shape
+    keep = S >= np.partition(S, b - kk, axis=1)[:, b - kk, None] if b > kk else np.ones(S.shape, bool)
+    keep &= S > -np.inf
+    cnt = keep.sum(1)
+    r, c = np.nonzero(keep)  # row-major: each query's items in column order
+    slot = np.arange(len(r)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    w = max(1, int(cnt.max(initial=0)))
+    D, I = np.full((m, w), -np.inf, np.float32), np.full((m, w), -1, np.int64)
+    D[r, slot], I[r, slot] = S[r, c], pos[c]
+    return D, I
+
+
+class _StreamedExact:
+    """Exact top-kk over corpus rows read again from the input's file a block at a time (``FileRows``): float32
+    scores, excluded pairs dropped, blocks merged as shards are (``merge_topk``: score desc, then lower index).
+    Holds nothing of the corpus between calls; each call reads the file once."""
+
+    exact = True
+
+    def __init__(self, xb):
+        self.xb = xb
+
+    def gather(self, I: np.ndarray) -> np.ndarray:
+        return self.xb[np.where(I >= 0, I, 0)]
+
+    def __call__(self, xq, kk, excl):
+        xq = f32(xq)
+        m, nb = len(xq), len(self.xb)
+        kk = min(kk, nb)
+        best = (np.full((m, kk), -np.inf, np.float32), np.full((m, kk), -1, np.int64))
+        if excl is not None:
+            q_ex, i_ex = np.repeat(np.arange(m), np.diff(excl[0])), np.asarray(excl[1], np.int64)
+        parts = [best]
+        for pos, rows in self.xb.blocks():
+            S = (torch.from_numpy(xq) @ torch.from_numpy(rows).T).numpy()  # (m, b) float32 (torch: the thread budget's)
+            if excl is not None and len(i_ex):  # excluded pairs whose corpus row is in this block
+                sorter = np.argsort(pos)
+                at = np.minimum(np.searchsorted(pos, i_ex, sorter=sorter), len(pos) - 1)
+                hit = pos[sorter[at]] == i_ex
+                S[q_ex[hit], sorter[at[hit]]] = -np.inf
+            parts.append(_block_top(S, pos, kk))
+            if sum(p[0].shape[1] for p in parts) > 4 * kk:
+                parts = [merge_topk(parts, kk)]
+        return merge_topk(parts, kk)
+
+
 class ExactReference:
-    """Exact search of the same corpus rows, the reference of the recall checks: the kernels' exact top-k
-    streamed over the corpus in tiles within half the budget (``backends.exhaustive.KernelSearch``), or (a
-    sharded corpus) the shards' own exact search, merged."""
+    """Exact search of the corpus rows, the reference of the recall checks: the kernels' exact top-k streamed
+    over the corpus in tiles within half the budget (``backends.exhaustive.KernelSearch``), or (a sharded
+    corpus) the shards' own exact search, merged; a corpus read again from its file on each access
+    (``MineProblem.reference``), streamed from the file."""
 
     exact = True
 
     def __init__(self, problem: MineProblem, opts: MineOptions, search=None):
         self.gather = None
-        if search is not None and hasattr(search, "exact_topk"):
+        if hasattr(problem.xb, "blocks"):
+            streamed = _StreamedExact(problem.xb)
+            self._search, self.gather = streamed, streamed.gather
+        elif search is not None and hasattr(search, "exact_topk"):
             self._search = search.exact_topk
             self.gather = search.gather  # candidates' rows for the near-duplicate filter
         else:
@@ -169,6 +223,7 @@ class SampleReference:
         n = min(nq, opts.recall_sample)
         self.rows = _sample(nq, n, opts.seed)
         t0 = time.perf_counter()
+        problem = problem.reference or problem  # the vectors as the inputs' files store them
         exact = ExactReference(problem, opts, search)
         if progress is not None and hasattr(exact._search, "progress"):
             exact._search.progress = progress
@@ -239,13 +294,15 @@ def written_recall(problem: MineProblem, opts: MineOptions, written, search=None
     """recall@k of the negatives a run wrote, on the recall sample (``_sample``: ``opts.recall_sample``
     queries drawn with ``opts.seed``).
 
-    For each sampled query, the reference is what mining with an exact search of the same vectors writes
-    (``mine_block`` with ``ExactReference``: the same exclusions, near-duplicate and similarity filters,
-    the same k: ``ref``, computed once for the run); the query's recall is |written ∩ reference| /
-    |reference| (negatives compared by corpus id), and the figure is its mean over the sampled queries whose
-    reference is not empty. ``written(rows)`` gives the written negative ids of query rows ``rows``, each
-    list in rank order. An exact search (``search.exact``) is its own reference: what it wrote is what
-    mining with exact search writes, so nothing is searched again."""
+    For each sampled query, the reference is what mining with an exact search writes (``mine_block`` with
+    ``ExactReference``: the same exclusions, near-duplicate and similarity filters, the same k: ``ref``,
+    computed once for the run), over the vectors as the inputs store them: ``problem.reference`` where an
+    input's files are read again (an embeddings file), so a fault in loading them shows here instead of
+    passing as recall 1.0. The query's recall is |written ∩ reference| / |reference| (negatives compared by
+    corpus id), and the figure is its mean over the sampled queries whose reference is not empty.
+    ``written(rows)`` gives the written negative ids of query rows ``rows``, each list in rank order. An exact
+    search (``search.exact``) of vectors as stored (no ``problem.reference``) is its own reference: what it
+    wrote is what mining with exact search writes, so nothing is searched again."""
     nq = len(problem.xq)
     n = min(nq, opts.recall_sample)
     if n == 0:
@@ -253,7 +310,7 @@ def written_recall(problem: MineProblem, opts: MineOptions, written, search=None
     t0 = time.perf_counter()
     rows = _sample(nq, n, opts.seed)
     got = written(rows)
-    exact = search is not None and search.exact
+    exact = search is not None and search.exact and problem.reference is None
     if exact:
         per = [1.0 for negs in got if negs]
         reference = "the run's own search, which is exact: what it wrote is what mining with exact search writes"
@@ -267,8 +324,9 @@ def written_recall(problem: MineProblem, opts: MineOptions, written, search=None
             at += int(ok[j].sum())
             if refset:
                 per.append(len(refset & set(negs)) / len(refset))
-        reference = ("mining with exact search (the kernels' exact top-k, or the shards' exact search) of the same "
-                     "vectors: same exclusions, filters and k")
+        reference = ("mining with exact search (the kernels' exact top-k, or the shards' exact search) of the "
+                     "vectors as the inputs store them (an embeddings file's read again from the file): same "
+                     "exclusions, filters and k")
     r = float(np.mean(per)) if per else None
     return {f"recall@{opts.k}": r, "k": opts.k, "sample": n, "compared": len(per), "seed": opts.seed,
             "target": opts.recall_target, "met": r is not None and r >= opts.recall_target, "reference": reference,

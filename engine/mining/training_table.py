@@ -21,7 +21,8 @@ from hardrank.atomic import atomic_path
 from hardrank.errors import UsageError
 from hardrank.mining.problem import MineProblem
 
-__all__ = ["write_training", "shard_path", "training_format", "check_training", "NEGCLIP_COLUMNS"]
+__all__ = ["write_training", "shard_path", "training_format", "check_training", "check_training_inputs",
+           "NEGCLIP_COLUMNS"]
 
 NEGCLIP_COLUMNS = ("filepath", "title", "neg_caption", "neg_image")
 _FORMATS = {".jsonl": "jsonl", ".tsv": "negclip", ".csv": "negclip"}
@@ -40,13 +41,22 @@ def training_format(path) -> str:
     return fmt
 
 
+_NO_PAIRS = ("a NegCLIP --export-training table needs (image, caption) pairs: give the queries or the corpus as a "
+             "Karpathy-format .json with --images (its pairs are the training rows), or export a .jsonl")
+
+
+def check_training_inputs(path, pairs_possible: bool) -> None:
+    """Before anything is embedded: ``path``'s format, and for a NegCLIP table whether the inputs can give
+    (image, caption) pairs at all (``pairs_possible``: a Karpathy-format input with its images)."""
+    if training_format(path) == "negclip" and not pairs_possible:
+        raise UsageError(_NO_PAIRS)
+
+
 def check_training(path, problem: MineProblem) -> str:
     """The format of ``path``, once ``problem`` is known to hold what that format needs (before any work)."""
     fmt = training_format(path)
     if fmt == "negclip" and not problem.pairs:
-        raise UsageError("a NegCLIP --export-training table needs (image, caption) pairs: give the queries or the "
-                         "corpus as a Karpathy-format .json with --images (its pairs are the training rows), or "
-                         "export a .jsonl")
+        raise UsageError(_NO_PAIRS)
     if fmt == "negclip" and (problem.query_keys is None or problem.corpus_keys is None):
         raise UsageError("a NegCLIP --export-training table needs the items' content keys (mine from files, "
                          "not from bare arrays)")

@@ -1,10 +1,12 @@
 """BLIP (``transformers``' ``BlipForImageTextRetrieval``) as a dual encoder with its cross-encoder, loaded offline.
 
 ``--model blip:<folder>`` (or ``blip:ORG/NAME``, a snapshot in the local Hugging Face cache) names a folder
-that ``save_pretrained`` wrote: ``config.json`` (model_type ``blip``), the weights, ``preprocessor_config.json``
-and the tokenizer files. Encoded as BLIP's retrieval evaluation encodes (salesforce/BLIP
-``train_retrieval.py``, RoCOCO's ``eval_blip_*.py``), which is what ``BlipForImageTextRetrieval(...,
-use_itm_head=False)`` computes:
+that ``save_pretrained`` wrote: ``config.json`` (model_type ``blip``), the weights (one file, shards with their
+index, or a Trainer's ``checkpoint-N/``), and ``BlipProcessor.save_pretrained``'s files (transformers 5's
+``processor_config.json`` or 4's ``preprocessor_config.json``, and the tokenizer's), every file read through
+``hardrank.models.boundary`` (no code from the folder, no path outside it, sizes and tokenizer checked).
+Encoded as BLIP's retrieval evaluation encodes (salesforce/BLIP ``train_retrieval.py``, RoCOCO's
+``eval_blip_*.py``), which is what ``BlipForImageTextRetrieval(..., use_itm_head=False)`` computes:
 
 - image: ``vision_proj(vision_model(pixels)[:, 0])``, pixels exactly as BLIP's own image processor makes them
   (``AutoImageProcessor.from_pretrained(folder)``, transformers 5's default torchvision backend): it runs in
@@ -28,19 +30,25 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from hardrank.errors import DataError, UsageError
-from hardrank.models.hf_models import processor_preprocess_cfg
-from hardrank.models.hf_text import _TOKENIZER_GLOBS, _files_hash, _holds_tokenizer, _require_transformers, snapshot
-from hardrank.models.openclip import EMBED_VERSION, LoadedModel, ModelSpec, _safe, _weights_format, file_hash
+from hardrank.models.boundary import ModelFolder, check_tokenizer, is_safetensors, open_folder, quote
+from hardrank.models.hf_models import (
+    build_model,
+    processor_preprocess_cfg,
+    text_vocab_size,
+    tokenizer_of,
+    weights_hash,
+    weights_of,
+)
+from hardrank.models.hf_text import _TOKENIZER_GLOBS, _files_hash, _require_transformers, snapshot
+from hardrank.models.openclip import EMBED_VERSION, LoadedModel, ModelSpec, _safe, file_hash
 
 __all__ = ["PREFIX", "MAX_LENGTH", "is_blip", "load_blip", "has_itm"]
 
 PREFIX = "blip:"
 MAX_LENGTH = 35       # the reference's tokenizer(..., padding='max_length', truncation=True, max_length=35)
 _ENC = "[ENC]"        # BLIP's image-grounded encoder token (salesforce/BLIP models/blip.py init_tokenizer)
-_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
 def is_blip(arch: str | None) -> bool:
@@ -57,14 +65,8 @@ class BlipTokenizer:
     """Captions -> ``(B, 35) int64`` token ids, as the reference tokenizes them (padded on the right); the
     attention mask is ``ids != pad_id`` (BERT's [PAD] never comes out of a caption)."""
 
-    def __init__(self, folder: Path):
-        from transformers import AutoTokenizer
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise DataError(f"BLIP model {folder}: its tokenizer files do not load ({type(exc).__name__}: "
-                            f"{str(exc)[:300]}); save the model's processor into the folder "
-                            f"(BlipProcessor.save_pretrained)") from exc
+    def __init__(self, tokenizer, folder: Path):
+        self.tokenizer = tokenizer
         if self.tokenizer.pad_token_id is None:
             raise DataError(f"BLIP model {folder}: its tokenizer has no pad token; BLIP's is BERT's [PAD]")
         self.context_length = MAX_LENGTH
@@ -123,101 +125,78 @@ class BlipRetrieval(torch.nn.Module):
         return self.net.itm_head(out.last_hidden_state[:, 0, :])[:, 1].float()
 
 
-def _folder(spec: ModelSpec) -> Path:
+def _folder(spec: ModelSpec) -> ModelFolder:
     name = spec.arch[len(PREFIX):]
     if not name:
         raise UsageError(f"--model {spec.arch}: name the BLIP folder (blip:<folder>) or its Hugging Face repo "
                          f"(blip:ORG/NAME, from the local cache)")
-    return snapshot(name, f"BLIP model {spec.arch}", lambda f: (f / "config.json").is_file(), "config.json")
+    folder = snapshot(name, f"BLIP model {spec.arch}", lambda f: (f / "config.json").is_file(), "config.json")
+    return open_folder(folder, f"--model {spec.arch}")
 
 
-def _config(folder: Path, arch: str) -> dict:
-    try:
-        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise DataError(f"{folder / 'config.json'}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict) or cfg.get("model_type") != "blip":
-        raise DataError(f"--model {arch}: {folder / 'config.json'} is not a BLIP config (model_type "
-                        f"{cfg.get('model_type') if isinstance(cfg, dict) else None!r}, expected 'blip'); "
-                        f"blip: takes a BlipForImageTextRetrieval folder (save_pretrained)")
+def _config(folder: ModelFolder, arch: str):
+    """The folder's BlipConfig (its config.json, vetted), refused unless it is a BlipForImageTextRetrieval's."""
+    from transformers import BlipConfig
+
+    cfg = folder.config("config.json")
+    if cfg is None or cfg.get("model_type") != "blip":
+        raise DataError(f"--model {arch}: {folder.path / 'config.json'} is not a BLIP config (model_type "
+                        f"{cfg.get('model_type') if cfg else None!r}, expected 'blip'); blip: takes a "
+                        f"BlipForImageTextRetrieval folder (save_pretrained)")
     archs = cfg.get("architectures") or ["BlipForImageTextRetrieval"]
     if "BlipForImageTextRetrieval" not in archs:
-        raise DataError(f"--model {arch}: {folder} holds a {', '.join(archs)}, not a BlipForImageTextRetrieval "
-                        f"(BLIP's retrieval model with ITC and ITM heads, e.g. Salesforce/blip-itm-base-coco)")
-    return cfg
-
-
-def _preprocess(folder: Path, arch: str) -> dict:
-    """BLIP's own image processor as the decode stage runs it (``hf_models.processor_preprocess_cfg``)."""
-    path = folder / "preprocessor_config.json"
-    if not path.is_file():
-        raise DataError(f"--model {arch}: {path} is missing; save the model's processor into the folder "
-                        f"(BlipProcessor.save_pretrained) so its images are preprocessed as it was trained")
-    return processor_preprocess_cfg(folder, arch)
-
-
-def _build(folder: Path, spec: ModelSpec, cfg: dict):
-    """The network with its weights: --checkpoint FILE, else the folder's, else random (--random-init)."""
-    from transformers import BlipConfig, BlipForImageTextRetrieval
-    ckpt = Path(spec.checkpoint) if spec.checkpoint else None
-    if ckpt is not None and not ckpt.is_file():
-        raise DataError(f"checkpoint {ckpt} does not exist")
-    weights = ckpt or next((folder / n for n in _WEIGHTS if (folder / n).is_file()), None)
-    if weights is None and not spec.random_init:
-        raise UsageError(f"BLIP model {spec.arch}: {folder} holds no weights ({' or '.join(_WEIGHTS)}); pass "
-                         f"--checkpoint FILE, or --random-init to evaluate random weights on purpose")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)  # random weights (and heads a checkpoint replaces) are the same in every process
-        net = BlipForImageTextRetrieval(BlipConfig.from_dict(cfg))
-    if weights is None:
-        return net, None, None
-    fmt = _weights_format(weights)
+        raise DataError(f"--model {arch}: {folder.path} holds a {', '.join(map(str, archs))}, not a "
+                        f"BlipForImageTextRetrieval (BLIP's retrieval model with ITC and ITM heads, e.g. "
+                        f"Salesforce/blip-itm-base-coco)")
     try:
-        if fmt == "safetensors":
-            sd = load_file(str(weights))
-        else:
-            sd = torch.load(str(weights), map_location="cpu", weights_only=True)
-            sd = sd.get("state_dict", sd.get("model", sd)) if isinstance(sd, dict) else sd
-        net.load_state_dict(sd, strict=True)
-    except Exception as exc:  # unreadable file, pickled objects, or keys/shapes of another model
-        raise DataError(f"BLIP weights {weights} do not load into the BlipForImageTextRetrieval of {folder} "
-                        f"({type(exc).__name__}: {str(exc)[:400]}); pass the model's own model.safetensors "
-                        f"(save_pretrained) or a state dict of the same architecture") from exc
-    return net, str(weights), fmt
+        return BlipConfig.from_pretrained(str(folder.path), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"--model {arch}: {folder.path / 'config.json'} does not load as a BlipConfig "
+                        f"({type(exc).__name__}: {quote(exc)}); save the model again with save_pretrained") from None
 
 
 def load_blip(spec: ModelSpec) -> LoadedModel:
     """A ``blip:`` model loaded offline as a ``LoadedModel`` whose ``model`` has ``encode_image``,
-    ``encode_text`` (the ITC features), ``vision_states`` and ``itm`` (the cross-encoder)."""
+    ``encode_text`` (the ITC features), ``vision_states`` and ``itm`` (the cross-encoder). Every file is vetted
+    (``boundary``) and the tokenizer checked before the network is built."""
     _require_transformers(f"BLIP model {spec.arch}")
+    from transformers import BlipForImageTextRetrieval
+
     folder = _folder(spec)
-    cfg = _config(folder, spec.arch)
-    preprocess = _preprocess(folder, spec.arch)
-    if not _holds_tokenizer(folder):
-        raise DataError(f"--model {spec.arch}: {folder} holds no tokenizer files; save the model's processor into "
-                        f"the folder (BlipProcessor.save_pretrained)")
+    config = _config(folder, spec.arch)
     if spec.pretrained or spec.image_size or spec.context_length or spec.preprocess:
         raise UsageError(f"--model {spec.arch}: a BLIP folder brings its own preprocessing and weights; drop "
                          f"--pretrained (and a training run's image size / context length overrides)")
-    tokenizer = BlipTokenizer(folder)
+    preprocess = processor_preprocess_cfg(folder, spec.arch)
+    tokenizer = BlipTokenizer(tokenizer_of(folder, f"--model {spec.arch}"), folder.path)
+    weights = weights_of(folder, config, spec, _config)
+    check_tokenizer(tokenizer, size=len(tokenizer.tokenizer), vocab_size=text_vocab_size(weights.config),
+                    what=f"--model {spec.arch}", source=folder.path,
+                    fix="save the model's processor into the folder (BlipProcessor.save_pretrained)")
     device, precision = spec.resolved_device(), spec.resolved_precision()
-    net, weights, fmt = _build(folder, spec, cfg)
+    net = build_model(BlipForImageTextRetrieval, weights, spec, precision)
+    files = [f for f in weights.files if not f.name.endswith(".index.json")]
+    weights_file = str(weights.files[0]) if weights.files else None
+    fmt = None if not files else "safetensors" if is_safetensors(files[0]) else "torch"
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     model = BlipRetrieval(net, tokenizer.pad_id, tokenizer.enc_id).eval().requires_grad_(False)
     model.to(device=device, dtype=dtype)
-    ckpt_hash = file_hash(weights) if weights else None
-    hf = {"model": {"name": spec.arch[len(PREFIX):], "config": _files_hash(folder, ("config.json",)),
-                    "preprocessor": _files_hash(folder, ("preprocessor_config.json",))},
-          "tokenizer": {"name": spec.arch[len(PREFIX):], "files": _files_hash(folder, _TOKENIZER_GLOBS)}}
+    # one file: its content hash, as before shards existed; shards: the hash of every part in order
+    ckpt_hash = None if not weights.files else file_hash(weights.files[0]) if len(weights.files) == 1 \
+        else weights_hash(weights.files)
+    name = spec.arch[len(PREFIX):]
+    hf = {"model": {"name": name, "config": _files_hash(folder.path, ("config.json",)),
+                    "preprocessor": _files_hash(folder.path, ("preprocessor_config.json",))},
+          "tokenizer": {"name": name, "files": _files_hash(folder.path, _TOKENIZER_GLOBS)}}
     ident = {"arch": "blip", "hf": hf, "checkpoint": ckpt_hash, "precision": precision, "preprocess": preprocess,
              "context_length": MAX_LENGTH, "itm_first_token": _ENC if tokenizer.enc_id is not None else "[CLS]",
              "embed_version": EMBED_VERSION}
     digest = hashlib.blake2b(json.dumps(ident, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
-    info = {"pretrained": None, "weights": weights, "weights_format": fmt, "quick_gelu": False,
-            "random_init": weights is None, "warnings": [], "spec": asdict(spec),
-            "hf": {k: {**v, "folder": str(folder)} for k, v in hf.items()},
+    info = {"pretrained": None, "weights": weights_file, "weights_format": fmt, "quick_gelu": False,
+            "random_init": not weights.files, "warnings": [], "spec": asdict(spec),
+            "hf": {k: {**v, "folder": str(folder.path)} for k, v in hf.items()},
             "itm_first_token": ident["itm_first_token"]}
-    return LoadedModel(spec=spec, arch_name=f"blip:{folder.name}", model=model, tokenizer=tokenizer,
-                       preprocess_cfg=preprocess, fingerprint=f"blip-{_safe(folder.name)}-{precision}-{digest}",
-                       embed_dim=int(cfg.get("image_text_hidden_size") or net.config.image_text_hidden_size),
-                       device=device, precision=precision, checkpoint_hash=ckpt_hash, info=info)
+    return LoadedModel(spec=spec, arch_name=f"blip:{folder.path.name}", model=model, tokenizer=tokenizer,
+                       preprocess_cfg=preprocess, fingerprint=f"blip-{_safe(folder.path.name)}-{precision}-{digest}",
+                       embed_dim=int(weights.config.image_text_hidden_size), device=device, precision=precision,
+                       checkpoint_hash=ckpt_hash, info=info)

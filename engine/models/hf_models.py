@@ -3,7 +3,12 @@
 ``--model hf:FOLDER`` (a ``save_pretrained`` folder) or ``--model hf:ORG/NAME`` (its snapshot in the local
 Hugging Face cache, ``HF_HOME`` / ``HF_HUB_CACHE``; never downloaded) names the architecture, the image
 processor and the tokenizer; the weights are the folder's, or each ``--checkpoint`` (a folder with its own
-``config.json`` + weights, as a Trainer's ``checkpoint-N/``, or a weights file of the folder's config).
+``config.json`` + weights, as a Trainer's ``checkpoint-N/``, or a weights file of the folder's config). Every
+file is read through ``hardrank.models.boundary``: settings that would run the folder's code, paths leading out
+of it, configs implying more than their weights hold and tokenizers that cannot be the model's are refused
+before transformers builds anything; every ``from_pretrained`` passes ``trust_remote_code=False``. Both
+processor layouts load: transformers 5's ``processor_config.json`` (the image processor nested) and 4's
+``preprocessor_config.json``.
 
 A model family is a small adapter registered by the config's ``model_type`` (``register_family``): the
 transformers class to build, how it encodes pixels and tokens, how long its captions are padded, and, for a
@@ -30,19 +35,31 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from hardrank.errors import DataError, MissingExtra, UsageError
+from hardrank.models.boundary import (
+    WEIGHTS,
+    ModelFolder,
+    check_size,
+    check_tokenizer,
+    estimate_params,
+    is_safetensors,
+    open_folder,
+    quote,
+    read_state_dict,
+    vet_pickle,
+)
 from hardrank.models.hf_text import snapshot
 from hardrank.models.openclip import EMBED_VERSION, LoadedModel, ModelSpec, file_hash
+from hardrank.openclip_import import import_transformers
 
 __all__ = ["HF_PREFIX", "Family", "FAMILIES", "register_family", "is_hf", "load_hf_model", "hf_image_processor",
-           "processor_preprocess_cfg", "HFDualEncoder", "HFTokenizer"]
+           "processor_preprocess_cfg", "tokenizer_of", "weights_of", "build_model", "weights_hash", "text_vocab_size",
+           "HFDualEncoder",
+           "HFTokenizer"]
 
 HF_PREFIX = "hf:"
 PROCESSOR_KEY = "hf_image_processor"  # the preprocess_cfg key that marks a transformers image processor
-# weights a save_pretrained folder holds, in transformers' order of preference (sharded: the index names the parts)
-_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 _FETCH = "hf download {repo}"  # a whole model repo: config, weights, processor and tokenizer files
 _TEXT_INPUTS = ("input_ids", "attention_mask")
 _NAFLEX_INPUTS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
@@ -130,14 +147,13 @@ def is_hf(arch: str) -> bool:
 
 def _transformers(what: str):
     try:
-        import transformers
+        return import_transformers()  # not `import transformers`: a Ray actor's two threads first use it at once
     except ImportError as exc:
         raise MissingExtra(what, "hf", "transformers") from exc
-    return transformers
 
 
-def _folder(arch: str) -> Path:
-    """The folder ``hf:FOLDER`` or ``hf:ORG/NAME`` names (a cached snapshot, never downloaded)."""
+def _folder(arch: str) -> ModelFolder:
+    """The folder ``hf:FOLDER`` or ``hf:ORG/NAME`` names (a cached snapshot, never downloaded), vetted."""
     name = arch[len(HF_PREFIX):]
     if not name:
         raise UsageError("--model hf: needs a folder or a repo id after it: hf:FOLDER or hf:ORG/NAME")
@@ -154,20 +170,20 @@ def _folder(arch: str) -> Path:
                 "writes it) as --model hf:FOLDER, an open_clip folder (open_clip_config.json) as --model "
                 "local-dir:FOLDER")
         raise DataError(f"--model {arch}: {folder} holds no config.json, so it is no transformers model; {hint}")
-    return folder
+    return open_folder(folder, f"--model {arch}")
 
 
-def _config(folder: Path, arch: str):
+def _config(folder: ModelFolder, arch: str):
     tf = _transformers(f"--model {arch}")
     try:
-        return tf.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise DataError(f"--model {arch}: {folder}/config.json does not load in transformers "
-                        f"{tf.__version__} ({type(exc).__name__}: {str(exc)[:300]}); save the model again with "
-                        f"save_pretrained, or upgrade transformers") from exc
+        return tf.AutoConfig.from_pretrained(str(folder.path), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"--model {arch}: {folder.path / 'config.json'} does not load in transformers "
+                        f"{tf.__version__} ({type(exc).__name__}: {quote(exc)}); save the model again with "
+                        f"save_pretrained, or upgrade transformers") from None
 
 
-def _family_and_class(config, arch: str, folder: Path):
+def _family_and_class(config, arch: str, folder: ModelFolder):
     tf = _transformers(f"--model {arch}")
     family = FAMILIES.get(config.model_type, _GENERIC)
     if family.model_class is not None:
@@ -178,26 +194,14 @@ def _family_and_class(config, arch: str, folder: Path):
         except KeyError:
             cls = None
     if cls is None or not (hasattr(cls, "get_image_features") and hasattr(cls, "get_text_features")):
-        raise DataError(f"--model {arch}: {folder} is a transformers {config.model_type!r} model "
+        raise DataError(f"--model {arch}: {folder.path} is a transformers {config.model_type!r} model "
                         f"({getattr(cls, '__name__', 'no AutoModel class')}) without an image tower and a text "
                         f"tower (get_image_features / get_text_features); hardrank evaluates image-text dual "
                         f"encoders such as CLIPModel or SiglipModel: pass such a model's folder")
     return family, cls
 
 
-def _weights(folder: Path) -> list[Path]:
-    """The weight files of a save_pretrained folder (every shard of a sharded one)."""
-    for name in _WEIGHTS:
-        p = folder / name
-        if p.is_file():
-            if name.endswith(".index.json"):
-                parts = sorted(set(json.loads(p.read_text(encoding="utf-8"))["weight_map"].values()))
-                return [p, *(folder / s for s in parts)]
-            return [p]
-    return []
-
-
-def _weights_hash(files: list[Path]) -> str:
+def weights_hash(files: list[Path]) -> str:
     """The files' contents in order (their names aside: a checkpoint folder's model.safetensors and the
     same file copied elsewhere are the same weights; a sharded index names its parts in its content)."""
     h = hashlib.blake2b(digest_size=16)
@@ -206,71 +210,95 @@ def _weights_hash(files: list[Path]) -> str:
     return h.hexdigest()
 
 
-def _state_dict(path: Path) -> dict:
-    """A weights file's tensors: safetensors, else a state dict read with ``weights_only`` (never a full unpickle)."""
-    try:
-        if path.suffix == ".safetensors":
-            return load_file(str(path))
-        sd = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as exc:  # safetensors' and torch's errors for a truncated/foreign file differ by release
-        raise DataError(f"checkpoint {path}: not a readable weights file ({type(exc).__name__}: {str(exc)[:200]}); "
-                        f"pass a save_pretrained folder or its model.safetensors") from exc
-    sd = sd.get("state_dict", sd) if isinstance(sd, dict) else sd
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise DataError(f"checkpoint {path} holds no state dict of tensors")
-    return sd
+@dataclass(frozen=True)
+class _Weights:
+    """Where a model's weights come from: a vetted folder's files, or one weights file, with the config they fit."""
+
+    files: list            # weight files (a sharded index, then its shards), or [] for random weights
+    folder: Path | None    # the folder from_pretrained reads them from; None: files[0] is a state dict file
+    config: object         # the transformers config the network is built from
+    config_file: str       # where that config was read (for messages)
 
 
-def _build(cls, folder: Path, config, spec: ModelSpec):
-    """(model, weight files) of ``spec``: the folder's weights, a checkpoint folder's, or a weights file
-    loaded into the folder's architecture."""
+def weights_of(folder: ModelFolder, config, spec: ModelSpec, load_config: Callable) -> _Weights:
+    """The weights ``spec`` names for the vetted ``folder`` (whose config is ``config``): the folder's, a
+    checkpoint folder's (a Trainer's ``checkpoint-N/``, vetted and with its own config when it has one) or a
+    weights file of the folder's config. Pickles are vetted here; nothing is built."""
     ckpt = Path(spec.checkpoint) if spec.checkpoint else None
+    cfg_file = str(folder.path / "config.json")
     if ckpt is not None and not ckpt.exists():
         raise DataError(f"checkpoint {ckpt} does not exist")
-    source = ckpt if ckpt is not None and ckpt.is_dir() else folder
-    files = _weights(source)
-    if ckpt is not None and ckpt.is_dir() and not files:
-        raise DataError(f"checkpoint {ckpt} holds no transformers weights ({', '.join(_WEIGHTS)})")
     if ckpt is not None and ckpt.is_file():
-        files = [ckpt]
-    if not files:
-        if not spec.random_init:
-            raise UsageError(f"model {spec.arch}: {folder} holds no weights ({', '.join(_WEIGHTS)}); pass "
-                             f"--checkpoint FILE_OR_FOLDER, or --random-init to evaluate random weights on purpose")
-        with torch.random.fork_rng():
-            torch.manual_seed(0)  # one random model per config: its store folder stays meaningful
-            return cls._from_config(config), []
-    if ckpt is not None and ckpt.is_dir():
-        own = _config(ckpt, spec.arch) if (ckpt / "config.json").is_file() else config
+        if not is_safetensors(ckpt):
+            vet_pickle(ckpt)
+        return _Weights([ckpt], None, config, cfg_file)
+    source = open_folder(ckpt, f"checkpoint {ckpt}") if ckpt is not None else folder
+    files = source.weights()
+    if ckpt is not None and not files:
+        raise DataError(f"checkpoint {ckpt} holds no transformers weights ({', '.join(WEIGHTS)}); pass the folder "
+                        f"save_pretrained (or a Trainer) wrote, or a weights file")
+    if ckpt is not None and source.holds("config.json"):
+        own = load_config(source, spec.arch)
         if own.model_type != config.model_type:
             raise DataError(f"checkpoint {ckpt} is a {own.model_type!r} model, --model {spec.arch} a "
                             f"{config.model_type!r} one; pass the --model this checkpoint was trained from")
-        config = own
+        config, cfg_file = own, str(source.path / "config.json")
+    for f in files:
+        if f.suffix == ".bin":
+            vet_pickle(f)
+    return _Weights(files, source.path if files else None, config, cfg_file)
+
+
+def build_model(cls, weights: _Weights, spec: ModelSpec, precision: str):
+    """The network with its weights (random ones with ``--random-init`` and no weights), once the size its
+    config implies is checked against the weights and the machine's memory."""
+    what = f"--model {spec.arch}"
+    check_size(estimate_params(weights.config.to_dict()), [f for f in weights.files if f.suffix != ".json"],
+               what=what, config=weights.config_file, precision=precision)
+    if not weights.files:
+        if not spec.random_init:
+            raise UsageError(f"model {spec.arch}: its folder holds no weights ({', '.join(WEIGHTS)}); pass "
+                             f"--checkpoint FILE_OR_FOLDER, or --random-init to evaluate random weights on purpose")
+        with torch.random.fork_rng():
+            torch.manual_seed(0)  # one random model per config: its store folder stays meaningful
+            return cls._from_config(weights.config)
+    source = weights.folder or weights.files[0]
     try:
-        with _no_progress_bars():  # transformers draws a bar per load; hardrank's own progress says more
-            # in the file's dtype (transformers 5's default) and cast below: a widening cast is exact
-            model = cls.from_pretrained(str(source), config=config, local_files_only=True) \
-                if ckpt is None or ckpt.is_dir() else cls._from_config(config)
-        if ckpt is not None and ckpt.is_file():
-            model.load_state_dict(_state_dict(ckpt), strict=True)
+        with _quiet_loading():
+            if weights.folder is not None:
+                # in the file's dtype (transformers 5's default) and cast below: a widening cast is exact
+                model, info = cls.from_pretrained(str(weights.folder), config=weights.config, local_files_only=True,
+                                                  trust_remote_code=False, output_loading_info=True)
+                # a tensor the network has but the files lack would stay random: refused (tensors the files hold
+                # beyond the network, e.g. a training wrapper's heads, are left out, as transformers leaves them)
+                wrong = {k: sorted(map(str, info[k]))[:3] for k in ("missing_keys", "mismatched_keys") if info.get(k)}
+                if wrong or info.get("error_msgs"):
+                    raise RuntimeError(f"tensors {wrong or info['error_msgs']}")
+            else:
+                model = cls._from_config(weights.config)
+                model.load_state_dict(read_state_dict(weights.files[0]), strict=True)
     except DataError:
         raise
     except (OSError, RuntimeError, ValueError) as exc:
-        raise DataError(f"checkpoint {ckpt or source} does not fit model {spec.arch} ({type(exc).__name__}: "
-                        f"{str(exc)[:400]}); pass the --model this checkpoint was trained from") from exc
-    return model, files
+        raise DataError(f"checkpoint {source} does not fit model {spec.arch} ({type(exc).__name__}: "
+                        f"{quote(exc)}); pass the --model this checkpoint was trained from") from None
+    return model
 
 
 @contextlib.contextmanager
-def _no_progress_bars():
-    bars = _transformers("loading").utils.logging
-    was = bars.is_progress_bar_enabled()
-    bars.disable_progress_bar()
+def _quiet_loading():
+    """No bar per load (hardrank's own progress says more) and no load report on the terminal: a checkpoint
+    that does not fit is refused in one line, and the report's advice to ignore mismatched sizes never shows."""
+    logs = _transformers("loading").utils.logging
+    was, level = logs.is_progress_bar_enabled(), logs.get_verbosity()
+    logs.disable_progress_bar()
+    logs.set_verbosity_error()
     try:
         yield
     finally:
+        logs.set_verbosity(level)
         if was:
-            bars.enable_progress_bar()
+            logs.enable_progress_bar()
 
 
 def _output_size(proc: dict, arch: str) -> list[int]:
@@ -287,12 +315,13 @@ def _output_size(proc: dict, arch: str) -> list[int]:
                      f"to a fixed size")
 
 
-def processor_preprocess_cfg(folder: Path, arch: str, family: Family | None = None) -> dict:
-    """The preprocess config of the folder's own image processor (``AutoImageProcessor.from_pretrained``):
-    its settings under ``PROCESSOR_KEY``, from which each decode worker rebuilds it (``ProcessorDecoder``),
-    and its output: one fixed ``size``, or (a family with ``image_inputs``, SigLIP 2) several arrays per image,
-    shaped by the settings. The one way a transformers model's pixels are made (``hf:`` and ``blip:`` models);
-    the settings are part of the model's fingerprint."""
+def processor_preprocess_cfg(folder: ModelFolder, arch: str, family: Family | None = None) -> dict:
+    """The preprocess config of the vetted folder's own image processor (``AutoImageProcessor.from_pretrained``,
+    from transformers 4's ``preprocessor_config.json`` or transformers 5's ``processor_config.json``): its
+    settings under ``PROCESSOR_KEY``, from which each decode worker rebuilds it (``ProcessorDecoder``), and its
+    output: one fixed ``size``, or (a family with ``image_inputs``, SigLIP 2) several arrays per image, shaped
+    by the settings. The one way a transformers model's pixels are made (``hf:`` and ``blip:`` models); the
+    settings are part of the model's fingerprint."""
     settings = json.loads(json.dumps(_processor(folder, arch).to_dict(), default=str))
     if family is not None and family.image_inputs is not None:
         return {PROCESSOR_KEY: settings, "inputs": family.image_inputs(settings, arch)}
@@ -334,31 +363,50 @@ class HFTokenizer:
                               return_tensors="pt")
 
 
-def _tokenizer(folder: Path, arch: str):
-    tf = _transformers(f"--model {arch}")
+_NO_PROCESSOR = ("holds no image processor settings (preprocessor_config.json, or processor_config.json with an "
+                 "image_processor: what a processor's save_pretrained writes)")
+_SAVE_PROCESSOR = ("save the model's processor beside it (processor.save_pretrained(folder)); for a Trainer "
+                   "checkpoint-N/ saved without one, pass the model's own folder as --model and checkpoint-N/ as "
+                   "--checkpoint")
+
+
+def tokenizer_of(folder: ModelFolder, what: str):
+    """The vetted folder's own tokenizer (``AutoTokenizer``, offline, no remote code); a folder without a
+    vocabulary is refused before transformers builds an empty tokenizer for it."""
+    tf = _transformers(what)
+    if not folder.holds_tokenizer():
+        raise DataError(f"{what}: {folder.path} holds no tokenizer files (tokenizer.json, or vocab.json + merges.txt, "
+                        f"vocab.txt, a SentencePiece model); {_SAVE_PROCESSOR}")
     try:
-        return tf.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        return tf.AutoTokenizer.from_pretrained(str(folder.path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise DataError(f"--model {arch}: the tokenizer files in {folder} do not load ({type(exc).__name__}: "
-                        f"{str(exc)[:300]}); save the tokenizer beside the model (tokenizer.save_pretrained) or "
-                        f"fetch the repo's files again") from exc
+        raise DataError(f"{what}: the tokenizer files in {folder.path} do not load ({type(exc).__name__}: "
+                        f"{quote(exc)}); {_SAVE_PROCESSOR}") from None
 
 
-def _processor(folder: Path, arch: str):
+def _processor(folder: ModelFolder, arch: str):
     tf = _transformers(f"--model {arch}")
-    if not (folder / "preprocessor_config.json").is_file():
-        raise DataError(f"--model {arch}: {folder} holds no preprocessor_config.json (the image processor's "
-                        f"settings); save the processor beside the model (processor.save_pretrained)")
+    file = folder.image_processor_file()
+    if file is None:
+        raise DataError(f"--model {arch}: {folder.path} {_NO_PROCESSOR}; {_SAVE_PROCESSOR}")
     try:
-        return tf.AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise DataError(f"--model {arch}: {folder}/preprocessor_config.json does not load "
-                        f"({type(exc).__name__}: {str(exc)[:300]})") from exc
+        return tf.AutoImageProcessor.from_pretrained(str(folder.path), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"--model {arch}: {folder.path / file} does not load ({type(exc).__name__}: "
+                        f"{quote(exc)}); save the processor again with processor.save_pretrained") from None
+
+
+def text_vocab_size(config) -> int | None:
+    """The text tower's vocabulary size (``text_config.vocab_size``, or the config's own)."""
+    text = getattr(config, "text_config", None) or config
+    size = getattr(text, "vocab_size", None)
+    return int(size) if isinstance(size, int) else None
 
 
 def load_hf_model(spec: ModelSpec) -> LoadedModel:
     """A transformers dual encoder as ``spec`` names it (``hf:FOLDER`` / ``hf:ORG/NAME``, optional
-    checkpoint), offline, fingerprinted by its config, weights, processor and tokenizer settings."""
+    checkpoint), offline, fingerprinted by its config, weights, processor and tokenizer settings. Every
+    file is vetted (``boundary``) and the tokenizer checked before the network is built."""
     if spec.pretrained:
         raise UsageError(f"--pretrained applies to open_clip model names; {spec.arch} brings its own weights and "
                          f"preprocessing")
@@ -367,32 +415,37 @@ def load_hf_model(spec: ModelSpec) -> LoadedModel:
     config = _config(folder, spec.arch)
     family, cls = _family_and_class(config, spec.arch, folder)
     # fail before the weights load
-    preprocess_cfg, tok = processor_preprocess_cfg(folder, spec.arch, family), _tokenizer(folder, spec.arch)
-    model, files = _build(cls, folder, config, spec)
+    preprocess_cfg, tok = processor_preprocess_cfg(folder, spec.arch, family), tokenizer_of(folder,
+                                                                                            f"--model {spec.arch}")
+    weights = weights_of(folder, config, spec, _config)
+    tokenizer = HFTokenizer(tok, family.text_length(weights.config))
+    check_tokenizer(tokenizer, size=len(tok), vocab_size=text_vocab_size(weights.config), what=f"--model {spec.arch}",
+                    source=folder.path, fix="save the model's own tokenizer beside it (processor.save_pretrained)")
+    model = build_model(cls, weights, spec, precision)
     model.eval().requires_grad_(False)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     model.to(device=device, dtype=dtype)
-    tokenizer = HFTokenizer(tok, family.text_length(model.config))
-    weights_hash = _weights_hash(files) if files else None
+    files = weights.files
+    w_hash = weights_hash(files) if files else None
     cfg = _without_noise(model.config.to_dict())
-    tok_files = sorted(p for p in folder.iterdir() if p.is_file() and (
+    tok_files = sorted(p for p in folder.path.iterdir() if p.is_file() and (
         p.name.startswith(("tokenizer", "vocab", "merges", "special_tokens", "added_tokens", "spiece"))))
-    ident = {"hf": cfg, "class": cls.__name__, "weights": weights_hash, "precision": precision,
+    ident = {"hf": cfg, "class": cls.__name__, "weights": w_hash, "precision": precision,
              "preprocess": preprocess_cfg, "context_length": tokenizer.context_length,
-             "tokenizer": _weights_hash(tok_files), "embed_version": EMBED_VERSION}
+             "tokenizer": weights_hash(tok_files), "embed_version": EMBED_VERSION}
     digest = hashlib.blake2b(json.dumps(ident, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
     with torch.inference_mode():  # the embedding width: one caption through the text side
         probe = tokenizer(["a"]).to(device)
         embed_dim = int(family.text_features(model, probe).shape[-1])
     info = {"pretrained": None, "weights": str(files[0]) if files else None, "weights_format": "transformers",
             "quick_gelu": False, "random_init": not files, "warnings": [], "spec": asdict(spec),
-            "transformers": {"class": cls.__name__, "model_type": config.model_type, "folder": str(folder)}}
+            "transformers": {"class": cls.__name__, "model_type": config.model_type, "folder": str(folder.path)}}
     name = spec.arch[len(HF_PREFIX):]
-    shown = name if not Path(name).is_dir() else folder.resolve().name  # a repo id, else the folder's name
+    shown = name if not Path(name).is_dir() else folder.path.resolve().name  # a repo id, else the folder's name
     return LoadedModel(spec=spec, arch_name=f"{HF_PREFIX}{shown}", model=HFDualEncoder(model, family),
                        tokenizer=tokenizer, preprocess_cfg=preprocess_cfg,
                        fingerprint=f"hf-{_safe(shown.split('/')[-1])}-{precision}-{digest}", embed_dim=embed_dim,
-                       device=device, precision=precision, checkpoint_hash=weights_hash, info=info)
+                       device=device, precision=precision, checkpoint_hash=w_hash, info=info)
 
 
 def _without_noise(cfg):

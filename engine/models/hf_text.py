@@ -24,6 +24,7 @@ from huggingface_hub import snapshot_download
 from open_clip.tokenizer import DEFAULT_CONTEXT_LENGTH, HFTokenizer
 
 from hardrank.errors import DataError, MissingExtra
+from hardrank.models.boundary import check_tokenizer, open_folder, quote, vet_config
 from hardrank.openclip_import import bind_transformers
 
 __all__ = ["HFText", "hf_text", "snapshot"]
@@ -46,6 +47,7 @@ class HFText:
     text_cfg: dict | None = None
     ident: dict = field(default_factory=dict)    # names and content hashes: part of the model fingerprint
     folders: dict = field(default_factory=dict)  # where each came from on this machine (provenance only)
+    tower_config: dict | None = None             # the transformers tower's config.json (its size is checked)
 
 
 def _require_transformers(what: str) -> None:
@@ -96,33 +98,42 @@ def _files_hash(folder: Path, globs) -> str:
     return h.hexdigest()
 
 
-def _tokenizer(text: dict, own: Path | None, context_length: int | None, what: str) -> tuple[HFTokenizer, Path]:
+def _tokenizer(text: dict, own: Path | None, context_length: int | None, what: str, vocab_size: int | None
+               ) -> tuple[HFTokenizer, Path]:
     name = text["hf_tokenizer_name"]
     source = own if own is not None and _holds_tokenizer(own) else \
         snapshot(name, what, _holds_tokenizer, "tokenizer files")
+    open_folder(source, what)  # its settings vetted: no auto_map, no custom class, no path outside
     if not (source / "tokenizer.json").is_file() and any(source.glob("*.model")):
         _require_sentencepiece(f"{what} (tokenizer {name}: {source} holds a SentencePiece model, no tokenizer.json)")
-    # as open_clip.get_tokenizer builds it: context length = argument > text_cfg > default; its kwargs
+    # as open_clip.get_tokenizer builds it: context length = argument > text_cfg > default; its kwargs (vetted:
+    # only TOKENIZER_KWARGS, which open_clip's HFTokenizer takes itself)
     kwargs = dict(text.get("tokenizer_kwargs", {}))
     if text.get("tokenizer_mode"):
         kwargs["tokenizer_mode"] = text["tokenizer_mode"]
+    fetch = f"fetch them again with `hf download {name} {_FETCH}`"
     try:
         tok = HFTokenizer(str(source), context_length=context_length or text.get("context_length",
                                                                                  DEFAULT_CONTEXT_LENGTH),
-                          local_files_only=True, **kwargs)
+                          local_files_only=True, trust_remote_code=False, **kwargs)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise DataError(f"{what}: the tokenizer files in {source} do not load ({type(exc).__name__}: "
-                        f"{str(exc)[:300]}); fetch them again with `hf download {name} {_FETCH}`") from exc
+                        f"{quote(exc)}); {fetch}") from None
+    check_tokenizer(tok, size=len(tok.tokenizer), vocab_size=vocab_size, what=what, source=source,
+                    fix=f"the model's own tokenizer is the one it was trained with: {fetch}")
     return tok, source
 
 
-def hf_text(model_cfg: dict, name: str, own: Path | None, context_length: int | None, arch: str) -> HFText:
-    """The Hugging Face parts of open_clip model ``name`` (config ``model_cfg``; ``own``: its
-    ``local-dir:``/``hf-hub:`` folder), resolved offline before the model is built. Raises
-    ``MissingExtra`` without transformers, ``DataError`` when files are not in the local cache."""
+def hf_text(model_cfg: dict, name: str, own: Path | None, context_length: int | None, arch: str,
+            config_file: str = "") -> HFText:
+    """The Hugging Face parts of open_clip model ``name`` (config ``model_cfg``, read from ``config_file``;
+    ``own``: its ``local-dir:``/``hf-hub:`` folder), resolved offline and vetted before the model is built.
+    Raises ``MissingExtra`` without transformers, ``DataError`` when files are not in the local cache or
+    fail the trust boundary (``hardrank.models.boundary``)."""
     text = model_cfg.get("text_cfg", {})
     tok_name, tower = text.get("hf_tokenizer_name"), text.get("hf_model_name")
     what = f"model {arch}"
+    vet_config(model_cfg, config_file or name, config_file or f"the config of {name}", what=what)
     if not tok_name and not tower:
         if own is None and "siglip" in name.lower():
             # open_clip.get_tokenizer gives such names a SentencePiece vocabulary fetched from
@@ -135,16 +146,20 @@ def hf_text(model_cfg: dict, name: str, own: Path | None, context_length: int | 
     _require_transformers(f"{what} (its transformers text tower {tower})" if tower else
                           f"{what} (its Hugging Face tokenizer {tok_name})")
     out = HFText()
+    vocab_size = text.get("vocab_size", 49408)  # open_clip's own text transformer (CLIPTextCfg's default)
     if tower:
-        folder = snapshot(tower, what, lambda f: (f / "config.json").is_file(), "config.json")
+        folder = open_folder(snapshot(tower, what, lambda f: (f / "config.json").is_file(), "config.json"), what)
         # the tower from its config alone: the CLIP checkpoint brings its weights
-        out.text_cfg = {**text, "hf_model_name": str(folder), "hf_model_pretrained": False}
+        out.text_cfg = {**text, "hf_model_name": str(folder.path), "hf_model_pretrained": False}
         if context_length:
             out.text_cfg["context_length"] = context_length
-        out.ident["text_tower"] = {"name": tower, "config": _files_hash(folder, ("config.json",))}
-        out.folders["text_tower"] = str(folder)
+        out.ident["text_tower"] = {"name": tower, "config": _files_hash(folder.path, ("config.json",))}
+        out.folders["text_tower"] = str(folder.path)
+        out.tower_config = folder.config("config.json")
+        vocab_size = out.tower_config.get("vocab_size")
     if tok_name:
-        out.tokenizer, source = _tokenizer(text, own, context_length, what)
+        out.tokenizer, source = _tokenizer(text, own, context_length, what,
+                                           vocab_size if isinstance(vocab_size, int) else None)
         out.ident["tokenizer"] = {"name": tok_name, "files": _files_hash(source, _TOKENIZER_GLOBS)}
         out.folders["tokenizer"] = str(source)
     return out

@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import pickle
-import re
 import warnings
 import zipfile
 from dataclasses import asdict, dataclass, field
@@ -39,6 +38,8 @@ from safetensors import SafetensorError
 
 from hardrank.config import DATA_DIR, PRECISIONS, resolve_device
 from hardrank.errors import DataError, UsageError
+from hardrank.models.boundary import check_size, open_clip_params, open_folder, pickle_refusal, vet_config
+from hardrank.models.forms import forms_help
 from hardrank.models.hf_text import hf_text
 
 __all__ = ["ModelSpec", "LoadedModel", "load_model", "resolve_arch", "file_hash", "tag_preprocess", "PRECISIONS"]
@@ -46,6 +47,7 @@ __all__ = ["ModelSpec", "LoadedModel", "load_model", "resolve_arch", "file_hash"
 log = logging.getLogger("hardrank.models.openclip")
 _BUNDLED = DATA_DIR / "models"
 _registered: set[str] = set()
+_config_files: dict[str, str] = {}  # model name -> the config .json registered under it (for messages)
 EMBED_VERSION = 2  # bump when encoding semantics change: it is part of every fingerprint
 # 2: images reach the transform in the mode Image.open gives (1, P, RGBA, CMYK, 16-bit ... resized before
 #    their RGB conversion, as open_clip does): embeddings of such images stored under 1 are not reused
@@ -146,11 +148,12 @@ def resolve_arch(arch: str) -> str:
                             f"of an open_clip config JSON (vision_cfg + text_cfg)") from None
         if not isinstance(cfg, dict) or "vision_cfg" not in cfg or "text_cfg" not in cfg:
             raise DataError(f"{arch}: not an open_clip model config (needs 'vision_cfg' and 'text_cfg')")
+        vet_config(cfg, str(path), str(path), what=f"--model {arch}")
         open_clip.add_model_config(path)
+        _config_files[path.stem] = str(path)
         return path.stem
     if arch not in open_clip.list_models():
-        raise UsageError(f"unknown model {arch!r}: not an open_clip model name, a config .json, 'hf-hub:ORG/NAME', "
-                         f"'local-dir:<folder>' or a transformers model 'hf:<folder or ORG/NAME>'. Known names "
+        raise UsageError(f"unknown model {arch!r}: --model takes {forms_help()}. Known open_clip names "
                          f"include {open_clip.list_models()[:5]}...")
     return arch
 
@@ -195,6 +198,7 @@ class _WeightsSource:
     weights: str | None          # the weights file
     weights_format: str | None   # safetensors | torch | torchscript | numpy
     notes: list[str] = field(default_factory=list)  # warnings recorded in every result
+    config_file: str = ""        # where model_cfg was read (for messages)
 
 
 def _hub_file(repo: str, filenames, what: str) -> str:
@@ -301,17 +305,15 @@ def _source(spec: ModelSpec, name: str) -> _WeightsSource:
                     if (folder / "config.json").is_file() else "")
             raise DataError(f"{spec.arch}: {cfg_file} is missing; a hub snapshot or local-dir folder needs the "
                             f"open_clip_config.json (model_cfg + preprocess_cfg) that open_clip writes{hint}")
-        try:
-            full = json.loads(cfg_file.read_text(encoding="utf-8"))
-        except ValueError as exc:  # not JSON, or not UTF-8
-            raise DataError(f"{cfg_file}: not valid JSON ({exc}); open_clip writes it as an object with "
-                            f"model_cfg + preprocess_cfg") from None
-        if not isinstance(full, dict) or "model_cfg" not in full:
+        vetted = open_folder(folder, f"--model {spec.arch}")  # settings, tokenizer and weights files vetted
+        full = vetted.config("open_clip_config.json")
+        if "model_cfg" not in full:
             raise DataError(f"{cfg_file}: no 'model_cfg' key (open_clip's format: model_cfg + preprocess_cfg)")
-        weights = str(ckpt) if ckpt else next((str(folder / n) for n in _WEIGHT_NAMES if (folder / n).is_file()), None)
+        weights = str(ckpt) if ckpt else next((str(vetted.file(n)) for n in _WEIGHT_NAMES if vetted.holds(n)), None)
         if weights and not ckpt:
             fmt = _weights_format(Path(weights))
-        return _WeightsSource(f"local-dir:{folder}", full, {}, bool(spec.quick_gelu), weights, fmt, notes)
+        return _WeightsSource(f"local-dir:{folder}", full, {}, bool(spec.quick_gelu), weights, fmt, notes,
+                              str(cfg_file))
     model_cfg = dict(open_clip.get_model_config(name) or {"name": name})
     preprocess, quick_gelu = {}, False
     if spec.pretrained:
@@ -331,7 +333,8 @@ def _source(spec: ModelSpec, name: str) -> _WeightsSource:
         quick_gelu = spec.quick_gelu
     if quick_gelu and not model_cfg.get("quick_gelu"):
         model_cfg["quick_gelu"] = True
-    return _WeightsSource(name, model_cfg, preprocess, quick_gelu, weights, fmt, notes)
+    return _WeightsSource(name, model_cfg, preprocess, quick_gelu, weights, fmt, notes,
+                          _config_files.get(name, f"open_clip's model config {name}"))
 
 
 def _text_sequence_first(model: torch.nn.Module) -> bool:
@@ -385,21 +388,7 @@ def _load_weights(model: torch.nn.Module, path: str, fmt: str, name: str) -> Non
         raise DataError(f"checkpoint {path} is not a readable .safetensors file ({exc}): it is truncated or "
                         f"corrupt; copy or save it again") from exc
     except pickle.UnpicklingError as exc:
-        msg = str(exc)
-        # torch words the refusal differently across releases ("Unsupported global: GLOBAL x.y",
-        # "unsupported GLOBAL x.y whose module x is blocked"); its text also advises weights_only=False,
-        # which must never reach the user: only the refused name is quoted
-        found = re.search(r"unsupported global:?\s+(?:GLOBAL\s+)?([\w.]+)", msg, re.IGNORECASE)
-        if found:
-            raise DataError(f"checkpoint {path} is a pickle holding Python objects ({found.group(1)}), not only "
-                            f"tensors; hardrank loads checkpoints with safe (weights_only) loading, which refuses "
-                            f"them, because unpickling such objects can run arbitrary code. Ask its author for the "
-                            f"weights as .safetensors or as a plain state dict of tensors") from exc
-        detail = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:Check the documentation|$)", msg, re.DOTALL)
-        reason = (detail.group(1) if detail else msg.splitlines()[0] if msg else type(exc).__name__)[:200]
-        raise DataError(f"checkpoint {path} is not a PyTorch checkpoint ({reason}): the file is corrupt or of "
-                        f"another format; pass a .pt/.pth/.bin state dict, a .safetensors file or an OpenAI "
-                        f"TorchScript archive") from exc
+        raise pickle_refusal(path, exc) from exc
     except (EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"checkpoint {path} ends early ({type(exc).__name__}): it is truncated; copy it again") from exc
     except (RuntimeError, AssertionError) as exc:  # open_clip asserts when embedding widths differ
@@ -445,7 +434,9 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     kwargs = {"init_logit_bias": -10.0} if spec.logit_bias else {}
     arch_cfg = src.model_cfg.get("model_cfg", src.model_cfg)  # hub snapshots and folders nest it
     own = Path(src.name[len("local-dir:"):]) if src.name.startswith("local-dir:") else None
-    hf = hf_text(arch_cfg, name, own, spec.context_length, spec.arch)  # before the (slow) build: fail fast
+    hf = hf_text(arch_cfg, name, own, spec.context_length, spec.arch, src.config_file)  # before the build: fail fast
+    check_size(open_clip_params(arch_cfg, hf.tower_config), [Path(src.weights)] if src.weights else [],
+               what=f"--model {spec.arch}", config=src.config_file, precision=precision)
     if hf.text_cfg is not None:
         kwargs["text_cfg"] = hf.text_cfg
     with _quiet_open_clip():

@@ -144,7 +144,7 @@ def folder_arch(model: str) -> str:
         return f"hf:{model}"
     raise DataError(f"--model {model}: the folder is neither an open_clip model (open_clip_config.json + weights, "
                     f"as open_clip's push_to_hf_hub saves one: --model local-dir:FOLDER) nor a transformers model "
-                    f"(config.json + weights + preprocessor_config.json + tokenizer files, as save_pretrained writes "
+                    f"(config.json + weights + the processor's and tokenizer's files, as save_pretrained writes "
                     f"them: --model hf:FOLDER); pass such a folder, or an open_clip model name or config .json with "
                     f"--checkpoint FILE")
 

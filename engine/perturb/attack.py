@@ -343,11 +343,13 @@ def candidate_rel(path: str, partner: int) -> Path:
 
 def write_image_candidates(images_root: str | os.PathLike, image_paths: list[str], pairs: list[tuple[int, int]],
                            out_dir: str | os.PathLike, *, method: str, lam: float, seed: int, size: int = 384,
-                           quality: int = 75, device: str = "cpu", batch: int = 64) -> tuple[list[Path], int]:
+                           quality: int = 75, device: str = "cpu", batch: int = 64,
+                           progress=None) -> tuple[list[Path], int]:
     """Write the altered copy of each (image, partner) pair with ``perturb images``' code (resize to
     ``size``, ``_alter_batch``, uint8 rounding, JPEG). Patch boxes: one per image, drawn in image order
     from ``RandomState(seed)``, shared by its candidates. Existing files are kept (resumable). Returns
-    the candidates' paths (pair order) and how many were written."""
+    the candidates' paths (pair order) and how many were written. ``progress``: a ``progress(total=...,
+    desc=...)`` factory (as ``hardrank.evaluate`` takes), advanced by each batch written."""
     root, out_dir = Path(images_root), Path(out_dir)
     rs = np.random.RandomState(seed)
     boxes = [_rand_box(rs, size, size, float(lam)) if method == "patch" else None for _ in image_paths]
@@ -365,14 +367,21 @@ def write_image_candidates(images_root: str | os.PathLike, image_paths: list[str
     by_box: dict[object, list[int]] = defaultdict(list)  # pairs sharing a box are altered in one batch
     for t in todo:
         by_box[boxes[pairs[t][0]]].append(t)
-    for box, ts in by_box.items():
-        for s in range(0, len(ts), batch):
-            part = ts[s:s + batch]
-            x = np.stack([img(pairs[t][0]) for t in part] + [img(pairs[t][1]) for t in part])
-            xt = torch.from_numpy(x).to(device).permute(0, 3, 1, 2).float().div_(255)
-            m = len(part)
-            perm = torch.cat([torch.arange(m, 2 * m), torch.arange(m)]).to(device)
-            y = _to_uint8(_alter_batch(xt, perm, method=method, lam=float(lam), box=box)).numpy()
-            for r, t in enumerate(part):
-                _save_jpeg(y[r], paths[t], quality)
+    bar = progress(total=len(todo), desc="write candidate images") if progress and todo else None
+    try:
+        for box, ts in by_box.items():
+            for s in range(0, len(ts), batch):
+                part = ts[s:s + batch]
+                x = np.stack([img(pairs[t][0]) for t in part] + [img(pairs[t][1]) for t in part])
+                xt = torch.from_numpy(x).to(device).permute(0, 3, 1, 2).float().div_(255)
+                m = len(part)
+                perm = torch.cat([torch.arange(m, 2 * m), torch.arange(m)]).to(device)
+                y = _to_uint8(_alter_batch(xt, perm, method=method, lam=float(lam), box=box)).numpy()
+                for r, t in enumerate(part):
+                    _save_jpeg(y[r], paths[t], quality)
+                if bar is not None:
+                    bar.update(len(part))
+    finally:
+        if bar is not None:
+            bar.close()
     return paths, len(todo)

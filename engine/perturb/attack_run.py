@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from hardrank import cpus
 from hardrank.atomic import atomic_path, copy_into, write_json_atomic, write_text_atomic
 from hardrank.config import (
     EmbedOptions,
@@ -47,6 +46,7 @@ from hardrank.perturb.attack import (
     write_image_candidates,
 )
 from hardrank.perturb.images import METHODS, check_relative, variant_name
+from hardrank.settings import RunSettings, start_run
 from hardrank.suites.karpathy import (
     N_PERTURBED,
     ROCOCO_TEXT_VARIANTS,
@@ -68,7 +68,7 @@ class AttackConfig:
     """What both attacks take: the checkpoints attacked (each also evaluated on the others' variants),
     the clean Karpathy file and its images, the output folder, and how items are embedded."""
 
-    model: str = opt("", "open_clip model name, config .json, hf-hub:ORG/NAME or local-dir:<folder>")
+    model: str = opt("", "the model attacked", listing="models")
     checkpoints: tuple[str | None, ...] = opt((None,), "weights file(s), globs ok: each is attacked, and every "
                                               "attack is evaluated on every checkpoint (the transfer matrix)",
                                               flag="--checkpoint", path=True)
@@ -139,10 +139,10 @@ def _check_usage(cfg: AttackConfig) -> None:
     cfg.embed.check_store()
 
 
-def _pipe(cfg: AttackConfig) -> EmbedPipeline:
+def _pipe(cfg: AttackConfig, settings: RunSettings) -> EmbedPipeline:
     return EmbedPipeline(user_specs(cfg.model, cfg.checkpoints, precision=cfg.embed.precision,
                                     device=cfg.embed.device, pretrained=cfg.pretrained, random_init=cfg.random_init),
-                         cfg.embed)
+                         cfg.embed, settings=settings)
 
 
 def _check_read(tables: Tables, ann: Path) -> None:
@@ -154,11 +154,12 @@ def _check_read(tables: Tables, ann: Path) -> None:
 
 def _evaluate(cfg: AttackConfig, pipe: EmbedPipeline, out: Path, opts: SuiteOptions, progress, echo) -> dict[str, dict]:
     """Every checkpoint on the rococo suite with the given variants (one grouped pass per checkpoint);
-    results under ``out``; returns the result per checkpoint label."""
+    results under ``out`` (with the attack's own threads: ``pipe.settings``); returns the result per checkpoint
+    label."""
     ev = EvalConfig(suites=("rococo",), out=str(out), model=cfg.model,
                     checkpoints=tuple(m.spec.checkpoint for m in pipe.models), pretrained=cfg.pretrained,
                     random_init=cfg.random_init, suite_options=opts, embed=pipe.options)
-    report = evaluate(ev, progress=progress, echo=echo)
+    report = evaluate(ev, progress=progress, echo=echo, settings=pipe.settings)
     return {r["checkpoint"]: r for r in report.results}
 
 
@@ -188,8 +189,8 @@ def attack_texts(cfg: AttackTextsConfig | None = None, *, progress=None, echo=No
     work too: ``attack_texts(model=..., checkpoints=[...], annotations=..., images=..., out=...)``."""
     cfg = _config(AttackTextsConfig, cfg, options)
     echo = echo or (lambda s: None)
+    settings = start_run(cfg.embed.threads, cfg.embed.decode_threads)  # (a bad $HARDRANK_THREADS: usage, first)
     _check_usage(cfg)
-    cpus.use(cfg.embed.threads)
     t_start = time.perf_counter()
     ann, out = Path(cfg.annotations), Path(cfg.out)
     clean = read_karpathy(ann)
@@ -204,13 +205,15 @@ def attack_texts(cfg: AttackTextsConfig | None = None, *, progress=None, echo=No
         concepts = concepts_from_rococo(ann, sc)
     sources, owner, forbidden = attack_sources(clean)
     t0 = time.perf_counter()
+    echo(f"tagging {len(sources)} captions and building their substitutions")
     classes = tag_captions(sources)
     vocab = build_vocab(classes, sources, int(cfg.vocab)) if cfg.vocab.isdigit() else vocab_from_file(cfg.vocab)
     cands = make_candidates(sources, classes, vocab, concepts, positions=cfg.positions, budget=cfg.budget,
                             forbidden=forbidden)
     t_cand = time.perf_counter() - t0
-    echo(f"{len(cands.texts)} candidates for {len(sources)} captions ({t_cand:.1f}s to tag and build)")
-    pipe = _pipe(cfg)
+    echo(f"{len(cands.texts)} candidates for {len(sources)} captions ({t_cand:.1f}s to tag and build); embedding "
+         f"them with their images")
+    pipe = _pipe(cfg, settings)
     tables = Tables.empty()
     img_rows = tables.images.add_many(ImageRef(os.fspath(Path(cfg.images) / im)) for im, _ in clean)
     src_rows = tables.texts.add_many(sources)
@@ -230,6 +233,7 @@ def attack_texts(cfg: AttackTextsConfig | None = None, *, progress=None, echo=No
     device = resolve_device(cfg.embed.device)
     per, views, t_score = [], [], 0.0
     for k, label in enumerate(pipe.labels):
+        echo(f"{label}: scoring {len(cands.texts)} candidates against their images, writing adv_{label}.json")
         emb = pipe.embeddings(k, tables)
         t0 = time.perf_counter()
         img = emb["image"][img_rows]
@@ -250,6 +254,7 @@ def attack_texts(cfg: AttackTextsConfig | None = None, *, progress=None, echo=No
         per.append(_text_stats(label, cands, win, top))
     opts = SuiteOptions(annotations=str(copy), data=str(out), images=cfg.images,
                         text_variants=tuple(views + published), image_variants=())
+    echo(f"evaluating {len(pipe.labels)} checkpoint(s) on {len(views) + len(published)} caption variant(s)")
     results = _evaluate(cfg, pipe, out / "eval", opts, progress, echo)
     labels = list(pipe.labels)
     for p, label, view in zip(per, labels, views):
@@ -307,8 +312,8 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
     ``cfg.out``; returns the summary. Keyword options work as for ``attack_texts``."""
     cfg = _config(AttackImagesConfig, cfg, options)
     echo = echo or (lambda s: None)
+    settings = start_run(cfg.embed.threads, cfg.embed.decode_threads)  # (a bad $HARDRANK_THREADS: usage, first)
     _check_usage(cfg)
-    cpus.use(cfg.embed.threads)
     t_start = time.perf_counter()
     ann, out, root = Path(cfg.annotations), Path(cfg.out), Path(cfg.images)
     if not root.is_dir():
@@ -320,7 +325,7 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
     if len(paths) < 2:  # checked here, before any encoding: each image's partner is another image
         raise DataError(f"{ann}: {len(paths)} image(s); the image attack needs at least 2 (each image's partner "
                         f"is another image): pass a Karpathy file with more images")
-    pipe = _pipe(cfg)
+    pipe = _pipe(cfg, settings)
     tables = Tables.empty()
     img_rows = tables.images.add_many(ImageRef(os.fspath(root / im)) for im in paths)
     caps, cap_img = [], []
@@ -330,9 +335,11 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
     cap_img = np.array(cap_img, dtype=np.int64)
     cap_rows = tables.texts.add_many(caps)
     t0 = time.perf_counter()
+    echo(f"embedding {len(paths)} images and {len(caps)} captions with {len(pipe.labels)} checkpoint(s)")
     pipe.run(tables, progress=progress)
     _check_read(tables, ann)
     embs = [pipe.embeddings(k, tables) for k in range(len(pipe.models))]
+    echo(f"each image's {min(cfg.k, len(paths) - 1)} nearest images, per checkpoint")
     neighbours = [nearest_images(e["image"][img_rows], cfg.k) for e in embs]
     pairs = list(dict.fromkeys(p for nb in neighbours for p in image_candidates(paths, nb)))
     # the folder keys all the files depend on: kept files are reused only for the same images, order
@@ -344,11 +351,14 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
     published = variant_name(cfg.method, cfg.lam, cfg.seed).removesuffix(f"_s{cfg.seed}")
     device = resolve_device(cfg.embed.device)
     t1 = time.perf_counter()
+    echo(f"{len(pairs)} candidate images ({cfg.method}, an image with each of its partners) into "
+         f"{out / 'candidates' / tag}")
     files, written = write_image_candidates(root, paths, pairs, out / "candidates" / tag, method=cfg.method,
                                             lam=cfg.lam, seed=cfg.seed, size=cfg.size, quality=cfg.quality,
-                                            device=device)
+                                            device=device, progress=progress)
     t_write = time.perf_counter() - t1
-    echo(f"{len(pairs)} candidate images ({written} written, {len(pairs) - written} kept) in {t_write:.1f}s")
+    echo(f"{len(pairs)} candidate images ({written} written, {len(pairs) - written} kept) in {t_write:.1f}s; "
+         f"embedding them")
     file_of = dict(zip(pairs, files))
     cand_rows = dict(zip(pairs, tables.images.add_many(ImageRef(os.fspath(f)) for f in files)))
     pipe.run(tables, progress=progress)
@@ -361,6 +371,8 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
     slot = np.arange(len(cap_img)) - np.searchsorted(cap_img, cap_img)  # caption's index within its image
     per, views, t_score = [], [], 0.0
     for k, label in enumerate(pipe.labels):
+        echo(f"{label}: scoring {n} x {kk} candidates against their images' {len(cap_img)} captions, writing the "
+             f"winners")
         emb = pipe.embeddings(k, tables)  # now with the candidates' rows
         ts = time.perf_counter()
         img = emb["image"][img_rows]
@@ -374,12 +386,17 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
         t_score += time.perf_counter() - ts
         name = f"adv_{label}_{published}"
         folder = root / f"{name}_s{cfg.seed}"
+        bar = progress(total=n, desc=f"write {name}_s{cfg.seed}") if progress else None
         for i in range(n):
             src = file_of[(i, int(neighbours[k][i, choice[i]]))]
             dst = folder / Path(paths[i]).with_suffix(".jpg")
             dst.parent.mkdir(parents=True, exist_ok=True)
             with atomic_path(dst) as tmp:
                 shutil.copyfile(src, tmp)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
         views.append(name)
         per.append({"checkpoint": label, "images": n, "captions": len(cap_img), "folder": str(folder),
                     "image_success_rate": 100.0 * float((wins > 0).mean()),
@@ -389,6 +406,7 @@ def attack_images(cfg: AttackImagesConfig | None = None, *, progress=None, echo=
     base_views = [published] if (root / f"{published}_s{cfg.seed}").is_dir() else []
     opts = SuiteOptions(annotations=str(ann), images=str(root), text_variants=(),
                         image_variants=tuple(views + base_views), seeds=(cfg.seed,))
+    echo(f"evaluating {len(pipe.labels)} checkpoint(s) on {len(views) + len(base_views)} variant folder(s)")
     results = _evaluate(cfg, pipe, out / "eval", opts, progress, echo)
     labels = list(pipe.labels)
     seeded = image_variant_names(views, [cfg.seed])

@@ -38,8 +38,7 @@ class PerturbTextsConfig:
     """RoCOCO-style caption variants: each caption's lowest-embedding-influence noun replaced, one
     ``<kind>.json`` per kind (RoCOCO format), or text-only variant shards for tar shard inputs."""
 
-    model: str = opt("", "open_clip model name, config .json, hf-hub:ORG/NAME, local-dir:<folder> or "
-                     "hf:<folder or ORG/NAME> (transformers); its text encoder ranks the words")
+    model: str = opt("", "the model whose text encoder ranks the words", listing="models")
     checkpoint: str | None = opt(None, "weights file", path=True)
     pretrained: str | None = opt(None, "open_clip pretrained tag (its weights from the local cache when no "
                                  "--checkpoint is given)")

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from hardrank.scoring.blind import blind_summary
 from hardrank.tasks import Suite
 
 __all__ = ["ChoiceAggregate", "attach_aggregates", "aggregate_accuracy", "suite_aggregates"]
@@ -41,16 +42,21 @@ def attach_aggregates(suite: Suite, aggregates: list[ChoiceAggregate]) -> Suite:
 
 
 def aggregate_accuracy(agg: ChoiceAggregate, subsets: dict[str, list[str] | None],
-                       correct: dict[str, np.ndarray]) -> dict:
+                       correct: dict[str, np.ndarray], blind: dict[str, tuple[str, np.ndarray]] | None = None) -> dict:
     """``{"all": {"accuracy": %, "items": n, ...}, "members": [...], "over": ...}`` for one aggregate.
 
-    subsets: task name -> (n,) subset labels (None if the task has none); correct: task -> (n,) bool.
-    Members missing from ``correct`` are ignored (a file that was not found)."""
+    subsets: task name -> (n,) subset labels (None if the task has none); correct: task -> (n,) bool;
+    blind: task -> (rule, (n,) bool unresolvable rows), pooled beside a micro accuracy when every member
+    has them under one rule. Members missing from ``correct`` are ignored (a file that was not found)."""
     present = [t for t in agg.tasks if t in correct]
     out = {"members": present, "over": agg.over}
     if agg.over == "items":
         pooled = np.concatenate([np.asarray(correct[t], dtype=bool) for t in present]) if present else np.zeros(0, bool)
         out["all"] = {"accuracy": _pct(pooled), "items": int(len(pooled))}
+        blind = blind or {}
+        rules = {blind[t][0] for t in present if t in blind}
+        if present and all(t in blind for t in present) and len(rules) == 1:
+            out["all"]["blind"] = blind_summary(rules.pop(), pooled, np.concatenate([blind[t][1] for t in present]))
         return out
     if agg.over == "tasks":
         accs = [_pct(np.asarray(correct[t], dtype=bool)) for t in present]
@@ -90,6 +96,7 @@ def suite_aggregates(suite: Suite, verdicts: dict[str, dict[str, np.ndarray]]) -
     if not specs:
         return {}
     subsets = {t.name: t.subset for t in suite.choice}
+    blind = {t.name: (t.rule, t.blind) for t in suite.choice if t.blind is not None}
     correct = {}
     for name, v in verdicts.items():
         if "correct" in v:
@@ -100,8 +107,9 @@ def suite_aggregates(suite: Suite, verdicts: dict[str, dict[str, np.ndarray]]) -
         wrong = [t for t in agg.tasks if t in verdicts and t not in correct]
         if wrong:
             raise ValueError(f"aggregate {agg.name!r}: task(s) {wrong} have no single 'correct' verdict "
-                             f"(only first_strict / first_ties_win tasks can be pooled)")
-        out[agg.name] = aggregate_accuracy(agg, subsets, correct)
+                             f"(only rules with a 'correct' verdict can be pooled: first_strict, "
+                             f"first_ties_win, pair_t2i, two_positives, text_triplet)")
+        out[agg.name] = aggregate_accuracy(agg, subsets, correct, blind)
     return out
 
 

@@ -35,6 +35,9 @@ way CLIP_benchmark names SugarCrepe's files ``sugar_crepe/add_att``):
   suite (the ImageFolder / WebDataset root's folder name for ``imagefolder`` / ``classification``), each
   image variant (a corruption at a severity and seed, or its mean over seeds) ``<dataset>/<variant>``
   with ``relative_robustness`` (variant acc1 / clean acc1; not a CLIP_benchmark metric).
+- linear probe (``linear_probe``): task ``linear_probe`` with ``lp_acc1``, ``lp_acc5``,
+  ``lp_mean_per_class_recall`` and the probe's ``weight_decay``, ``epochs``, ``seed``, ``fewshot_k``,
+  ``normalized``, as CLIP_benchmark writes them; the dataset is the WebDataset root's folder name.
 - mask suites (``amodal``): no CLIP_benchmark task; skipped and reported.
 
 Protocol differences to know: CLIP_benchmark breaks ties by ``argmax``/``topk`` order (the first
@@ -48,6 +51,7 @@ import os
 from pathlib import Path
 
 from hardrank.atomic import write_json_atomic
+from hardrank.config import check_writable_dir
 from hardrank.errors import DataError
 from hardrank.scoring.results import read_results
 
@@ -86,6 +90,8 @@ def _karpathy_name(result: dict) -> str:
 
 def _one_image(all_: dict) -> dict:
     """image_caption_selection metrics of a task with one image and K captions."""
+    if "statement_accuracy" in all_:  # MMVP-VLM: each caption picks one of two images; a pair counts when both do
+        return {"acc": _frac(all_["accuracy"]), "image_acc": _frac(all_["accuracy"])}
     if "accuracy" in all_:
         acc = _frac(all_["accuracy"])
         return {"acc": acc, "text_acc": acc, "image_acc": 1.0}
@@ -103,8 +109,9 @@ def _one_image(all_: dict) -> dict:
     return {}
 
 
-def _choice(suite: str, metrics: dict) -> list[tuple[str, dict]]:
-    entries = {k: v for k, v in metrics.items() if isinstance(v, dict) and isinstance(v.get("all"), dict)}
+def _choice(suite: str, metrics: dict, counts: dict) -> list[tuple[str, dict]]:
+    entries = {k: v for k, v in metrics.items() if isinstance(v, dict) and isinstance(v.get("all"), dict)
+               and (counts.get(k) or {}).get("rule") != "text_triplet"}  # a text-only task selects no caption
     out = []
     if suite == "sugarcrepe":
         return [(f"sugar_crepe/{t}", _one_image(entries[t]["all"])) for t in _SUGARCREPE if t in entries]
@@ -154,6 +161,20 @@ def _classification(result: dict) -> list[tuple[str, dict]]:
     return out
 
 
+def _linear_probe(result: dict) -> list[tuple[str, dict]]:
+    """CLIP_benchmark's linear_probe record: its ``lp_*`` metrics (fractions) and the probe's settings."""
+    name = Path(str((result.get("suite_meta") or {}).get("images") or "").rstrip("/")).name or result["suite"]
+    out = []
+    for task, m in result["metrics"].items():
+        o = ((result.get("probe") or {}).get(task) or {}).get("options") or {}
+        rec = {"lp_acc1": _frac(m.get("acc1")), "lp_acc5": _frac(m.get("acc5")),
+               "lp_mean_per_class_recall": _frac(m.get("mean_per_class_recall")),
+               "weight_decay": m.get("weight_decay"), "epochs": o.get("fewshot_epochs"), "seed": o.get("probe_seed"),
+               "fewshot_k": o.get("fewshot_k"), "normalized": True}
+        out.append((name if len(result["metrics"]) == 1 else f"{name}/{task}", rec))
+    return out
+
+
 def clip_benchmark_records(result: dict, pretrained: str) -> tuple[list[dict], str | None]:
     """(CLIP_benchmark result dicts of one hardrank result, why none when it maps to nothing).
     ``pretrained``: the name CLIP_benchmark shows next to the model (the checkpoint's results folder)."""
@@ -171,9 +192,11 @@ def clip_benchmark_records(result: dict, pretrained: str) -> tuple[list[dict], s
         base["caption_protocol"] = (result.get("caption_protocol")
                                     or (result.get("suite_meta") or {}).get("caption_protocol") or "blip")
     elif task_type == "choice":
-        pairs, task = _choice(suite, metrics), "image_caption_selection"
+        pairs, task = _choice(suite, metrics, result.get("counts") or {}), "image_caption_selection"
     elif task_type == "classification":
         pairs, task = _classification(result), "zeroshot_classification"
+    elif task_type == "linear_probe":
+        pairs, task = _linear_probe(result), "linear_probe"
     else:
         return [], f"task type {task_type!r} ({suite}) has no CLIP_benchmark counterpart"
     records = [{**base, "dataset": d, "task": task, "metrics": m} for d, m in pairs if m]
@@ -191,7 +214,7 @@ def export_clip_benchmark(results_dir: str | os.PathLike, out: str | os.PathLike
     Returns ``{"written": [paths], "skipped": [(result path, why)]}``."""
     root, out = Path(results_dir), Path(out)
     results = read_results(root, skip=out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(out, "out (--out)")  # before any file is written
     written, skipped, names = [], [], {}
     for r in results:
         pretrained = r.path.parent.relative_to(root).as_posix() if r.path.parent != root else r.data["checkpoint"]

@@ -149,6 +149,12 @@ def headline_paths(result: dict) -> dict[str, tuple[str, ...]]:
                     out[f"{prefix}zs:{g} top1"] = (task, g, "acc1")
             if "variants_mean" in groups:
                 out[f"{prefix}zs:variants top1"] = (task, "variants_mean", "acc1")
+    elif result.get("task_type") == "linear_probe":
+        for task, tm in m.items():
+            prefix = "" if len(m) == 1 else f"{task} "
+            for k, short in (("acc1", "top1"), ("acc5", "top5"), ("mean_per_class_recall", "mpcr")):
+                if k in tm:
+                    out[f"{prefix}lp {short}"] = (task, k)
     elif result.get("task_type") == "mask":
         for role, rm in m.items():
             for k in rm:
@@ -156,7 +162,7 @@ def headline_paths(result: dict) -> dict[str, tuple[str, ...]]:
     else:
         for task, tm in m.items():
             a = tm.get("all", {})
-            for k in ("accuracy", "augmented_accuracy", "original_accuracy", "group_score", "i2t_accuracy"):
+            for k in ("accuracy", "augmented_accuracy", "original_accuracy", "group_score", "i2t_accuracy", "mAP"):
                 if k in a:
                     out[f"{task} {k.replace('_accuracy', '').replace('accuracy', 'acc')}"] = (task, "all", k)
     return out

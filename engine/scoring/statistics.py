@@ -38,6 +38,7 @@ UNITS = {
     "choice": "item: one row of a choice task (its candidates and verdicts)",
     "classification": "image: a clean image with its corrupted copies (every group's row of it)",
     "mask": "question: one question and its masks",
+    "linear_probe": "image: one test image (the trained probe held fixed: its training's variance is not resampled)",
 }
 
 
@@ -396,19 +397,62 @@ def _choice(result: dict, t: pa.Table) -> UnitStats:
     return b.build()
 
 
-def _classification(result: dict, t: pa.Table) -> UnitStats:
-    m = result["metrics"]
+def _class_metrics(b: _Builder, k: str, path: tuple[str, ...], keys: np.ndarray, u: np.ndarray, r: np.ndarray,
+                   classes: np.ndarray, gm: dict) -> dict[str, Callable]:
+    """The acc1 / acc5 / mean_per_class_recall estimands (those ``gm`` reports) of one group of rows that rank a
+    true class (``r``: its rank, ``classes``: its index, ``u``: each row's unit), added to ``b`` under ``path``."""
+    out: dict[str, Callable] = {}
+    n = b.add(f"{k}|n", u, 1.0)
+    for K in (1, 5):
+        if _num(gm.get(f"acc{K}")):
+            fn = _ratio(b.add(f"{k}|hit{K}", u, r < K), n)
+            b.rows[f"{k}|hit{K}"] = (keys, r < K)
+            b.estimands.append(Estimand((*path, f"acc{K}"), fn, f"{k}|hit{K}"))
+            out[f"acc{K}"] = fn
+    if _num(gm.get("mean_per_class_recall")):
+        present = np.unique(classes)
+        hits, count = b.add(f"{k}|hit1", u, r < 1, by_class=True), b.add(f"{k}|n", u, 1.0, by_class=True)
+
+        def mpcr(s: Sums, h=hits, c=count, p=present) -> np.ndarray:
+            num, den = s.by_class(h)[:, p], s.by_class(c)[:, p]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rec = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+            return 100.0 * np.nanmean(rec, axis=1)
+        b.estimands.append(Estimand((*path, "mean_per_class_recall"), mpcr))
+        out["mean_per_class_recall"] = mpcr
+    return out
+
+
+def _class_units(t: pa.Table):
+    """(task, query id, rank, unit of each row, the units, class of each row, class keys, class of each unit) of
+    rows that rank a true class among classes (classification, linear probes): a unit is one (task, image)."""
     task = np.array(t.column("task").to_pylist(), dtype=object)
     qid = np.array(t.column("query_id").to_pylist(), dtype=object)
-    group = np.array(t.column("view").to_pylist(), dtype=object)
     cls = np.array(t.column("subset").to_pylist(), dtype=object)
     rank = t.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    unit_keys = np.array([f"{a}\x1f{q}" for a, q in zip(task.tolist(), qid.tolist())], dtype=object)
-    units, unit_idx = np.unique(unit_keys, return_inverse=True)
+    units, unit_idx = np.unique(np.array([f"{a}\x1f{q}" for a, q in zip(task.tolist(), qid.tolist())], dtype=object),
+                                return_inverse=True)
     class_keys, class_idx = np.unique(np.array([f"{a}\x1f{c}" for a, c in zip(task.tolist(), cls.tolist())],
                                                dtype=object), return_inverse=True)
     unit_class = np.zeros(len(units), dtype=np.int64)
     unit_class[unit_idx] = class_idx
+    return task, qid, rank, unit_idx, units, class_idx, class_keys, unit_class
+
+
+def _linear_probe(result: dict, t: pa.Table) -> UnitStats:
+    m = result["metrics"]
+    task, qid, rank, unit_idx, units, class_idx, class_keys, unit_class = _class_units(t)
+    b = _Builder("linear_probe", units)
+    for name in dict.fromkeys(task.tolist()):
+        sel = np.nonzero(task == name)[0]
+        _class_metrics(b, name, (name,), qid[sel], unit_idx[sel], rank[sel], class_idx[sel], m.get(name, {}))
+    return b.build(unit_class, len(class_keys))
+
+
+def _classification(result: dict, t: pa.Table) -> UnitStats:
+    m = result["metrics"]
+    task, qid, rank, unit_idx, units, class_idx, class_keys, unit_class = _class_units(t)
+    group = np.array(t.column("view").to_pylist(), dtype=object)
     b = _Builder("classification", units)
     for name in dict.fromkeys(task.tolist()):
         tm = m.get(name, {})
@@ -419,27 +463,8 @@ def _classification(result: dict, t: pa.Table) -> UnitStats:
             gm = tm.get(g)
             if not isinstance(gm, dict):
                 continue
-            u, r = unit_idx[sel], rank[sel]
-            k = f"{name}|{g}"
-            n = b.add(f"{k}|n", u, 1.0)
-            keys = qid[sel]
-            for K in (1, 5):
-                if _num(gm.get(f"acc{K}")):
-                    fn = _ratio(b.add(f"{k}|hit{K}", u, r < K), n)
-                    b.rows[f"{k}|hit{K}"] = (keys, r < K)
-                    b.estimands.append(Estimand((name, g, f"acc{K}"), fn, f"{k}|hit{K}"))
-                    per[(g, f"acc{K}")] = fn
-            if _num(gm.get("mean_per_class_recall")):
-                present = np.unique(class_idx[sel])
-                hits, count = b.add(f"{k}|hit1", u, r < 1, by_class=True), b.add(f"{k}|n", u, 1.0, by_class=True)
-
-                def mpcr(s: Sums, h=hits, c=count, p=present) -> np.ndarray:
-                    num, den = s.by_class(h)[:, p], s.by_class(c)[:, p]
-                    with np.errstate(invalid="ignore", divide="ignore"):
-                        rec = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
-                    return 100.0 * np.nanmean(rec, axis=1)
-                b.estimands.append(Estimand((name, g, "mean_per_class_recall"), mpcr))
-                per[(g, "mean_per_class_recall")] = mpcr
+            fns = _class_metrics(b, f"{name}|{g}", (name, g), qid[sel], unit_idx[sel], rank[sel], class_idx[sel], gm)
+            per.update({(g, k): fn for k, fn in fns.items()})
             if (g, "acc1") in per:
                 acc1[g] = per[(g, "acc1")]
         clean = acc1.get("clean")
@@ -489,7 +514,8 @@ def _mask(result: dict, t: pa.Table) -> UnitStats:
     return b.build()
 
 
-_BUILDERS = {"ranking": _ranking, "choice": _choice, "classification": _classification, "mask": _mask}
+_BUILDERS = {"ranking": _ranking, "choice": _choice, "classification": _classification, "mask": _mask,
+             "linear_probe": _linear_probe}
 
 
 def unit_stats(result: dict, outcomes: pa.Table) -> UnitStats:

@@ -23,11 +23,21 @@ from hardrank.atomic import atomic_path, named_when_full, why_unwritable, write_
 from hardrank.errors import DataError, NoSpace, UsageError
 from hardrank.store.key_index import KeyIndex, as_string_array
 
-__all__ = ["EmbeddingStore", "MissingKeys", "embedding_schema", "open_store", "is_store_folder", "SCHEMA_VERSION"]
+__all__ = ["EmbeddingStore", "MissingKeys", "embedding_schema", "open_store", "is_store_folder", "SCHEMA_VERSION",
+           "READS", "check_version", "reads_version"]
 
 log = logging.getLogger("hardrank.store.embedding_store")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # the store format this code writes: in each shard's schema metadata and in the manifest
+# The compatibility rule. Every manifest and shard records the store format version that wrote it (manifest
+# "schema_version", shard schema metadata "hardrank_schema"); one without a record is of version 1. A folder
+# of a version this code reads (READS: every layout hardrank has written, checksummed shards and those from
+# before checksums alike) is read as it is: nothing in it is moved, rewritten or encoded again because of
+# its version. A newer version, or one no hardrank writes, is refused when the folder (or a shard of it) is
+# opened, before anything in it is moved or written: one line naming the folder, its version, the versions
+# read here and the fix. Damage is another matter: a shard of a readable version that fails its checksum is
+# moved to quarantine/ (never deleted) and its items encoded again.
+READS = (1,)
 _DTYPES = {"float16": pa.float16(), "float32": pa.float32()}
 _MODALITIES = ("image", "text")
 _DIGEST = b"hardrank_digest"  # schema metadata of each shard: the checksum of its rows
@@ -51,6 +61,39 @@ def embedding_schema(dim: int, dtype: str) -> pa.Schema:
          pa.field("embedding", pa.list_(pa.field("item", _DTYPES[dtype], nullable=False), dim), nullable=False)],
         metadata={"hardrank_schema": str(SCHEMA_VERSION)},
     )
+
+
+def _version(raw) -> int | None:
+    """A recorded version as an integer (None: not one)."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def reads_version(raw) -> bool:
+    """Whether a recorded store format version (None: none recorded, version 1) is one this code reads."""
+    return raw is None or (not isinstance(raw, (bool, float)) and _version(raw) in READS)
+
+
+def check_version(raw, folder: Path, where: str) -> None:
+    """Refuse a store folder whose ``where`` (its manifest, or a shard) records a store format version this
+    code does not read (``READS``): a DataError naming the folder, the version and the fix. ``raw``: the
+    recorded value (None: none recorded, version 1)."""
+    if reads_version(raw):
+        return
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    version = _version(raw)
+    reads = ", ".join(map(str, READS))
+    if version is not None and version > max(READS):
+        raise DataError(f"store folder {folder}: {where} is in store format version {version}, written by a newer "
+                        f"hardrank; this one reads version {reads}: upgrade hardrank to use these embeddings, or "
+                        f"pass another --store (nothing in the folder was changed)")
+    raise DataError(f"store folder {folder}: {where} records store format version {text!r}, which no hardrank "
+                    f"writes (this one reads version {reads}); the folder was not written by hardrank or was "
+                    f"edited: pass another --store, or move the folder away to start it afresh (nothing in it "
+                    f"was changed)")
 
 
 def _digest(keys, emb: np.ndarray) -> str:
@@ -212,6 +255,8 @@ class EmbeddingStore:
         self._index: dict[str, KeyIndex] = {m: KeyIndex() for m in _MODALITIES}
         self.quarantined: list[str] = []  # shard paths moved aside by this object
         manifest = self._read_manifest()
+        if manifest is not None:  # before anything else is read or written (the compatibility rule: READS)
+            check_version(manifest.get("schema_version"), self.dir, "manifest.json")
         if manifest is not None and (manifest.get("dim"), manifest.get("dtype")) != (self.dim, self.dtype):
             raise DataError(
                 f"{self.dir / 'manifest.json'}: store holds dim={manifest.get('dim')} dtype={manifest.get('dtype')}, "
@@ -296,16 +341,21 @@ class EmbeddingStore:
             source = pa.memory_map(str(path), "r")
             try:
                 reader = ipc.open_file(source)
-                table = reader.read_all()
+                version = (reader.schema.metadata or {}).get(b"hardrank_schema")
+                # another version's shard is refused below, never read, nor quarantined for its layout
+                table = reader.read_all() if reads_version(version) else None
             finally:
                 source.close()  # the mapped buffers stay valid: no file descriptor held per shard
-            emb_type = table.schema.field("embedding").type
-            keys = as_string_array(table.column("key"))
+            if table is not None:
+                emb_type = table.schema.field("embedding").type
+                keys = as_string_array(table.column("key"))
         except FileNotFoundError:  # moved to quarantine by another process meanwhile
             return None
         except (pa.ArrowInvalid, OSError, KeyError, ValueError) as exc:
             self._quarantine(path, f"not a readable Arrow shard ({exc})")
             return None
+        if table is None:
+            check_version(version, self.dir, f"shard {path.parent.name}/{path.name}")
         if emb_type != self.schema.field("embedding").type:
             raise DataError(f"{path}: embedding type {emb_type} does not match this store's "
                             f"{self.schema.field('embedding').type}; the file does not belong in {self.dir}")
@@ -541,6 +591,8 @@ def open_store(folder: str | os.PathLike, *, readonly: bool = True) -> Embedding
             m = json.loads(manifest.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             log.warning("%s is unreadable (%s); reading the store's shape from its shards", manifest, exc)
+    if isinstance(m, dict):
+        check_version(m.get("schema_version"), p, "manifest.json")
     if isinstance(m, dict) and "dim" in m and m.get("dtype") in _DTYPES:
         if m.get("fingerprint") != p.name:
             raise DataError(f"{manifest}: names fingerprint {m.get('fingerprint')!r}, not this folder {p.name!r}; "

@@ -20,12 +20,12 @@ import pyarrow.parquet as pq
 
 from hardrank import urls
 from hardrank.atomic import atomic_path
-from hardrank.config import EvalConfig, build
+from hardrank.config import EvalConfig, build, check_writable_dir
 from hardrank.embed import EmbedPipeline
 from hardrank.errors import DataError, UsageError
 from hardrank.items import ItemTable, Tables
 from hardrank.models.runs import model_specs
-from hardrank.store.embedding_store import EmbeddingStore, open_store
+from hardrank.store.embedding_store import EmbeddingStore, open_store, reads_version
 from hardrank.suites import load_suites
 
 __all__ = ["export_embeddings", "export_schema", "list_stores", "image_id", "missing_path"]
@@ -68,11 +68,12 @@ def image_id(table: ItemTable, row: int, roots: list[Path]) -> str:
 
 
 def _roots(cfg: EvalConfig, suites) -> list[Path]:
-    """Folders image paths are given relative to, deepest first: --images, the suites' image roots, --data."""
+    """Folders image paths are given relative to, deepest first: --images, the suites' image roots, --data (each
+    suite's own, when given per suite)."""
     cands = [cfg.suite_options.images, cfg.suite_options.data]
     for s in suites:
         meta = s.meta or {}
-        cands += [meta.get("images"), meta.get("images_root")]
+        cands += [meta.get("images"), meta.get("images_root"), s.options.get("images"), s.options.get("data")]
         if isinstance(meta.get("world"), str):
             cands.append(os.path.join(meta["world"], "images"))
     roots = {Path(c).resolve() for c in cands if isinstance(c, str) and c and Path(c).is_dir()}
@@ -118,6 +119,11 @@ def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, 
         cfg = build(EvalConfig, options)
     elif options:
         raise UsageError(f"pass an EvalConfig or keyword options, not both (got {sorted(options)})")
+    out = Path(out)
+    if out.is_dir():
+        raise UsageError(f"option file (--out) is {str(out)!r}, which is a folder; name the Parquet file to write "
+                         f"(e.g. {str(out / 'embeddings.parquet')!r})")
+    check_writable_dir(out.parent, "file (--out)")  # before the store is opened or an image hashed
     store = _store_for(cfg, folder)
     tables = Tables.empty()
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
@@ -154,8 +160,6 @@ def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, 
     meta = {"fingerprint": store.fingerprint, "suites": list(cfg.suites), "store": str(store.dir),
             "image_roots": [str(r) for r in roots], "missing": {m: len(v) for m, v in missing.items()}}
     table = table.replace_schema_metadata({**schema.metadata, b"hardrank_export": json.dumps(meta).encode()})
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     listing = missing_path(out)
     if any(missing.values()):
         with atomic_path(listing) as tmp, open(tmp, "w", encoding="utf-8") as f:
@@ -173,7 +177,8 @@ def export_embeddings(cfg: EvalConfig | None = None, *, out: str | os.PathLike, 
 def list_stores(root: str | os.PathLike) -> list[dict]:
     """Every fingerprint folder under a store root, from its manifest: what model, checkpoint,
     precision and decoder made it, and how many images and texts it holds. ``checkpoint_exists``:
-    whether the checkpoint file is still there (None: no file was recorded, or a URL)."""
+    whether the checkpoint file is still there (None: no file was recorded, or a URL); ``readable``:
+    whether its store format version (``schema_version``) is one this hardrank reads (``READS``)."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"store root {root} does not exist (the default is $HARDRANK_CACHE/store or "
@@ -189,7 +194,8 @@ def list_stores(root: str | os.PathLike) -> list[dict]:
         out.append({"folder": str(manifest.parent), "fingerprint": m.get("fingerprint"), "arch": meta.get("arch"),
                     "checkpoint": ck, "checkpoint_exists": Path(ck).is_file() if _local_file(ck) else None,
                     "precision": meta.get("precision"), "decoder": meta.get("decoder"), "dim": m.get("dim"),
-                    "rows": m.get("rows", {})})
+                    "rows": m.get("rows", {}), "schema_version": m.get("schema_version"),
+                    "readable": reads_version(m.get("schema_version"))})
     return sorted(out, key=lambda r: (str(r["arch"]), str(r["checkpoint"]), str(r["fingerprint"])))
 
 

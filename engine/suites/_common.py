@@ -9,8 +9,9 @@ from hardrank.config import SuiteOptions
 from hardrank.errors import DataError, UsageError
 from hardrank.text import caption_normaliser
 
-__all__ = ["SuiteOptions", "read_json", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS",
-           "caption_protocol", "IMAGE_CORRUPTIONS", "is_corruption_variant", "variant_hint", "variants_beside"]
+__all__ = ["SuiteOptions", "read_json", "read_jsonl", "require_keys", "read_bbox", "SuiteFormatError", "BBOX_KEYS",
+           "release_folder", "caption_protocol", "IMAGE_CORRUPTIONS", "is_corruption_variant", "variant_hint",
+           "variants_beside"]
 
 # The ImageNet-C corruptions `hardrank perturb images --method corrupt:...` writes as <name>_<severity>_s<seed>
 # (hardrank.perturb.corruptions.CORRUPTIONS, which a test pins equal: suites cannot import perturb, which imports
@@ -69,6 +70,39 @@ def read_json(path: str | Path):
         raise SuiteFormatError(f"{path}: not valid JSON ({exc})") from exc
 
 
+def read_jsonl(path: Path, keys: dict[str, type], release: str) -> list[dict]:
+    """The objects of a JSON Lines file (blank lines skipped), each checked for ``keys`` and their types;
+    errors name the file, the line and, for a file of another version, the keys it has."""
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise SuiteFormatError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); use the file of "
+                               f"the {release} release as downloaded") from None
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SuiteFormatError(f"{path}: line {no} is not valid JSON ({exc.msg} at column {exc.colno}); "
+                                   f"each line must be one JSON object, as in the {release} release") from None
+        if not isinstance(item, dict):
+            raise SuiteFormatError(f"{path}: line {no} is a JSON {type(item).__name__}, expected an object "
+                                   f"with keys {list(keys)}")
+        missing = [k for k in keys if k not in item]
+        if missing:
+            raise SuiteFormatError(f"{path}: line {no} lacks key(s) {missing}; it has {sorted(item)}: a file of "
+                                   f"another version? hardrank reads the {release} release")
+        for k, t in keys.items():
+            v = item[k]
+            if isinstance(v, bool) or not isinstance(v, t):
+                raise SuiteFormatError(f"{path}: line {no} key {k!r} is {v!r} ({type(v).__name__}), "
+                                       f"expected {t.__name__}")
+        out.append(item)
+    return out
+
+
 def require_keys(path, index: int, item, keys: tuple[str, ...], types: dict | None = None) -> None:
     if not isinstance(item, dict):
         raise SuiteFormatError(f"{path}: item {index} is a {type(item).__name__}, "
@@ -105,6 +139,18 @@ def read_bbox(path, index, item: dict, *, required: bool) -> tuple[float, float,
         raise SuiteFormatError(f"{path}: item {index} has an empty crop box (w={box[2]:g}, h={box[3]:g}); "
                                f"bbox_w and bbox_h must be > 0")
     return tuple(box)
+
+
+def release_folder(root: Path, candidates: tuple[str, ...], names) -> Path:
+    """The folder holding a benchmark's files under ``--data``: the first of ``candidates`` (paths under
+    ``root``, ``"."`` for ``root`` itself: the release's own folder names, a repository's ``data/``) that
+    holds any of ``names``; ``root`` when none does (its errors then name ``root``). So one ``--data``
+    folder can hold several benchmarks, each in its release layout under its own name."""
+    names = list(names)
+    for cand in (root / c for c in candidates):
+        if any((cand / n).exists() for n in names):
+            return cand
+    return root
 
 
 def find_annotation(opts: SuiteOptions, default_name: str, suite: str = "this suite") -> Path:

@@ -63,7 +63,9 @@ def _vg_label(path: Path, task: str, i: int, item: dict) -> str:
     return f"{a[0]}_{a[1]}"  # the reference's attribute-pair key
 
 
-def _vg_task(tables: Tables, path: Path, images: Path, task: str) -> ChoiceTask:
+def _vg_task(tables: Tables, path: Path, images: Path, task: str, download: Path) -> ChoiceTask:
+    """``download``: ``DATA/images``, where ARO's download puts the images: used instead of ``--images`` when
+    that lacks the first item's image and this folder holds it (one ``--images`` then serves other suites)."""
     data = read_json(path)
     if not isinstance(data, list):
         raise SuiteFormatError(f"{path}: expected a JSON list of test cases, got a {type(data).__name__}")
@@ -71,6 +73,8 @@ def _vg_task(tables: Tables, path: Path, images: Path, task: str) -> ChoiceTask:
     for i, item in enumerate(data):
         require_keys(path, i, item, ("image_path", "true_caption", "false_caption"),
                      {"image_path": str, "true_caption": str, "false_caption": str})
+        if i == 0 and not (images / item["image_path"]).exists() and (download / item["image_path"]).exists():
+            images = download
         labels.append(_vg_label(path, task, i, item))
         refs.append(ImageRef(os.fspath(images / item["image_path"]), read_bbox(path, i, item, required=True)))
         caps.append((item["true_caption"], item["false_caption"]))
@@ -98,7 +102,7 @@ def load_aro(tables: Tables, opts: SuiteOptions, name: str = "aro") -> Suite:
     for task, fname in ARO_FILES.items():
         path = root / fname
         if path.is_file():
-            tasks.append(_vg_task(tables, path, images, task))
+            tasks.append(_vg_task(tables, path, images, task, root / "images"))
         else:
             missing.append(fname)
     if not tasks:

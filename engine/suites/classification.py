@@ -6,17 +6,20 @@ import json
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from hardrank import urls
+from hardrank.config import opt
 from hardrank.errors import DataError, UsageError
 from hardrank.inputs import read_shards
 from hardrank.inputs.kinds.image_folder import IMAGE_EXTENSIONS
+from hardrank.inputs.webdataset import Sample, SampleSet
 from hardrank.items import ImageRef, Tables
-from hardrank.perturb.shards import variant_shards
+from hardrank.perturb import shards as variant_files  # the module: hardrank.perturb imports the suites back
 from hardrank.suites._common import SuiteFormatError, SuiteOptions, variant_hint, variants_beside
 from hardrank.suites.imagenet import (
     IMAGENET_WNIDS,
@@ -29,8 +32,9 @@ from hardrank.suites.imagenet import (
 from hardrank.suites.karpathy import image_variant_names
 from hardrank.tasks import ClassifyTask, Suite
 
-__all__ = ["load_classification", "read_classnames", "read_templates", "build_classify", "DEFAULT_TEMPLATES",
-           "CB_CLASSNAMES", "CB_TEMPLATES"]
+__all__ = ["load_classification", "ClassNamesOptions", "ClassificationOptions", "read_classnames", "read_templates",
+           "build_classify",
+           "read_wds_split", "wds_split_exists", "DEFAULT_TEMPLATES", "CB_CLASSNAMES", "CB_TEMPLATES"]
 
 DEFAULT_TEMPLATES = ("a photo of a {c}.",)  # when neither --templates nor the dataset names any
 CB_CLASSNAMES = "classnames.txt"  # CLIP_benchmark's WebDataset root: one class name a line, label order
@@ -321,6 +325,13 @@ def _table(path: str):
     return [r["image"] for r in rows], [r["label"] for r in rows]
 
 
+def wds_split_exists(root: str, split: str) -> bool:
+    """Whether CLIP_benchmark's WebDataset root holds ``split`` (``root/<split>/nshards.txt`` or a ``.tar`` there)."""
+    folder = urls.join(root, split)
+    return urls.exists(urls.join(folder, "nshards.txt")) or (
+        urls.is_dir(folder) and any(f.endswith(".tar") for f in urls.list_files(folder)))
+
+
 def _wds(root: str, split: str = "test") -> tuple[list[str], str]:
     """The shards of CLIP_benchmark's WebDataset layout: ``root/<split>/{0..n-1}.tar`` (``nshards.txt``)."""
     folder = urls.join(root, split)
@@ -339,7 +350,46 @@ def _wds(root: str, split: str = "test") -> tuple[list[str], str]:
     return shards, folder
 
 
-def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classification") -> Suite:
+def read_wds_split(root: str, split: str, classnames: list[str]) -> tuple[SampleSet, list[Sample], np.ndarray]:
+    """One split of CLIP_benchmark's WebDataset root (``root/<split>/{0..n-1}.tar``): its shards' samples, those
+    holding an image (in shard order), and their labels (``cls`` members: class indices or names)."""
+    shards, folder = _wds(root, split)
+    ss = read_shards(shards, source=folder)
+    index = {n: i for i, n in enumerate(classnames)}
+    kept = [s for s in ss.samples if s.image is not None]
+    for s in kept:
+        if "cls" not in s.texts:
+            raise DataError(f"{root}: sample {s.id} of split {split} has no cls member (its label); CLIP_benchmark's "
+                            f"layout writes <key>.cls beside each image")
+    labels = np.array([_label(f"{root}: sample {s.id}", s.texts["cls"], classnames, index) for s in kept],
+                      dtype=np.int64)
+    return ss, kept, labels
+
+
+@dataclass(frozen=True)
+class ClassNamesOptions:
+    """Where the class names come from: shared by every suite that classifies (the zero-shot suites, the linear
+    probe) through its options class deriving from this one."""
+
+    classnames: str | None = opt(None, "class names in label order: a text file (one a line, "
+                                 "CLIP_benchmark's classnames.txt), JSON (a list, or {dataset: [names]} with "
+                                 "FILE.json#dataset), or built-in: imagenet1k, imagenet-r, imagenet-a (their 200 "
+                                 "classes); default: the dataset's, else the class folders' names", path=True)
+
+
+@dataclass(frozen=True)
+class ClassificationOptions(ClassNamesOptions):
+    """The zero-shot classification suites' own options (imagefolder, classification)."""
+
+    templates: str | None = opt(None, "prompt templates with {c} for the class name: a text "
+                                "file (one a line) or JSON (a list, {dataset: [templates]} with FILE.json#dataset, "
+                                "or per-class prompts {class: [prompts]}), or built-in: openai (80), simple (7); "
+                                "default: the dataset's own, openai for ImageNet classes, else 'a photo of a {c}.'",
+                                path=True)
+
+
+def load_classification(tables: Tables, opts: SuiteOptions, own: ClassificationOptions,
+                        name: str = "classification") -> Suite:
     """Zero-shot classification: ``--images`` is an ImageFolder tree (``root/<class folder>/*``, folders in
     sorted order unless ``--classnames`` maps them: a folder named as a class or by its label), or
     CLIP_benchmark's WebDataset root (``classnames.txt``, ``zeroshot_classification_templates.txt`` and
@@ -352,12 +402,12 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
                          f"CLIP_benchmark's WebDataset root (classnames.txt + test/*.tar), or the folder the "
                          f"--annotations table's image paths are relative to")
     root = opts.images
-    shift = _builtin(opts.classnames, BUILTIN_CLASSNAMES) if opts.classnames else None
+    shift = _builtin(own.classnames, BUILTIN_CLASSNAMES) if own.classnames else None
     imagenet = None
     if shift:
         classnames, imagenet = _imagenet_classes(BUILTIN_CLASSNAMES[shift])
     else:
-        classnames = read_classnames(opts.classnames) if opts.classnames else None
+        classnames = read_classnames(own.classnames) if own.classnames else None
     variants = image_variant_names(opts.image_variants, opts.seeds)
     vroot = opts.variants_dir or root  # where perturb images --out wrote the variant folders
     default_templates, keys, meta = None, None, {}
@@ -374,26 +424,17 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
         vrefs = {v: [ImageRef(urls.join(vroot, v, p)) for p in paths] for v in variants}
         meta["layout"] = "table"
     elif urls.exists(urls.join(root, CB_CLASSNAMES)):
-        shards, folder = _wds(root)
-        ss = read_shards(shards, source=folder)
         if classnames is None:
             classnames = read_classnames(urls.join(root, CB_CLASSNAMES))
         if urls.exists(urls.join(root, CB_TEMPLATES)):
             default_templates = [t.strip() for t in _read_text(urls.join(root, CB_TEMPLATES)).splitlines()
                                  if t.strip()]
-        index = {n: i for i, n in enumerate(classnames)}
-        kept = [s for s in ss.samples if s.image is not None]
-        for s in kept:
-            if "cls" not in s.texts:
-                raise DataError(f"{root}: sample {s.id} has no cls member (its label); CLIP_benchmark's layout "
-                                f"writes <key>.cls beside each image")
-        labels = np.array([_label(f"{root}: sample {s.id}", s.texts["cls"], classnames, index) for s in kept],
-                          dtype=np.int64)
+        ss, kept, labels = read_wds_split(root, "test", classnames)
         ids = [s.id for s in kept]
         refs, keys = [ImageRef(s.image) for s in kept], [s.image_key for s in kept]
         vrefs = {}
         for v in variants:
-            vs = read_shards(variant_shards(ss, opts.variants_dir or "", v), source=v)
+            vs = read_shards(variant_files.variant_shards(ss, opts.variants_dir or "", v), source=v)
             by_id = {s.id: s for s in vs.samples if s.image is not None}
             missing = [i for i in ids if i not in by_id]
             if missing:
@@ -402,7 +443,7 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
             vrefs[v] = [ImageRef(by_id[i].image) for i in ids]
         meta.update({**ss.meta(), "layout": "clip_benchmark_wds"})
     elif urls.is_dir(root):
-        cn_source = opts.classnames
+        cn_source = own.classnames
         if classnames is None:
             shift = _wnid_folders(root, set(variants))
             if shift:
@@ -429,9 +470,9 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
                     f"image variant folder {d} does not exist; make it with `{make}`" + (
                         "" if opts.variants_dir else f" and pass --variants-dir {beside} (variant folders inside "
                         f"an ImageFolder root would count as classes)")))
-    if imagenet is not None and opts.templates is None and default_templates is None:
+    if imagenet is not None and own.templates is None and default_templates is None:
         default_templates = builtin_templates("openai")  # CLIP_benchmark's default for ImageNet and its shifts
-    prompts, template_source = read_templates(opts.templates, classnames, default_templates)
+    prompts, template_source = read_templates(own.templates, classnames, default_templates)
     if imagenet is not None:
         meta["imagenet_classes"] = "all 1000" if len(imagenet) == len(IMAGENET_WNIDS) else imagenet
     task = build_classify(tables, refs, ids, labels, classnames, prompts, vrefs, keys)
@@ -439,7 +480,7 @@ def load_classification(tables: Tables, opts: SuiteOptions, name: str = "classif
     return Suite(name=name, classify=[task], tie_rule=opts.tie_rule, image_errors=errors,
                  meta={**meta, "images": root, "annotations": opts.annotations, "classes": len(classnames),
                        "images_per_group": len(ids), "prompts": int(task.prompt_ptr[-1]),
-                       "classnames_from": opts.classnames or meta.get("imagenet_set") or (
+                       "classnames_from": own.classnames or meta.get("imagenet_set") or (
                            "dataset" if meta["layout"] != "imagefolder" else "folder names"),
                        "templates_from": template_source, "image_variants": variants, "variant_seeds": seeds,
                        "tie_rule": f"{opts.tie_rule} (among equal scores the class listed first wins)"})

@@ -7,10 +7,10 @@ from pathlib import Path
 from hardrank.errors import UsageError
 from hardrank.items import ImageRef, Tables
 from hardrank.scoring.choice_macro import ChoiceAggregate, attach_aggregates
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_json, require_keys
+from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_json, release_folder, require_keys
 from hardrank.tasks import ChoiceTask, Suite
 
-__all__ = ["load_sugarcrepe", "SUGARCREPE_FILES", "SUGARCREPE_CATEGORIES"]
+__all__ = ["load_sugarcrepe", "coco_images", "SUGARCREPE_FILES", "SUGARCREPE_CATEGORIES"]
 
 # released file stem -> published item count (7,511 in all)
 SUGARCREPE_FILES = {"add_att": 692, "add_obj": 2062, "replace_att": 788, "replace_obj": 1652,
@@ -34,9 +34,17 @@ def _read_file(path: Path) -> list[tuple[str, dict]]:
 
 
 def _data_folder(root: Path) -> Path:
-    if not any((root / f"{s}.json").is_file() for s in SUGARCREPE_FILES) and (root / "data").is_dir():
-        return root / "data"  # the repository root was given
-    return root
+    """A folder holding the repository (``sugar-crepe/data``), ``--data`` itself, or the repository root (``data/``)."""
+    return release_folder(root, ("sugar-crepe/data", ".", "data"),  # first: SugarCrepe++'s files share names
+                          (f"{s}.json" for s in SUGARCREPE_FILES))
+
+
+def coco_images(images: Path, first: str) -> Path:
+    """The COCO val2017 folder: ``--images`` itself, or its ``val2017/`` when the first file is not in
+    ``--images`` (the COCO root was given). SugarCrepe and SugarCrepe++ name images by val2017 file names."""
+    if not (images / first).exists() and (images / "val2017").is_dir():
+        return images / "val2017"
+    return images
 
 
 def load_sugarcrepe(tables: Tables, opts: SuiteOptions, name: str = "sugarcrepe") -> Suite:
@@ -58,8 +66,8 @@ def load_sugarcrepe(tables: Tables, opts: SuiteOptions, name: str = "sugarcrepe"
             missing.append(stem)
             continue
         items = _read_file(path)
-        if opts.images and items and not (images / items[0][1]["filename"]).exists() and (images / "val2017").is_dir():
-            images = images / "val2017"  # the COCO root was given
+        if opts.images and items:
+            images = coco_images(images, items[0][1]["filename"])
         left = tables.images.add_many(ImageRef(os.fspath(images / it["filename"])) for _, it in items).reshape(-1, 1)
         pairs = (c for _, it in items for c in (it["caption"], it["negative_caption"]))
         right = tables.texts.add_many(pairs).reshape(-1, 2)

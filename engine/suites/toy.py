@@ -9,13 +9,12 @@ from hardrank.config import cache_dir
 from hardrank.errors import UsageError
 from hardrank.items import Tables
 from hardrank.suites._common import SuiteOptions
-from hardrank.suites.classification import load_classification
+from hardrank.suites.classification import ClassificationOptions, load_classification
 from hardrank.suites.hard_positives import load_hard_positives
 from hardrank.suites.inpaintcoco import load_inpaintcoco
 from hardrank.suites.karpathy import load_rococo
 from hardrank.tasks import Suite
-from hardrank.toyworld import WorldConfig, build_world, world_config
-from hardrank.toyworld.world import CLASSIFY_CORRUPTIONS, WORLD_VERSION, classification_split
+from hardrank.toyworld import world as toy_world  # the module: the toy world's images import the suites back
 
 __all__ = ["load_toy", "default_world_dir", "pending_world", "TOY_SUITES"]
 
@@ -34,38 +33,39 @@ def pending_world(opts: SuiteOptions) -> Path | None:
         manifest = json.loads((world / "world.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return world
-    return None if isinstance(manifest, dict) and manifest.get("version") == WORLD_VERSION else world
+    return None if isinstance(manifest, dict) and manifest.get("version") == toy_world.WORLD_VERSION else world
 
 
 def ensure_world(opts: SuiteOptions) -> Path:
     """``--data`` (or the cached default world): a world built with any config is used as it is
     (rebuilt only when its generator version is stale); a missing one is built with the defaults."""
     world = Path(opts.data) if opts.data else default_world_dir()
-    return Path(build_world(world, world_config(world) or WorldConfig()))
+    return Path(toy_world.build_world(world, toy_world.world_config(world) or toy_world.WorldConfig()))
 
 
-def load_toy(tables: Tables, opts: SuiteOptions, which: str) -> Suite:
+def load_toy(tables: Tables, opts: SuiteOptions, name: str) -> Suite:
+    """One toy suite (``name``, of ``TOY_SUITES``) from the world in ``--data`` (built first when missing)."""
     world = ensure_world(opts)
-    if which == "toy-rococo":
+    if name == "toy-rococo":
         o = replace(opts, annotations=str(world / "karpathy_test.json"), data=str(world / "rococo"),
                     images=str(world / "images"),
                     image_variants=opts.image_variants or ("mix_0.9", "patch_0.9"), seeds=(1,))
-        suite = load_rococo(tables, o, name=which)
-    elif which == "toy-hard-positives":
+        suite = load_rococo(tables, o, name=name)
+    elif name == "toy-hard-positives":
         suite = load_hard_positives(tables, replace(opts, data=str(world / "hard_positives"),
-                                                    images=str(world / "images")), name=which)
-    elif which == "toy-classify":  # zero-shot: the left object's colour and shape, 24 classes (+ --image-variants)
-        split = classification_split(world)
-        names, severities, seed = CLASSIFY_CORRUPTIONS
+                                                    images=str(world / "images")), name=name)
+    elif name == "toy-classify":  # zero-shot: the left object's colour and shape, 24 classes (+ --image-variants)
+        split = toy_world.classification_split(world)
+        names, severities, seed = toy_world.CLASSIFY_CORRUPTIONS
         variants = opts.image_variants or tuple(f"{n}_{s}" for n in names for s in severities)
         suite = load_classification(tables, replace(opts, images=str(world / "images"), image_variants=variants,
                                                     seeds=opts.seeds if opts.image_variants else (seed,),
-                                                    annotations=str(split / "labels.csv"),
-                                                    classnames=str(split / "classnames.txt"),
-                                                    templates=str(split / "templates.txt")), name=which)
-    elif which == "toy-inpaint":
-        suite = load_inpaintcoco(tables, replace(opts, data=str(world / "inpaint")), name=which)
+                                                    annotations=str(split / "labels.csv")),
+                                    ClassificationOptions(classnames=str(split / "classnames.txt"),
+                                                          templates=str(split / "templates.txt")), name=name)
+    elif name == "toy-inpaint":
+        suite = load_inpaintcoco(tables, replace(opts, data=str(world / "inpaint")), name=name)
     else:
-        raise UsageError(f"unknown toy suite {which!r}; choose from {TOY_SUITES}")
+        raise UsageError(f"unknown toy suite {name!r}; choose from {TOY_SUITES}")
     suite.meta["world"] = str(world)
     return suite

@@ -2,20 +2,30 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from hardrank import urls
+from hardrank.config import opt
 from hardrank.errors import DataError, UsageError
 from hardrank.inputs import SampleSet, parse_captions, read_samples, read_shards, sample_captions
 from hardrank.items import ImageRef, Tables
-from hardrank.perturb.shards import variant_shards
+from hardrank.perturb import shards as variant_files  # the module: hardrank.perturb imports the suites back
 from hardrank.suites._common import SuiteFormatError, SuiteOptions, caption_protocol, is_corruption_variant
 from hardrank.suites.karpathy import N_PERTURBED, ROCOCO_TEXT_VARIANTS, build_retrieval, image_variant_names
 from hardrank.tasks import Suite
 
-__all__ = ["load_wds"]
+__all__ = ["load_wds", "WdsOptions"]
 
 
-def load_wds(tables: Tables, opts: SuiteOptions, name: str = "wds") -> Suite:
+@dataclass(frozen=True)
+class WdsOptions:
+    """The suite's own options."""
+
+    captions: str = opt("txt", "where each sample's captions are: txt (the .txt member or Parquet "
+                        "caption column, one caption per line) or json:KEY (a string or list in the .json member)")
+
+
+def load_wds(tables: Tables, opts: SuiteOptions, own: WdsOptions, name: str = "wds") -> Suite:
     """i2t and t2i over every sample that has an image and at least one caption, in shard order: the
     protocol of ``karpathy`` (each image's captions are its positives; a caption's image is its one
     positive). ``--images`` names the shards (``dir/{00000..00099}.tar``, local or a URL), an img2dataset
@@ -27,7 +37,7 @@ def load_wds(tables: Tables, opts: SuiteOptions, name: str = "wds") -> Suite:
     if not opts.images:
         raise UsageError(f"suite {name} needs --images: tar shards (e.g. 'shards/{{00000..00099}}.tar', local or "
                          f"s3://...), an img2dataset output folder, or img2dataset .parquet files")
-    how = parse_captions(opts.captions)
+    how = parse_captions(own.captions)
     ss = read_samples(opts.images)
     clean, refs, keys = [], [], []
     skipped: Counter = Counter()
@@ -44,7 +54,7 @@ def load_wds(tables: Tables, opts: SuiteOptions, name: str = "wds") -> Suite:
         keys.append(s.image_key)
     if not clean:
         raise DataError(f"suite {name}: {opts.images} holds {len(ss.samples)} sample(s) and none has both an image "
-                        f"and a caption ({dict(skipped)}); the captions are read with --captions {opts.captions}: "
+                        f"and a caption ({dict(skipped)}); the captions are read with --captions {own.captions}: "
                         f"try --captions txt or --captions json:KEY naming the .json field that holds them")
     kept = [s for s in ss.samples if s.image is not None and sample_captions(s, how)]
     text_variants, img_variants, variant_refs = {}, [], {}
@@ -61,14 +71,14 @@ def load_wds(tables: Tables, opts: SuiteOptions, name: str = "wds") -> Suite:
                             query_variants=[v for v in img_variants if is_corruption_variant(v)], normalise=normalise)
     averages = {v: [f"{v}_s{s}" for s in opts.seeds] for v in opts.image_variants if len(opts.seeds) > 1}
     return Suite(name=name, ranking=tasks, tie_rule=opts.tie_rule, view_average=averages,
-                 meta={**ss.meta(), "captions_from": opts.captions, "caption_protocol": protocol, "images": len(clean),
+                 meta={**ss.meta(), "captions_from": own.captions, "caption_protocol": protocol, "images": len(clean),
                        "captions": int(tasks[0].pos_ptr[-1]), "samples_skipped": dict(skipped),
                        "text_variants": list(text_variants), "image_variants": img_variants})
 
 
 def _variant(ss: SampleSet, v: str, required: bool, folder: str = "") -> SampleSet | None:
     """The variant shards ``<folder>/<v>/<shard>`` (``folder``: default the shards' own folder)."""
-    shards = variant_shards(ss, folder, v)
+    shards = variant_files.variant_shards(ss, folder, v)
     missing = [s for s in shards if not urls.exists(s)]
     if missing:
         if required:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-from hardrank import cpus
 from hardrank.atomic import write_text_atomic
 from hardrank.config import EvalConfig, resolve_device
 from hardrank.embed import EmbedPipeline
@@ -24,6 +23,7 @@ from hardrank.jobs.bench.stages import time_stages
 from hardrank.jobs.bench.timing import Clock, bare_gemm_gflops, timed
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, expand_globs, options_from_args
 from hardrank.jobs.report import plot_bench
+from hardrank.settings import start_run
 from hardrank.suites import load_suites
 from hardrank.suites.toy import default_world_dir
 from hardrank.toyworld import demo_inputs
@@ -39,8 +39,8 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
     """Engine end to end (cold store, then warm), the naive pipeline end to end, and each engine
     stage on a sample against its naive counterpart. Returns the JSON-able result."""
     device = resolve_device(cfg.embed.device)
-    threads = cpus.use(cfg.embed.threads)  # both pipelines decode with the same threads
-    cfg = replace(cfg, embed=replace(cfg.embed, decode_threads=cfg.embed.decode_threads or cpus.decode_threads()))
+    settings = start_run(cfg.embed.threads, cfg.embed.decode_threads)  # one run: every pass below uses these
+    cfg = replace(cfg, embed=replace(cfg.embed, decode_threads=settings.decode_threads))  # the naive one's workers too
     K = len(cfg.checkpoints)
     tables = Tables.empty()
     suites = load_suites(list(cfg.suites), tables, cfg.suite_options)
@@ -54,7 +54,7 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
     echo(f"bare GEMM 2048^3: {gemm:.1f} GFLOP/s on {device}")
     out: dict = {"config": asdict(cfg),
                  "environment": {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                                 "thread_budget": threads.record(),
+                                 "thread_budget": settings.record(),
                                  "cpus": os.cpu_count(), "platform": platform.platform(),
                                  "python": platform.python_version()},
                  "bare_gemm_gflops": round(gemm, 2)}
@@ -64,8 +64,8 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
                           out=os.path.join(tmp, "results"), suite_options=cfg.suite_options, budget_mb=cfg.budget_mb,
                           embed=replace(cfg.embed, store=os.path.join(tmp, "store")))
         echo(f"hardrank end to end, {K} checkpoint(s), cold store ...")
-        cold, rep = timed(lambda: evaluate(ecfg), device)
-        warm = timed(lambda: evaluate(ecfg), device)[0]
+        cold, rep = timed(lambda: evaluate(ecfg, settings=settings), device)
+        warm = timed(lambda: evaluate(ecfg, settings=settings), device)[0]
         echo(f"  cold {cold:.2f}s, warm (all from the store) {warm:.2f}s")
         engine_metrics = _engine_r1(rep.results)
         naive_metrics, naive_clock = None, Clock(device)
@@ -76,7 +76,7 @@ def bench_pipeline(cfg: PipelineBenchConfig, echo=print) -> dict:
             echo(f"  {naive_s:.2f}s")
         echo("stages, isolated, on a sample ...")
         pipe = EmbedPipeline.from_checkpoints(cfg.model, cfg.checkpoints, ecfg.embed, pretrained=cfg.pretrained,
-                                              random_init=ecfg.random_init)
+                                              random_init=ecfg.random_init, settings=settings)
         out["stages"] = time_stages(cfg, pipe, tables, suites, gemm)
     emb = rep.embed_stats
     n_img, n_txt = emb.get("image", {}).get("total", 0), emb.get("text", {}).get("total", 0)

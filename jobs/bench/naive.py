@@ -1,6 +1,8 @@
 """The naive baseline the bench times: Pillow + DataLoader, one checkpoint at a time, a full score matrix per view."""
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -34,11 +36,38 @@ class _ImageList(Dataset):
             return torch.zeros(3, *self.size)
 
 
+_STOPS = {signal.SIGTERM, signal.SIGINT}
+
+
+def _leave_stopping_to_the_parent(worker_id: int) -> None:
+    """A DataLoader worker ignores SIGTERM and SIGINT. A stop sent to the whole process group (Slurm, systemd,
+    `timeout`, Ctrl-C) reaches the workers too; dying of it, they made torch's SIGCHLD handler raise "DataLoader
+    worker is killed by signal" into the parent's cleanup, a 100-line traceback instead of the one line. The
+    parent stops them itself when its loader goes (and a worker whose parent is gone exits: torch's watchdog)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class _Loader(DataLoader):
+    """A DataLoader whose workers are forked with SIGTERM and SIGINT blocked, so a stop arriving before a
+    worker has run ``_leave_stopping_to_the_parent`` waits (and is then dropped) instead of killing it;
+    the parent's own block lifts once they are started, and a stop that came meanwhile is handled then."""
+
+    def __iter__(self):
+        if not self.num_workers:
+            return super().__iter__()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+        try:
+            return super().__iter__()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def naive_loader(refs, transform, preprocess_cfg: dict, batch_size: int, workers: int) -> DataLoader:
     """Batches ``(B, 3, H, W)`` of the model's pixels, decoded one item at a time in ``workers``
     DataLoader processes (0: in this process)."""
-    return DataLoader(_ImageList(refs, transform, image_size(preprocess_cfg)), batch_size=batch_size, shuffle=False,
-                      num_workers=workers)
+    return _Loader(_ImageList(refs, transform, image_size(preprocess_cfg)), batch_size=batch_size, shuffle=False,
+                   num_workers=workers, worker_init_fn=_leave_stopping_to_the_parent if workers else None)
 
 
 def view_slice(t, view: str):

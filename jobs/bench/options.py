@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
+from hardrank import suite_registry
 from hardrank.config import EmbedOptions, SuiteOptions, check_options, opt
+from hardrank.cpus import check_threads
 from hardrank.errors import UsageError
 
 __all__ = ["PipelineBenchConfig", "KernelBenchConfig", "KERNEL_METHODS"]
@@ -27,7 +30,8 @@ class PipelineBenchConfig:
     sample: int = opt(2048, "unique items per modality for the per-stage timings", minimum=1)
     naive: bool = opt(True, "also run the naive baseline end to end")
     naive_workers: int | None = opt(None, "DataLoader workers of the naive pipeline (default: --decode-threads, "
-                                    "the engine's decode threads; 0 decodes in the main process)", minimum=0)
+                                    "the engine's decode threads; 0 decodes in the main process; at most 4 per "
+                                    "CPU)", minimum=0, check=partial(check_threads, lowest=0))
     out: str = opt("results/bench", "folder for bench_pipeline.json/.png", path=True)
     work_dir: str | None = opt(None, "temporary store and results (default: the system's temp folder)", path=True,
                                cli=False)
@@ -42,6 +46,7 @@ class PipelineBenchConfig:
             raise UsageError("bench pipeline needs at least one checkpoint (--checkpoint; None = the random init)")
         if not self.suites:
             raise UsageError("option suites is empty; name at least one suite (--suite toy)")
+        self.suite_options.check_suites(suite_registry.expand(self.suites))
 
     @property
     def loader_workers(self) -> int:
@@ -74,8 +79,8 @@ class KernelBenchConfig:
     gemm_tiling: str | None = opt(None, "time the bare GEMMs with this tiling only (e.g. 4096x1024) instead of the "
                                   "fastest of six", metavar="QxG")
     warmup: bool = opt(True, "an untimed first round (--no-warmup skips it: large shapes)")
-    threads: int | None = opt(None, "torch and FAISS threads (default: the thread budget, as eval and mine: "
-                              "hardrank.cpus)", minimum=1)
+    threads: int | None = opt(None, "torch and FAISS threads, 1 to 4 per CPU (default: the thread budget, as eval "
+                              "and mine: hardrank.cpus)", minimum=1, check=check_threads)
     out: str = opt("benchmarks/results/bench_kernels.json", "the JSON written", path=True)
 
     def __post_init__(self):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from hardrank.config import check_options, opt
 from hardrank.errors import EXIT_OK
+from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import add_options, options_from_args
 from hardrank.jobs.report.build import build_report
 
@@ -36,7 +37,7 @@ def _cmd_report(args) -> int:
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hardrank report RESULTS_DIR [--out DIR] [--top N]``."""
     p = subparsers.add_parser(
-        "report", help="leaderboard CSV + HTML/Markdown report with plots from a results folder",
+        "report", help=COMMANDS["report"],
         description="Turn a results folder (<checkpoint>/<suite>.json + .parquet, from `hardrank eval`) into "
                     "leaderboard.csv, a self-contained report.html (plots embedded) and report.md. Checkpoints are "
                     "ordered by the step in their name (step0200, epoch_3, ...); those without one (a predictions "

@@ -7,31 +7,34 @@ import logging
 from pathlib import Path
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from PIL import Image
 
-from hardrank.jobs.report.load import Result
+from hardrank.jobs.report.load import OUTCOME_COLUMNS, Result
 
 __all__ = ["worst_failures", "image_roots", "is_image", "Thumbs"]
 
 log = logging.getLogger("hardrank.report")
 
 _IMAGE_EXT = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
-_COLUMNS = ["kind", "task", "view", "query_id", "rank", "top1_id", "top1_group"]
 
 
-def worst_failures(by_suite: dict[str, list[Result]], order: list[str], top: int) -> dict[str, dict]:
+def worst_failures(by_suite: dict[str, list[Result]], order: list[str], top: int,
+                   unreadable: list[tuple[Path, str]] | None = None) -> dict[str, dict]:
     """Per ranking suite: the last checkpoint's queries whose top-1 is a perturbed item, the most
-    persistent first (failing in most checkpoints), then the worst rank of the true match."""
+    persistent first (failing in most checkpoints), then the worst rank of the true match. A per-query
+    Parquet that cannot be read (truncated, overwritten, columns missing) is logged, appended to
+    ``unreadable`` as (path, why), and left out, as a checkpoint without one is."""
     out = {}
     for suite, rs in by_suite.items():
         rs = sorted([r for r in rs if r.ranking], key=lambda r: order.index(r.label))
         per_ckpt = []
         for r in rs:
-            p = r.path.with_suffix(".parquet")
-            if not p.is_file():
+            t = r.outcomes()  # a damaged one is logged once (Result.outcomes) and left out here
+            if t is None:
+                if r.unreadable is not None and unreadable is not None:
+                    unreadable.append((r.path.with_suffix(".parquet"), r.unreadable))
                 continue
-            t = pq.read_table(p, columns=_COLUMNS)
+            t = t.select(list(OUTCOME_COLUMNS))
             mask = pc.and_(pc.and_(pc.equal(t["kind"], "ranking"), pc.not_equal(t["view"], "original")),
                            pc.not_equal(t["top1_group"], "original"))
             per_ckpt.append((r, t.filter(pc.fill_null(mask, False)).to_pylist()))

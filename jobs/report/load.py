@@ -1,14 +1,22 @@
 """Reading a results folder: its <checkpoint>/<suite>.json files, steps parsed from names, checkpoint order."""
 from __future__ import annotations
 
+import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from hardrank.models.runs import checkpoint_step
 from hardrank.scoring.results import read_results
 
-__all__ = ["Result", "Axis", "parse_step", "load_results", "checkpoint_axis"]
+log = logging.getLogger("hardrank.report")
+# the per-query columns every part of a report reads (older results may lack the later ones: unit, verdicts)
+OUTCOME_COLUMNS = ("kind", "task", "view", "query_id", "rank", "top1_id", "top1_group")
+
+__all__ = ["Result", "Axis", "OUTCOME_COLUMNS", "parse_step", "load_results", "checkpoint_axis"]
 
 
 def parse_step(name: str) -> tuple[str, int] | None:
@@ -28,6 +36,30 @@ class Result:
     data: dict            # its content
     label: str            # checkpoint label shown in the report
     run: str = ""         # the training run: the folder holding its checkpoint's folder ("" for the top)
+    unreadable: str | None = field(default=None, compare=False)  # why its per-query Parquet could not be read
+    _outcomes: pa.Table | None = field(default=None, repr=False, compare=False)
+
+    def outcomes(self) -> pa.Table | None:
+        """Its per-query outcomes (the ``.parquet`` beside the JSON), read once; None when there is none, or when
+        it cannot be read (cut short, overwritten, another table's columns): then logged once, naming the file,
+        and ``unreadable`` says why. The report's metrics come from the JSON; the parts that need the outcomes
+        (worst failures, intervals) leave this result out."""
+        p = self.path.with_suffix(".parquet")
+        if self._outcomes is not None or self.unreadable is not None or not p.is_file():
+            return self._outcomes
+        try:
+            t = pq.read_table(p)
+            missing = [c for c in OUTCOME_COLUMNS if c not in t.column_names]
+            if missing:
+                raise pa.ArrowInvalid(f"columns {missing} missing")
+        except (pa.ArrowException, OSError) as exc:
+            self.unreadable = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning("%s: not a readable per-query Parquet (%s); the worst failures leave out checkpoint %s and "
+                        "the leaderboard draws no interval for it (its metrics, from %s, are reported): run its "
+                        "`hardrank eval` again to rewrite it", p, self.unreadable, self.label, self.path.name)
+            return None
+        self._outcomes = t
+        return t
 
     @property
     def suite(self) -> str:

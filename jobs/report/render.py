@@ -161,6 +161,8 @@ def render_html(ctx: dict, thumbs: Thumbs) -> str:
             h.append(f"<h2>{title}</h2>" + (f'<p class="small">{note}</p>' if note else "")
                      + f'<img class="plot" alt="{_esc(title)}" src="data:image/png;base64,{b64}">')
     h.append("<h2>Worst failures</h2>")
+    for p, why in ctx.get("unreadable", ()):
+        h.append(f'<p class="small">Not read (its checkpoint is left out here): {_esc(str(p))}: {_esc(why)}</p>')
     if not ctx["failures"]:
         h.append('<p class="small">No ranking results with per-query outcomes (Parquet) found.</p>')
     for suite, f in ctx["failures"].items():
@@ -221,6 +223,8 @@ def render_md(ctx: dict, plot_files: dict[str, str]) -> str:
         if key in plot_files:
             md += ["", f"## {title}", "", f"![{title}]({plot_files[key]})"]
     md += ["", "## Worst failures"]
+    md += [f"\nNot read (its checkpoint is left out here): {_md_cell(str(p))}: {_md_cell(why)}"
+           for p, why in ctx.get("unreadable", ())]
     for suite, f in ctx["failures"].items():
         md += ["", f"### {suite} (checkpoint {f['checkpoint']})", "",
                f"{f['total']} queries whose top-1 is a perturbed item; the {len(f['rows'])} most persistent:", "",

@@ -4,27 +4,16 @@ from __future__ import annotations
 
 import logging
 
-import pyarrow as pa
-
 from hardrank.compare import ALPHA
 from hardrank.errors import DataError
 from hardrank.jobs.report.load import Result
 from hardrank.jobs.report.tables import main_paths
-from hardrank.scoring.results import ResultFile
 from hardrank.scoring.statistics import RESAMPLES, add_mean, compare, holm, intervals, unit_stats
 
 __all__ = ["main_marks", "MAIN"]
 
 log = logging.getLogger("hardrank.report")
 MAIN = ("__main__",)  # the path of the derived main-metric estimand
-
-
-def _outcomes(r: Result) -> pa.Table | None:
-    try:
-        return ResultFile(r.path, r.data).outcomes()
-    except (OSError, pa.ArrowException) as exc:  # a damaged Parquet: no marks for it, the report goes on
-        log.warning("%s: per-query outcomes unreadable (%s): no interval for it", r.path, exc)
-        return None
 
 
 def main_marks(by_suite: dict[str, list[Result]], *, resamples: int = RESAMPLES, seed: int = 0) -> dict:
@@ -38,7 +27,7 @@ def main_marks(by_suite: dict[str, list[Result]], *, resamples: int = RESAMPLES,
         tables, values = {}, {}
         for r in rs:
             name, paths = main_paths(r.data)
-            t = _outcomes(r)
+            t = r.outcomes()  # None: none, or damaged (logged once where it is read)
             if not paths or t is None:
                 continue
             try:

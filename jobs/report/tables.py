@@ -49,7 +49,8 @@ def drop(metrics: dict, view: str, d: str) -> float | None:
 
 def main_paths(res: dict) -> tuple[str, list[tuple[str, ...]]]:
     """The main metric's name and the metric paths it averages: ranking, clean R@1 (mean of i2t and t2i);
-    choice, the suite's accuracy (over its top-level tasks); mask, the amodal gIoU; classification, clean top-1."""
+    choice, the suite's accuracy (over its top-level tasks); mask, the amodal gIoU; classification, clean top-1;
+    a linear probe, its test top-1."""
     m = res["metrics"]
 
     def present(paths):
@@ -61,11 +62,18 @@ def main_paths(res: dict) -> tuple[str, list[tuple[str, ...]]]:
         return "R@1", present([("original", d, "R@1") for d in directions(o)])
     if res["task_type"] == "classification":
         return "top-1", present([(t, "clean", "acc1") for t, v in m.items() if isinstance(v, dict)])
+    if res["task_type"] == "linear_probe":
+        return "probe top-1", present([(t, "acc1") for t, v in m.items() if isinstance(v, dict)])
     if res["task_type"] == "mask":
         for role in MASK_ROLES[::-1]:  # amodal first: the suite's point
             if num(m.get(role, {}).get("gIoU")) is not None:
                 return f"{role} gIoU", [(role, "gIoU")]
         return "-", []
+    head = (res.get("suite_meta") or {}).get("headline")  # a suite naming its headline (SugarCrepe++: ITT)
+    if isinstance(head, dict) and isinstance(head.get("entries"), list):
+        paths = present([(e, "all", head.get("key")) for e in head["entries"]])
+        if paths:
+            return f"{'/'.join(head['entries'])} {head.get('key')}", paths
     for key in _MAIN_CHOICE:
         paths = present([(t, "all", key) for t in top_level(m) if isinstance(m[t].get("all"), dict)])
         if paths:

@@ -9,11 +9,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hardrank.inputs.embedding_files import load_embedding_file, match_ids
+from hardrank.inputs.embedding_files import FileRows, match_ids, read_embedding_file
 from hardrank.inputs.kind import Embeddings, InputKind
 from hardrank.items import Tables, text_key
 from hardrank.models.openclip import file_hash
 from hardrank.text import pre_caption
+from hardrank.vectors import UnitRows
 
 __all__ = ["KIND"]
 
@@ -22,12 +23,14 @@ _COLUMNS = {"kind", "id", "embedding"}
 
 class _FileEmbeddings(Embeddings):
     """An exported (``hardrank store export``) or bring-your-own embeddings file, every problem named by
-    ``load_embedding_file``. Files without a ``key`` column key captions by their normalised text (as the
+    ``read_embedding_file``. Files without a ``key`` column key captions by their normalised text (as the
     store does) and images by their id; rows sharing a key read as the first of them (as the store would)."""
 
     def __init__(self, path: str):
         path = Path(path)
-        self._data = load_embedding_file(path)
+        rows = read_embedding_file(path)
+        self._data = {kind: (r.ids, r.vectors) for kind, r in rows.items()}
+        self._file_rows = {kind: r.file_rows for kind, r in rows.items()}
         schema = pq.read_schema(path)
         t = pq.read_table(path, columns=["kind", "key"] if "key" in schema.names else ["kind"])  # not the vectors
         self.dir, self.modalities = path, tuple(self._data)
@@ -65,7 +68,11 @@ class _FileEmbeddings(Embeddings):
         emb = self._data[modality][1]
         if len(at) == len(emb) and (at == np.arange(len(emb))).all():
             return emb  # every row in file order (a whole corpus): the array itself, not a copy of it
-        return emb[at]
+        return emb.select(at) if isinstance(emb, UnitRows) else emb[at]  # float16 files stay float16
+
+    def reread(self, modality: str, rows):
+        at = self._first[modality][np.asarray(rows, dtype=np.int64)]
+        return FileRows(self.dir, self._file_rows[modality][at], self._data[modality][1].shape[1])
 
     def for_tables(self, tables: Tables):
         return match_ids(self.dir, self._data, tables)

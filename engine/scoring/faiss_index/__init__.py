@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import faiss
 import numpy as np
+import torch
 
-from hardrank import cpus
 from hardrank.errors import DataError, UsageError
 from hardrank.kernels import TIE_RULES
 from hardrank.scoring import corpus_io
@@ -20,8 +20,17 @@ __all__ = ["FaissIndex", "FaissRanks", "faiss_topk", "faiss_grouped_ranks", "rec
 GPU_MAX_K = 2048        # faiss GPU search returns at most this many results per query
 _PROBE_BYTES = 128      # faiss's search memory per (query, probed list), rounded up from ~90 measured (fast-scan PQ)
 _IP = faiss.METRIC_INNER_PRODUCT
-# FAISS links its own OpenMP runtime, which torch's thread setting does not reach: the thread budget sizes it
-cpus.on_use(faiss.omp_set_num_threads)
+
+
+def _size_pool() -> None:
+    """FAISS may link its own OpenMP runtime, which torch's thread setting does not reach (where both load one
+    libgomp, as the PyPI wheels do, it is one setting): before FAISS builds or searches, its threads are set to
+    torch's intra-op threads, i.e. the run's budget (``hardrank.cpus.apply`` at the run's start; in a Ray
+    actor, the count its constructor set). OpenMP keeps the setting per calling thread, so it is set in the
+    thread that searches."""
+    n = torch.get_num_threads()
+    if faiss.omp_get_max_threads() != n:
+        faiss.omp_set_num_threads(n)
 
 
 # -- small helpers --------------------------------------------------------------------------
@@ -179,6 +188,7 @@ class FaissIndex:
     def __init__(self, xb, factory: str = "Flat", *, nprobe: int | None = None, train_sample: int | None = None,
                  gpu="auto", budget_bytes: int = 256 << 20, seed: int = 0, refine: int = 1, _built=None):
         self.xb = _as_matrix("xb", xb)
+        _size_pool()
         if refine < 1:
             raise UsageError(f"refine must be >= 1, got {refine}")
         self.refine = int(refine)
@@ -284,6 +294,7 @@ class FaissIndex:
         xq = _f32(_as_matrix("xq", xq, self.d))
         if not isinstance(k, (int, np.integer)) or k < 1:
             raise UsageError(f"k must be a positive integer, got {k!r}")
+        _size_pool()
         excl = _csr(exclude, len(xq))
         kk = min(self.nb, k + (int(np.diff(excl[0]).max()) if excl is not None and len(xq) else 0))
         if len(xq) == 0 or self.nb == 0:

@@ -39,6 +39,7 @@ import torch
 from hardrank.atomic import atomic_path, write_json_atomic
 from hardrank.errors import DataError, NoSpace, UsageError
 from hardrank.scoring import corpus_io
+from hardrank.scoring.faiss_index import _size_pool
 
 __all__ = ["VERSION", "build", "check", "open_index", "manifest", "is_index_folder", "train_rows_for", "block_rows_for",
            "fits_memory", "code_bytes"]
@@ -294,6 +295,7 @@ def build(folder, xb, factory: str, identity: dict, *, budget_bytes: int, seed: 
     (the ids), checksummed into the manifest too. A full disk raises ``NoSpace`` naming the file; what was
     committed stays and a rerun resumes."""
     echo = echo or (lambda s: None)
+    _size_pool()  # FAISS's threads: the run's budget (torch's)
     folder = Path(folder)
     nb, d = xb.shape
     done = manifest(folder)
