@@ -1,10 +1,13 @@
 """Mining past memory: a clip-retrieval corpus larger than RAM, exact pass vs index, the index built once and reused.
 
-Usage: python benchmarks/bench_mining_scale.py [--rows N] [--d 512] [--queries 2000,100000]
+Usage: python benchmarks/bench_mining_scale.py [--scale 1] [--rows N] [--d 512] [--queries 2000,100000]
            [--workdir /tmp/hardrank-bench-mining-scale] [--budget-mb 1024] [--recall-sample 1000]
-           [--skip-100k-exact] [--generate-only] [--out benchmarks/results/mining_scale.json]
+           [--skip-100k] [--generate-only] [--out benchmarks/results/mining_scale.json]
 
---rows defaults to the machine's RAM x 1.25 in fp16 rows (23 GiB RAM, d 512: 30.2M rows, 30.9 GB). The data is
+--rows defaults to the machine's RAM x 1.25 in fp16 rows (23 GiB RAM, d 512: 30.2M rows, 30.9 GB), times --scale;
+--scale also scales the two query sets (at least 200 and 1,000 queries) and the recall sample (at most the smaller
+set), so `--scale 0.005` (151k rows, 155 MB) checks the whole sequence in minutes; the result of a run at another
+scale than 1 goes to --workdir unless --out names a file. The data is
 generated once under --workdir (never commit it) as clip-retrieval writes it: img_emb/img_emb_N.npy (fp16, 1M
 rows a part) and metadata/metadata_N.parquet (image_path), plus the query sets as embeddings .parquet files.
 Clustered like real embeddings (``bench_mine_scale.generate``'s model: a 32-d latent from 1,000 overlapping
@@ -151,7 +154,8 @@ def _summary(out: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=None, help="corpus rows (default: RAM x 1.25 in fp16 rows)")
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the full size (rows, query sets)")
+    ap.add_argument("--rows", type=int, default=None, help="corpus rows (default: RAM x 1.25 in fp16 rows, x --scale)")
     ap.add_argument("--d", type=int, default=512)
     ap.add_argument("--queries", default="2000,100000", help="the two query set sizes")
     ap.add_argument("--workdir", default="/tmp/hardrank-bench-mining-scale")
@@ -159,11 +163,20 @@ def main(argv=None) -> int:
     ap.add_argument("--recall-sample", type=int, default=1000)
     ap.add_argument("--skip-100k", action="store_true", help="leave the large query set out")
     ap.add_argument("--generate-only", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mining_scale.json"))
+    ap.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/mining_scale.json at "
+                    "--scale 1, else in the work folder)")
     args = ap.parse_args(argv)
+    if not 0 < args.scale <= 1:
+        ap.error(f"--scale must be in (0, 1], got {args.scale}")
     few, many = (int(x) for x in args.queries.split(","))
-    nb = args.rows or int(_ram_bytes() * 1.25 // (args.d * 2))
+    if args.scale != 1:
+        few, many = max(200, round(few * args.scale)), max(1000, round(many * args.scale))
+        args.recall_sample = min(args.recall_sample, few)
+    nb = args.rows or int(_ram_bytes() * 1.25 * args.scale // (args.d * 2))
     work = Path(args.workdir) / f"clustered_{nb}x{args.d}"
+    if args.out is None:
+        args.out = str(ROOT / "benchmarks" / "results" / "mining_scale.json") if args.scale == 1 else \
+            str(work / "result.json")
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     generate(work, nb, args.d, [few] + ([] if args.skip_100k else [many]))
