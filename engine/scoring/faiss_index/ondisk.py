@@ -404,7 +404,9 @@ def _add_blocks(folder: Path, xb, trained, plan: dict, res, echo, timings: dict)
         dt = time.perf_counter() - t0
         left = sum(min(nb, (c + 1) * R) - c * R for c in todo[i + 1:])
         now = time.perf_counter()
-        if i == 0:
+        if i == 0 and not left:
+            echo(f"add: {hi - lo:,} rows (the last block) in {dt:.1f}s")
+        elif i == 0:
             echo(f"add: first block of {hi - lo:,} rows in {dt:.1f}s: about {_hms(dt / (hi - lo) * left)} for the "
                  f"other {len(todo) - 1:,} block(s) ({left:,} rows) on this machine")
         elif now - last >= 10 or not left:
