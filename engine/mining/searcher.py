@@ -289,6 +289,27 @@ def measure_recall(search, problem: MineProblem, opts: MineOptions, ref: SampleR
     return out
 
 
+def _as_stored(problem: MineProblem, ref: MineProblem, rows: np.ndarray) -> bool:
+    """Whether the vectors the run searched equal, bit for bit as float32, those its inputs' files store
+    (``ref``: ``MineProblem.reference``) for the recall sample ``rows``: its queries, their positives, and the
+    corpus (read once, in the file's blocks, when the corpus is read again). Then an exact search of the loaded
+    vectors is an exact search of the stored ones, its own reference; else a loading fault shows in the recall."""
+    if not np.array_equal(f32(problem.xq[rows]), f32(ref.xq[rows])):
+        return False
+    if ref.pos_emb is not problem.pos_emb and problem.pos_ptr is not None:
+        at = np.concatenate([np.arange(problem.pos_ptr[r], problem.pos_ptr[r + 1]) for r in rows] or
+                            [np.zeros(0, np.int64)]).astype(np.int64)
+        if len(at) and not np.array_equal(f32(problem.pos_emb[at]), f32(ref.pos_emb[at])):
+            return False
+    if ref.xb is not problem.xb:
+        if not hasattr(ref.xb, "blocks"):
+            return False
+        for pos, block in ref.xb.blocks():
+            if not np.array_equal(f32(problem.xb[pos]), f32(block)):
+                return False
+    return True
+
+
 def written_recall(problem: MineProblem, opts: MineOptions, written, search=None,
                    ref: SampleReference | None = None) -> dict:
     """recall@k of the negatives a run wrote, on the recall sample (``_sample``: ``opts.recall_sample``
@@ -301,8 +322,9 @@ def written_recall(problem: MineProblem, opts: MineOptions, written, search=None
     passing as recall 1.0. The query's recall is |written ∩ reference| / |reference| (negatives compared by
     corpus id), and the figure is its mean over the sampled queries whose reference is not empty.
     ``written(rows)`` gives the written negative ids of query rows ``rows``, each list in rank order. An exact
-    search (``search.exact``) of vectors as stored (no ``problem.reference``) is its own reference: what it
-    wrote is what mining with exact search writes, so nothing is searched again."""
+    search (``search.exact``) of vectors equal to those stored (``_as_stored``: no ``problem.reference``, or
+    one whose vectors read back equal) is its own reference: what it wrote is what mining with exact search
+    writes, so nothing is searched again."""
     nq = len(problem.xq)
     n = min(nq, opts.recall_sample)
     if n == 0:
@@ -310,10 +332,13 @@ def written_recall(problem: MineProblem, opts: MineOptions, written, search=None
     t0 = time.perf_counter()
     rows = _sample(nq, n, opts.seed)
     got = written(rows)
-    exact = search is not None and search.exact and problem.reference is None
+    exact = search is not None and search.exact and (problem.reference is None
+                                                     or _as_stored(problem, problem.reference, rows))
     if exact:
         per = [1.0 for negs in got if negs]
         reference = "the run's own search, which is exact: what it wrote is what mining with exact search writes"
+        if problem.reference is not None:
+            reference += " (its vectors read back from the inputs' files: equal to those it searched)"
     else:
         ref = ref or SampleReference(problem, opts, search)
         ok = ref.negatives >= 0
