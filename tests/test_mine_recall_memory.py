@@ -191,6 +191,23 @@ def test_an_fp16_corpus_mines_as_stored_and_the_recall_check_reads_the_file(tmp_
     assert changed > 40 and s["recall"]["recall@10"] < 0.999  # measured: 104 of 4,000 ranks, recall 0.9955
 
 
+def test_an_exact_run_whose_files_read_back_equal_searches_the_corpus_once(tmp_path, monkeypatch):
+    """An exact search of embeddings files whose vectors, read back from the files, equal those it searched is
+    its own reference: the recall check compares them and searches the corpus no second time (a corpus past
+    memory was streamed twice); a loader that changed them still gets the second search (the test above)."""
+    from hardrank.mining import mine, searcher
+
+    files = _fp16_world(tmp_path, nb=600, nq=80)
+
+    def second_search(*a, **k):
+        raise AssertionError("the recall sample was searched again")
+
+    monkeypatch.setattr(searcher, "SampleReference", second_search)
+    s = mine(corpus=files["fp16"][0], queries=files["fp16"][1], out=str(tmp_path / "m"), direction="t2i", k=5,
+             search="exact", recall_sample=40, dup_filter=False)
+    assert s["recall"]["recall@5"] == 1.0 and "read back" in s["recall"]["reference"]
+
+
 _CHILD = """
 import json, sys
 from hardrank.mining import mine
