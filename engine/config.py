@@ -39,7 +39,8 @@ __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS",
            "DIRECTIONS", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
            "default_store",
            "resolve_device", "check_writable_dir", "check_store_root",
-           "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig", "LOGGERS", "LogTarget",
+           "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig", "IndexBuildConfig", "LOGGERS",
+           "LogTarget",
            "parse_log_to"]
 
 DATA_DIR = Path(__file__).resolve().parent / "assets"  # bundled model configs, toy checkpoints, vocabularies
@@ -723,9 +724,18 @@ class MineOptions:
     shards: int | None = opt(None, "with --executor ray: corpus shards, each held by a Ray actor within "
                              "--budget-mb (default: one per CPU of the cluster)", minimum=1)
     dup_filter: bool = opt(True, "drop near duplicates of positives (--no-dup-filter keeps them)")
+    index: str | None = opt(None, "search this FAISS index folder, built before for this corpus (hardrank index "
+                            "build, or --index-out): checked against the corpus, nothing is built", path=True,
+                            metavar="IDX")
+    index_out: str | None = opt(None, "build the search's FAISS index in this folder (or resume its build, or reuse "
+                                "it when complete), to mine again later with --index; an index too large for "
+                                "--budget-mb goes to OUT/index otherwise", path=True, metavar="IDX")
 
     def __post_init__(self):
         check_options(self)
+        if self.index and self.index_out:
+            raise UsageError(f"give --index (reuse the index in {self.index}) or --index-out (build one in "
+                             f"{self.index_out}), not both")
         if not self.dup_filter:  # the filter off is a threshold of None, the one thing the miner reads
             object.__setattr__(self, "dup_threshold", None)
         for name in ("dup_threshold", "max_sim", "min_sim"):
@@ -741,6 +751,30 @@ class MineOptions:
     @property
     def search_spec(self) -> SearchSpec:
         return backends.parse(self.search, TOPK)
+
+
+@dataclass(frozen=True)
+class IndexBuildConfig:
+    """A FAISS IVF index of a corpus of embeddings, built into a folder once, for `hardrank mine --index`."""
+
+    corpus: str = opt("", "the corpus: an input holding embeddings (a clip-retrieval output folder, an embeddings "
+                      ".parquet, an embedding store folder)", path=True)
+    out: str = opt("", "the index folder (a killed build resumes there)", path=True, metavar="IDX")
+    modality: str = opt("image", "which of the corpus's embeddings to index", choices=("image", "text"))
+    factory: str = opt("auto", "a FAISS IVF index_factory string (e.g. IVF4096,PQ128, IVF65536_HNSW32,PQ128), or "
+                       "auto: sized for the corpus and --budget-mb (docs/mining.md)")
+    budget_mb: int = opt(1024, "memory budget, MiB: the training sample, a block of rows and its codes; lists "
+                         "larger than half of it are kept on disk, memory-mapped", minimum=1)
+    seed: int = opt(0, "sampling seed (training sample, k-means)")
+
+    def __post_init__(self):
+        check_options(self)
+        for name in ("corpus", "out"):
+            if not getattr(self, name):
+                raise UsageError(f"option {name} is required")
+        if self.factory != "auto" and not re.match(r"IVF\d+", self.factory.strip()):
+            raise UsageError(f"option factory must be auto or a FAISS IVF index_factory string (IVF4096,PQ128, "
+                             f"IVF65536_HNSW32,PQ128, IVF1024,SQ8), got {self.factory!r}")
 
 
 @dataclass(frozen=True)
