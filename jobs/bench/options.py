@@ -49,7 +49,7 @@ class PipelineBenchConfig:
             raise UsageError("bench pipeline needs at least one checkpoint (--checkpoint; None = the random init)")
         if not self.suites:
             raise UsageError("option suites is empty; name at least one suite (--suite toy)")
-        self.suite_options.check_suites(suite_registry.expand(self.suites))
+        self.suite_options.check_suites(suite_registry.expand(self.suites, self.suite_options))
 
     @property
     def loader_workers(self) -> int:

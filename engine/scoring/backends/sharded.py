@@ -8,7 +8,7 @@ split over actors by ``executor.sharded_search``, each actor running the named b
 one only calls what the executor hands it."""
 from __future__ import annotations
 
-from hardrank.scoring.backends.base import Backend
+from hardrank.scoring.backends.base import Backend, MinePlan
 from hardrank.scoring.backends.exhaustive import RankArrays
 
 __all__ = ["Sharded", "for_ranking", "for_mining"]
@@ -42,6 +42,11 @@ class Sharded(Backend):
         if self.remote:
             return f"the corpus sharded over Ray actors ({self.inner.describe(spec, shape, opts)} on each shard)"
         return self.inner.describe(spec, shape, opts)
+
+    def mining_plan(self, spec, nq, shape, opts, *, mapped=False, built=None):
+        if not self.remote:
+            return self.inner.mining_plan(spec, nq, shape, opts, mapped=mapped, built=built)
+        return MinePlan(self.describe(spec, shape, opts), "--executor ray: each shard builds its own")
 
     def close(self) -> None:
         for part in (self.ranker, self.search):
