@@ -381,8 +381,6 @@ def _relative_to(base, v):
         if p is None:  # checkpoints: (None,) is the model's random init
             return None
         p = os.path.expanduser(p)
-        if p.startswith("local-dir:"):
-            return "local-dir:" + _relative_to(base, p[len("local-dir:"):])
         if "://" in p or os.path.isabs(p):
             return p
         return os.fspath(Path(base) / p)

@@ -26,7 +26,8 @@ from hardrank.executors import executor
 from hardrank.inputs import registry, scan_with
 from hardrank.items import Tables
 from hardrank.models.blip import has_itm
-from hardrank.models.runs import model_specs
+from hardrank.models.runs import model_specs, object_spec
+from hardrank.models.spec import ModelSpec, split_live
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.sharded import for_ranking
@@ -135,10 +136,18 @@ def _versions() -> dict:
             "numpy": np.__version__, "pyarrow": pa.__version__, "hardrank": hardrank_version}
 
 
-def _config(cfg: EvalConfig | None, options: dict) -> EvalConfig:
+def _config(cfg: EvalConfig | None, options: dict) -> tuple[EvalConfig, ModelSpec | None]:
+    """The run's config, and the spec of a model object given as ``model=`` (None for a ``--model`` spelling)."""
     if cfg is not None and options:
         raise UsageError(f"pass an EvalConfig or keyword options, not both (got {sorted(options)})")
-    return cfg if cfg is not None else build(EvalConfig, options)
+    live, options = split_live(options)
+    cfg = cfg if cfg is not None else build(EvalConfig, options)
+    return cfg, None if live is None else object_spec(live, precision=cfg.embed.precision, device=cfg.embed.device)
+
+
+def _specs(cfg: EvalConfig, live: ModelSpec | None) -> list[ModelSpec]:
+    """The checkpoints' specs: the model object's, else those the options name."""
+    return [live] if live is not None else model_specs(cfg)
 
 
 def _drop_failed(suite: Suite, tables: Tables) -> Suite:
@@ -349,21 +358,26 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     ``dashboards``: open ``hardrank.dashboards.Dashboards`` to log to (``watch`` keeps one run open over
     its evaluations); by default those ``log_to`` names are opened here and closed at the end.
     ``settings``: the run's threads, when a caller that runs several evaluations as one run decided them
-    (``hardrank.settings.start_run``, as the attack commands do); else decided here from ``cfg.embed``."""
-    cfg = _config(cfg, options)
+    (``hardrank.settings.start_run``, as the attack commands do); else decided here from ``cfg.embed``.
+
+    ``model`` may also be a model object (the Python API only): an open_clip model with ``tokenizer=`` (and
+    optionally ``preprocess=``, its eval transform) or a transformers dual encoder with ``processor=``, evaluated
+    in this process exactly as the same weights from files, and left as it was found (``hardrank.models.in_memory``);
+    its embeddings are stored only under ``fingerprint=`` (e.g. ``"run1-step4000"``), never without one."""
+    cfg, live = _config(cfg, options)
     echo = echo or (lambda s: None)
     if not cfg.out:
         raise UsageError("option out (the results folder) is required")
     # the threads first: a bad $HARDRANK_THREADS is a usage error too, refused before any folder is made
     settings = settings or start_run(cfg.embed.threads, cfg.embed.decode_threads)
-    _check_usage(cfg)
+    _check_usage(cfg, live)
     echo(f"threads: {settings.budget.describe()}")
     own = dashboards is None and bool(cfg.log_to)
     if own:  # a missing logger package fails here, before any work
         dashboards = Dashboards(cfg.log_to, run=cfg.out)
     try:
         with urls.staged_dir(cfg.out) as local_out:
-            report = _evaluate(replace(cfg, out=local_out), progress, echo, runner, dashboards, settings)
+            report = _evaluate(replace(cfg, out=local_out), live, progress, echo, runner, dashboards, settings)
     finally:
         if own:
             dashboards.close()
@@ -383,12 +397,13 @@ def local_inputs(cfg: EvalConfig) -> EvalConfig:
     return cfg
 
 
-def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards, settings: RunSettings) -> EvalReport:
+def _evaluate(cfg: EvalConfig, live: ModelSpec | None, progress, echo, runner, dashboards,
+              settings: RunSettings) -> EvalReport:
     cfg = local_inputs(cfg)
     t_start = time.perf_counter()
     pipe = None  # the models first: a bad checkpoint or tag fails before any data is read
     if cfg.embeddings is None and (cfg.model is not None or cfg.run is not None) and _needs_model(cfg):
-        pipe = EmbedPipeline(model_specs(cfg), cfg.embed, runner=runner, settings=settings)
+        pipe = EmbedPipeline(_specs(cfg, live), cfg.embed, runner=runner, settings=settings)
         _check_rerank(cfg, pipe)
     tables = Tables.empty()
     t0 = time.perf_counter()
@@ -530,16 +545,17 @@ def _needs_model(cfg: EvalConfig) -> bool:
                for n in expand_suites(list(cfg.suites), cfg.suite_options))
 
 
-def _check_usage(cfg: EvalConfig) -> None:
+def _check_usage(cfg: EvalConfig, live: ModelSpec | None) -> None:
     """Everything about the options that can fail, checked before any loading or encoding: a source
-    of embeddings where suites need them, the results folder and the store can be written, the
-    device exists."""
+    of embeddings where suites need them, the results folder and the store can be written (unless a
+    model object without a fingerprint leaves the store alone), the device exists."""
     resolve_device(cfg.embed.device)
     if _needs_model(cfg) and cfg.model is None and cfg.embeddings is None and cfg.run is None:
         raise UsageError("give --model (with --checkpoint or --pretrained), --run RUN_DIR or --embeddings "
                          f"FILE.parquet: suites {expand_suites(list(cfg.suites), cfg.suite_options)} score embeddings")
     check_writable_dir(cfg.out, "out (--out)")
-    if (cfg.model is not None or cfg.run is not None) and cfg.embeddings is None:
+    unstored = live is not None and live.live.fingerprint is None
+    if (cfg.model is not None or cfg.run is not None) and cfg.embeddings is None and not unstored:
         cfg.embed.check_store()
 
 
@@ -642,8 +658,10 @@ def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _Embeddi
 def plan(cfg: EvalConfig | None = None, **options) -> dict:
     """What ``evaluate`` would do, encoding and writing nothing: the suites and their tasks, the
     unique items, and per checkpoint how many items its store already holds. Loads the models
-    (for their fingerprints) and reads every image once (for its content key)."""
-    cfg = local_inputs(_config(cfg, options))
+    (for their fingerprints) and reads every image once (for its content key). ``model`` may be a model
+    object, as for ``evaluate``."""
+    cfg, live = _config(cfg, options)
+    cfg = local_inputs(cfg)
     tables = Tables.empty()
     names, world = expand_suites(list(cfg.suites), cfg.suite_options), _pending_world(cfg)
     if world is not None:  # a plan builds nothing: the toy suites are counted once their world exists
@@ -681,7 +699,7 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
     else:  # duplicates are unknown until the new images are hashed by the workers
         out["unreadable"], out["image_duplicates"] = 0, 0
     tables.texts.keys()
-    rows = EmbedPipeline(model_specs(cfg), cfg.embed).plan(tables)
+    rows = EmbedPipeline(_specs(cfg, live), cfg.embed).plan(tables)
     if cfg.embed.key_by == "id":
         out["unreadable"] = len(tables.images.failed)  # missing files (a stat failed)
     out["checkpoints"] = rows

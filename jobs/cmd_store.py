@@ -10,7 +10,7 @@ from hardrank.config import EvalConfig, SuiteOptions, default_store, flat_fields
 from hardrank.errors import EXIT_OK
 from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
-from hardrank.models.forms import forms_help
+from hardrank.models.spec import forms_help
 from hardrank.store.id_export import export_embeddings, list_stores
 
 __all__ = ["add_store_parser", "StoreListConfig", "StoreExportConfig"]

@@ -12,7 +12,7 @@ from hardrank.config import EmbedOptions, SuiteOptions
 from hardrank.embed import EmbedPipeline
 from hardrank.items import ImageRef, Tables
 from hardrank.jobs.cli import main
-from hardrank.models.openclip import ModelSpec, load_model
+from hardrank.models import ModelSpec, load_model
 from hardrank.perturb.attack import (
     Concepts,
     Vocabulary,

@@ -143,7 +143,8 @@ def _calls(name: str) -> list[str]:
 
 def test_model_specs_are_built_in_one_place():
     """--model/--checkpoint/--pretrained/... become ModelSpecs in hardrank.models.runs only
-    (``user_specs``; ``run_spec`` for training runs), whatever the command."""
+    (``user_specs``; ``run_spec`` for training runs; ``object_spec`` for a model object), whatever the command;
+    the spelling itself is parsed by ModelSpec (``hardrank.models.spec``)."""
     places = _calls("ModelSpec")
     assert places and all(p.startswith("engine/models/runs.py:") for p in places), places
     assert len(_calls("user_specs")) >= 6  # eval (model_specs), mine, the pipeline, perturb, attack, bench naive
