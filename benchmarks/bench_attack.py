@@ -39,7 +39,7 @@ def main() -> None:
     from hardrank.items import ImageRef, Tables
     from hardrank.jobs.bench.inputs import coco_like_jpegs, small_checkpoints
     from hardrank.jobs.bench.timing import timed
-    from hardrank.models.openclip import ModelSpec, load_model
+    from hardrank.models import ModelSpec, load_model
     from hardrank.perturb.attack import (
         attack_sources,
         build_vocab,

@@ -78,7 +78,7 @@ def main() -> None:
     from hardrank.jobs.bench.inputs import coco_like_jpegs
     from hardrank.jobs.bench.timing import interleaved
     from hardrank.models.load import load_model
-    from hardrank.models.openclip import ModelSpec
+    from hardrank.models.spec import ModelSpec
     from hardrank.store.embedding_store import EmbeddingStore
 
     work = Path(tempfile.mkdtemp(prefix="bench-hf-"))

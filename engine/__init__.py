@@ -12,7 +12,9 @@ The public API (``help(hardrank)``). Options are the names of the command line's
 
 - ``evaluate(**options)`` / ``evaluate(EvalConfig(...))``: checkpoints (or precomputed embeddings)
   on suites; writes ``out/<checkpoint>/<suite>.json`` + ``.parquet``; returns an ``EvalReport``.
-  ``plan(**options)`` says what it would encode, doing nothing.
+  ``plan(**options)`` says what it would encode, doing nothing. ``model`` may be a model object: an
+  open_clip model with ``tokenizer=`` (``preprocess=`` optional) or a transformers one with ``processor=``,
+  stored only under ``fingerprint=`` and left as it was found (a training loop's evaluation).
 - ``mine(**options)`` / ``mine(MineConfig(...))``: hard negatives per query from a corpus.
 - ``perturb_texts(...)`` / ``perturb_images(...)``: RoCOCO-style caption and image variants;
   ``attack_texts(...)`` / ``attack_images(...)``: the variants that break each checkpoint, evaluated
@@ -60,7 +62,7 @@ def _api() -> dict:
     from hardrank.items import ImageRef, Tables
     from hardrank.mining import mine
     from hardrank.models.load import load_model
-    from hardrank.models.openclip import LoadedModel, ModelSpec
+    from hardrank.models.spec import LoadedModel, ModelSpec
     from hardrank.perturb import PerturbImagesConfig, PerturbTextsConfig, perturb_images, perturb_texts
     from hardrank.scoring.backends import SearchSpec
     from hardrank.scoring.results import ResultFile, read_results

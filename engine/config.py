@@ -37,7 +37,8 @@ __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS",
            "DIRECTIONS", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
            "default_store",
            "check_writable_dir", "check_store_root",
-           "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig", "LOGGERS", "LogTarget",
+           "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig", "IndexBuildConfig", "LOGGERS",
+           "LogTarget",
            "parse_log_to"]
 
 DATA_DIR = Path(__file__).resolve().parent / "assets"  # bundled model configs, toy checkpoints, vocabularies
@@ -358,8 +359,6 @@ def _relative_to(base, v):
         if p is None:  # checkpoints: (None,) is the model's random init
             return None
         p = os.path.expanduser(p)
-        if p.startswith("local-dir:"):
-            return "local-dir:" + _relative_to(base, p[len("local-dir:"):])
         if "://" in p or os.path.isabs(p):
             return p
         return os.fspath(Path(base) / p)
@@ -487,13 +486,13 @@ class SuiteOptions:
             if k not in common and k not in declared:
                 raise UsageError(f"suite {s}: unknown option {k!r}; a suite takes: "
                                  f"{', '.join(sorted(common | set(declared)))}")
-            members = suite_registry.expand([s])
-            if k in declared and not set(members) & set(declared[k][2]):
+            members = suite_registry.expand([s], self)
+            if k in declared and not any(suite_registry.takes(m, k) for m in members):
                 raise UsageError(f"option {_named(declared[k][0])} is for suites {', '.join(declared[k][2])}, "
                                  f"not {s}")
         for s in dict.fromkeys(s for s, _, _ in per):  # each suite's values pass its checks now, not at load
             try:
-                for m in suite_registry.expand([s]):
+                for m in suite_registry.expand([s], self):
                     self.for_suite(m)
                     self.own_options(m)
             except UsageError as exc:
@@ -511,7 +510,7 @@ class SuiteOptions:
 
     def _values_for(self, name: str) -> dict:
         """The per-suite values suite ``name`` gets: those of aliases it belongs to, then its own."""
-        keys = [a for a, members in suite_registry.aliases().items() if name in members] + [name]
+        keys = [a for a, members in suite_registry.aliases(self).items() if name in members] + [name]
         return {k: v for key in keys for s, k, v in self.per_suite if s == key}
 
     def for_suite(self, name: str) -> SuiteOptions:
@@ -551,11 +550,11 @@ class SuiteOptions:
         declared = suite_registry.own_fields() if self.own else {}
         for k, _ in self.own:
             f, _, takers = declared[k]
-            if not set(takers) & set(names):
+            if not any(suite_registry.takes(n, k) for n in names):
                 raise UsageError(f"option {_named(f)} is for suites {', '.join(takers)}; this run's suites are "
                                  f"{', '.join(names)}: drop it, or add one of those suites")
         for s in dict.fromkeys(s for s, _, _ in self.per_suite):
-            if not set(suite_registry.expand([s])) & set(names):
+            if not set(suite_registry.expand([s], self)) & set(names):
                 given = sorted({k for t, k, _ in self.per_suite if t == s})
                 what = f"option {given[0]} is" if len(given) == 1 else f"options {', '.join(given)} are"
                 raise UsageError(f"{what} given for suite {s}, which this run does not evaluate (its suites: "
@@ -644,7 +643,7 @@ class EvalConfig:
         spec = backends.parse(self.search, RANKS)
         if not self.suites:
             raise UsageError("option suites is empty; name at least one suite (--suite toy)")
-        self.suite_options.check_suites(suite_registry.expand(self.suites))
+        self.suite_options.check_suites(suite_registry.expand(self.suites, self.suite_options))
         if self.model is not None and self.embeddings is not None or self.run and self.embeddings:
             raise UsageError("give --model (with --checkpoint/--pretrained), --run or --embeddings, not several")
         if self.run and self.pretrained:
@@ -701,9 +700,18 @@ class MineOptions:
     shards: int | None = opt(None, "with --executor ray: corpus shards, each held by a Ray actor within "
                              "--budget-mb (default: one per CPU of the cluster)", minimum=1)
     dup_filter: bool = opt(True, "drop near duplicates of positives (--no-dup-filter keeps them)")
+    index: str | None = opt(None, "search this FAISS index folder, built before for this corpus (hardrank index "
+                            "build, or --index-out): checked against the corpus, nothing is built", path=True,
+                            metavar="IDX")
+    index_out: str | None = opt(None, "build the search's FAISS index in this folder (or resume its build, or reuse "
+                                "it when complete), to mine again later with --index; an index too large for "
+                                "--budget-mb goes to OUT/index otherwise", path=True, metavar="IDX")
 
     def __post_init__(self):
         check_options(self)
+        if self.index and self.index_out:
+            raise UsageError(f"give --index (reuse the index in {self.index}) or --index-out (build one in "
+                             f"{self.index_out}), not both")
         if not self.dup_filter:  # the filter off is a threshold of None, the one thing the miner reads
             object.__setattr__(self, "dup_threshold", None)
         for name in ("dup_threshold", "max_sim", "min_sim"):
@@ -719,6 +727,30 @@ class MineOptions:
     @property
     def search_spec(self) -> SearchSpec:
         return backends.parse(self.search, TOPK)
+
+
+@dataclass(frozen=True)
+class IndexBuildConfig:
+    """A FAISS IVF index of a corpus of embeddings, built into a folder once, for `hardrank mine --index`."""
+
+    corpus: str = opt("", "the corpus: an input holding embeddings (a clip-retrieval output folder, an embeddings "
+                      ".parquet, an embedding store folder)", path=True)
+    out: str = opt("", "the index folder (a killed build resumes there)", path=True, metavar="IDX")
+    modality: str = opt("image", "which of the corpus's embeddings to index", choices=("image", "text"))
+    factory: str = opt("auto", "a FAISS IVF index_factory string (e.g. IVF4096,PQ128, IVF65536_HNSW32,PQ128), or "
+                       "auto: sized for the corpus and --budget-mb (docs/mining.md)")
+    budget_mb: int = opt(1024, "memory budget, MiB: the training sample, a block of rows and its codes; lists "
+                         "larger than half of it are kept on disk, memory-mapped", minimum=1)
+    seed: int = opt(0, "sampling seed (training sample, k-means)")
+
+    def __post_init__(self):
+        check_options(self)
+        for name in ("corpus", "out"):
+            if not getattr(self, name):
+                raise UsageError(f"option {name} is required")
+        if self.factory != "auto" and not re.match(r"IVF\d+", self.factory.strip()):
+            raise UsageError(f"option factory must be auto or a FAISS IVF index_factory string (IVF4096,PQ128, "
+                             f"IVF65536_HNSW32,PQ128, IVF1024,SQ8), got {self.factory!r}")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Evaluate checkpoints on suites: load tasks, embed what the store lacks, score every task type, write."""
 from __future__ import annotations
 
+import json
 import logging
 import platform
 import time
@@ -15,6 +16,7 @@ import pyarrow as pa
 import torch
 
 from hardrank import suite_registry, urls
+from hardrank.atomic import write_json_atomic
 from hardrank.config import EvalConfig, build, check_writable_dir
 from hardrank.dashboards import Dashboards
 from hardrank.devices import resolve_device
@@ -25,7 +27,8 @@ from hardrank.executors import executor
 from hardrank.inputs import registry, scan_with
 from hardrank.items import Tables
 from hardrank.models.blip import has_itm
-from hardrank.models.runs import model_specs
+from hardrank.models.runs import model_specs, object_spec
+from hardrank.models.spec import ModelSpec, split_live
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.sharded import for_ranking
@@ -38,11 +41,20 @@ from hardrank.scoring.probe import probe_outcomes, run_probe
 from hardrank.scoring.rank import score_choice, score_ranking
 from hardrank.scoring.rerank import CANDIDATE_RULE, FILL, rerank_ranks
 from hardrank.scoring.rerank import PROTOCOL as RERANK_PROTOCOL
-from hardrank.scoring.results import outcome_schema, summary_intervals, summary_row, verdict_map, write_result
+from hardrank.scoring.results import (
+    RESULT_VERSION,
+    outcome_schema,
+    summary_intervals,
+    summary_row,
+    verdict_map,
+    write_result,
+)
 from hardrank.scoring.statistics import annotate
 from hardrank.settings import RunSettings, start_run
 from hardrank.subsets import subset_suites
+from hardrank.suite_registry import result_stem
 from hardrank.suites import expand_suites, load_suites
+from hardrank.suites.collections import collection_result, collection_tasks, tasklist_option
 from hardrank.suites.toy import TOY_SUITES, pending_world
 from hardrank.tasks import MaskTask, Suite
 
@@ -56,8 +68,9 @@ class SuitesNotLoaded(DataError):
     the first failure's own (3 for a bad file, 2 for a missing option)."""
 
     def __init__(self, failed: dict[str, Exception]):
-        lines = "; ".join(f"suite {n}: {exc}" for n, exc in failed.items())
-        super().__init__(f"{len(failed)} suite(s) not run ({', '.join(failed)}); the others' results are written. "
+        lines = "".join("\n  " + (str(exc) if str(exc).startswith(f"{n}: ") else f"suite {n}: {exc}")
+                        for n, exc in failed.items())  # one line each: the suite (a dataset's name) and the fix
+        super().__init__(f"{len(failed)} suite(s) not run ({', '.join(failed)}); the others' results are written:"
                          f"{lines}")
         self.failed = failed
         self.exit_code = exit_code(next(iter(failed.values())))
@@ -70,6 +83,8 @@ class EvalReport:
     embed_stats: dict = field(default_factory=dict)        # modality -> EmbedStats.as_dict()
     subsets: dict = field(default_factory=dict)            # suite -> its --subset record (results' "subset")
     failed_suites: dict[str, Exception] = field(default_factory=dict)  # suites that could not be loaded
+    finished: dict[tuple[str, str], dict] = field(default_factory=dict)  # (checkpoint, suite) results kept as found
+    collections_done: set[str] = field(default_factory=set)  # checkpoints whose collection results are written
 
     def table_rows(self) -> list[tuple[str, dict]]:
         """One row per checkpoint (its suites' columns side by side), or, where two of its results share a column
@@ -122,10 +137,18 @@ def _versions() -> dict:
             "numpy": np.__version__, "pyarrow": pa.__version__, "hardrank": hardrank_version}
 
 
-def _config(cfg: EvalConfig | None, options: dict) -> EvalConfig:
+def _config(cfg: EvalConfig | None, options: dict) -> tuple[EvalConfig, ModelSpec | None]:
+    """The run's config, and the spec of a model object given as ``model=`` (None for a ``--model`` spelling)."""
     if cfg is not None and options:
         raise UsageError(f"pass an EvalConfig or keyword options, not both (got {sorted(options)})")
-    return cfg if cfg is not None else build(EvalConfig, options)
+    live, options = split_live(options)
+    cfg = cfg if cfg is not None else build(EvalConfig, options)
+    return cfg, None if live is None else object_spec(live, precision=cfg.embed.precision, device=cfg.embed.device)
+
+
+def _specs(cfg: EvalConfig, live: ModelSpec | None) -> list[ModelSpec]:
+    """The checkpoints' specs: the model object's, else those the options name."""
+    return [live] if live is not None else model_specs(cfg)
 
 
 def _drop_failed(suite: Suite, tables: Tables) -> Suite:
@@ -319,7 +342,7 @@ def _write(report: EvalReport, cfg: EvalConfig, label: str, suite_name: str, res
         result["subset"] = report.subsets.get(suite_name)
     if cfg.bootstrap and table.num_rows:  # the metrics' 95% intervals, from the outcomes written beside them
         annotate(result, table, resamples=cfg.bootstrap, seed=cfg.seed)
-    report.files.extend(write_result(Path(cfg.out) / label, suite_name, result, [table]))
+    report.files.extend(write_result(Path(cfg.out) / label, result_stem(suite_name), result, [table]))
     report.results.append(result)
     if dashboards is not None:
         dashboards.log(result)
@@ -336,21 +359,26 @@ def evaluate(cfg: EvalConfig | None = None, *, progress=None, echo=None, runner=
     ``dashboards``: open ``hardrank.dashboards.Dashboards`` to log to (``watch`` keeps one run open over
     its evaluations); by default those ``log_to`` names are opened here and closed at the end.
     ``settings``: the run's threads, when a caller that runs several evaluations as one run decided them
-    (``hardrank.settings.start_run``, as the attack commands do); else decided here from ``cfg.embed``."""
-    cfg = _config(cfg, options)
+    (``hardrank.settings.start_run``, as the attack commands do); else decided here from ``cfg.embed``.
+
+    ``model`` may also be a model object (the Python API only): an open_clip model with ``tokenizer=`` (and
+    optionally ``preprocess=``, its eval transform) or a transformers dual encoder with ``processor=``, evaluated
+    in this process exactly as the same weights from files, and left as it was found (``hardrank.models.in_memory``);
+    its embeddings are stored only under ``fingerprint=`` (e.g. ``"run1-step4000"``), never without one."""
+    cfg, live = _config(cfg, options)
     echo = echo or (lambda s: None)
     if not cfg.out:
         raise UsageError("option out (the results folder) is required")
     # the threads first: a bad $HARDRANK_THREADS is a usage error too, refused before any folder is made
     settings = settings or start_run(cfg.embed.threads, cfg.embed.decode_threads)
-    _check_usage(cfg)
+    _check_usage(cfg, live)
     echo(f"threads: {settings.budget.describe()}")
     own = dashboards is None and bool(cfg.log_to)
     if own:  # a missing logger package fails here, before any work
         dashboards = Dashboards(cfg.log_to, run=cfg.out)
     try:
         with urls.staged_dir(cfg.out) as local_out:
-            report = _evaluate(replace(cfg, out=local_out), progress, echo, runner, dashboards, settings)
+            report = _evaluate(replace(cfg, out=local_out), live, progress, echo, runner, dashboards, settings)
     finally:
         if own:
             dashboards.close()
@@ -370,12 +398,13 @@ def local_inputs(cfg: EvalConfig) -> EvalConfig:
     return cfg
 
 
-def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards, settings: RunSettings) -> EvalReport:
+def _evaluate(cfg: EvalConfig, live: ModelSpec | None, progress, echo, runner, dashboards,
+              settings: RunSettings) -> EvalReport:
     cfg = local_inputs(cfg)
     t_start = time.perf_counter()
     pipe = None  # the models first: a bad checkpoint or tag fails before any data is read
     if cfg.embeddings is None and (cfg.model is not None or cfg.run is not None) and _needs_model(cfg):
-        pipe = EmbedPipeline(model_specs(cfg), cfg.embed, runner=runner, settings=settings)
+        pipe = EmbedPipeline(_specs(cfg, live), cfg.embed, runner=runner, settings=settings)
         _check_rerank(cfg, pipe)
     tables = Tables.empty()
     t0 = time.perf_counter()
@@ -384,18 +413,24 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards, settings: Run
         echo(f"building the toy world in {world} (once, about 30 s; --data DIR names another folder)")
     mapper = make_scan_mapper(cfg.embed, settings)
     failed: dict[str, Exception] = {}
+    names = expand_suites(list(cfg.suites), cfg.suite_options)
+    done = _finished(cfg, pipe, names)  # (checkpoint, suite) pairs a previous run of these options finished
+    todo = [n for n in names if pipe is None or not all((lb, n) in done for lb in pipe.labels)]
+    if done:
+        echo(f"{len(done)} (checkpoint, dataset) result(s) already in {cfg.out} for this model and these options: "
+             f"not scored again (--no-skip-existing scores them anew)")
     try:
         with scan_with(mapper):  # with --executor ray, workers read the tar shards, not this process
-            suites = load_suites(list(cfg.suites), tables, cfg.suite_options, failures=failed)
+            suites = load_suites(todo, tables, cfg.suite_options, failures=failed)
     finally:
         if hasattr(mapper, "close"):
             mapper.close()
-    if failed and not suites:  # nothing else to run: the error as it is
+    if failed and not suites and not done:  # nothing else to run: the error as it is
         raise next(iter(failed.values()))
     for name, exc in failed.items():  # the other suites still run; the command exits nonzero at the end
         log.warning("suite %s not run: %s", name, exc)
     _check_not_empty(suites, "holds no items: is the annotation file empty or of another format?")
-    report = EvalReport(failed_suites=failed)
+    report = EvalReport(failed_suites=failed, finished=done)
     if cfg.subset:  # a lite run: a stratified sample of each suite's units, and only their items in the tables
         suites, tables, report.subsets = subset_suites(suites, tables, cfg.subset, cfg.seed)
         echo("lite subset: " + "; ".join(f"{n}: {r['units']} of {r['of']} {r['unit']}s"
@@ -420,40 +455,108 @@ def _evaluate(cfg: EvalConfig, progress, echo, runner, dashboards, settings: Run
                 emb = src.embeddings()
                 scorer = src.scorer() if src.scorer is not None else None  # one per checkpoint: its image cache
                 for suite in [s for s in suites if s.needs_embeddings]:
+                    if (src.label, suite.name) in report.finished:
+                        continue
                     for scored in _score_suite(suite, src.device, emb, cfg, len(tables.images.failed), backend,
                                                scorer):
+                        if suite.annotate is not None:  # e.g. a collection task's main metric
+                            scored["extra"] = {**scored.get("extra", {}), **suite.annotate(scored)}
                         _write(report, cfg, src.label, suite.name,
                                _result(suite, src.label, scored, cfg, common, src.ident, src.embed),
                                scored["outcomes"], dashboards)
+                _write_collections(report, cfg, src.label, echo)
         finally:
             backend.close()
+    for label in [lb for lb in (pipe.labels if pipe is not None else []) if lb not in report.collections_done]:
+        _write_collections(report, cfg, label, echo)  # every dataset of its collections was finished before
     echo(f"done in {time.perf_counter() - t_start:.1f}s; results in {cfg.out}")
     return report
 
 
+# -- datasets already scored, collections ----------------------------------------------------------------------
+_SAME_RESULTS = ("recall_k", "subset", "seed", "bootstrap", "search", "rerank", "rank_precision")  # config keys a
+# finished result must share to stand for this run (the suite's own options and the model fingerprint besides)
+
+
+def _jsonable(v):
+    return json.loads(json.dumps(v, default=str))
+
+
+def _finished(cfg: EvalConfig, pipe: EmbedPipeline | None, names: list[str]) -> dict[tuple[str, str], dict]:
+    """The results in ``cfg.out`` this run would write again, by (checkpoint, suite): those of suites whose options
+    say ``skip_existing`` (the dataset suites), written for the same model fingerprint, suite options and scoring
+    options. A result that cannot be read is not finished."""
+    if pipe is None:
+        return {}
+    out: dict[tuple[str, str], dict] = {}
+    config = {k: v for k, v in _jsonable(asdict(cfg)).items() if k in _SAME_RESULTS}
+    for name in names:
+        if not getattr(cfg.suite_options.own_options(name), "skip_existing", False):
+            continue
+        record = _jsonable(cfg.suite_options.record(name))
+        for i, label in enumerate(pipe.labels):
+            try:
+                r = json.loads((Path(cfg.out) / label / f"{result_stem(name)}.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if not isinstance(r, dict):
+                continue
+            prov = r.get("provenance") or {}
+            if (r.get("suite") == name and r.get("model_fingerprint") == pipe.fingerprint(i)
+                    and prov.get("suite_options") == record
+                    and {k: v for k, v in (prov.get("config") or {}).items() if k in _SAME_RESULTS} == config):
+                out[(label, name)] = r
+    return out
+
+
+def _write_collections(report: EvalReport, cfg: EvalConfig, label: str, echo) -> None:
+    """Checkpoint ``label``'s result of each collection the run names (``vtab``, ``datacomp``, ...): every task's
+    main metric and the aggregates, from its datasets' results (this run's and those it kept), written as
+    ``<out>/<label>/collection_<name>.json``."""
+    report.collections_done.add(label)
+    results = {r["suite"]: r for r in report.results if r.get("checkpoint") == label}
+    results.update({s: r for (lb, s), r in report.finished.items() if lb == label})
+    why = {n: str(e) for n, e in report.failed_suites.items()}
+    for name in dict.fromkeys(cfg.suites):
+        tasks = collection_tasks(name, cfg.suite_options)
+        if tasks is None:
+            continue
+        tasklist = (tasklist_option(cfg.suite_options) or "datacomp (built in)") if name == "datacomp" else None
+        doc = collection_result(name, tasks, results, label, why, tasklist)
+        path = Path(cfg.out) / label / f"collection_{result_stem(name)}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"result_version": RESULT_VERSION, **doc})
+        report.files.append(path)
+        report.results.append(doc)
+        avg = doc["metrics"].get("Average")
+        echo(f"{label}: {name}: {doc['scored']} of {doc['of']} tasks scored; average "
+             f"{'-' if avg is None else f'{avg:.2f}'}")
+
+
 def _pending_world(cfg: EvalConfig) -> Path | None:
     """The toy world folder loading these suites would build first, if any."""
-    worlds = [pending_world(cfg.suite_options.for_suite(n)) for n in expand_suites(list(cfg.suites))
-              if n in TOY_SUITES]
+    worlds = [pending_world(cfg.suite_options.for_suite(n))
+              for n in expand_suites(list(cfg.suites), cfg.suite_options) if n in TOY_SUITES]
     return next((w for w in worlds if w is not None), None)
 
 
 def _needs_model(cfg: EvalConfig) -> bool:
     """Whether some suite scores embeddings with its options (mask suites scoring --predictions do not)."""
     return any(suite_registry.get(n).needs_model(cfg.suite_options.own_options(n))
-               for n in expand_suites(list(cfg.suites)))
+               for n in expand_suites(list(cfg.suites), cfg.suite_options))
 
 
-def _check_usage(cfg: EvalConfig) -> None:
+def _check_usage(cfg: EvalConfig, live: ModelSpec | None) -> None:
     """Everything about the options that can fail, checked before any loading or encoding: a source
-    of embeddings where suites need them, the results folder and the store can be written, the
-    device exists."""
+    of embeddings where suites need them, the results folder and the store can be written (unless a
+    model object without a fingerprint leaves the store alone), the device exists."""
     resolve_device(cfg.embed.device)
     if _needs_model(cfg) and cfg.model is None and cfg.embeddings is None and cfg.run is None:
         raise UsageError("give --model (with --checkpoint or --pretrained), --run RUN_DIR or --embeddings "
-                         f"FILE.parquet: suites {expand_suites(list(cfg.suites))} score embeddings")
+                         f"FILE.parquet: suites {expand_suites(list(cfg.suites), cfg.suite_options)} score embeddings")
     check_writable_dir(cfg.out, "out (--out)")
-    if (cfg.model is not None or cfg.run is not None) and cfg.embeddings is None:
+    unstored = live is not None and live.live.fingerprint is None
+    if (cfg.model is not None or cfg.run is not None) and cfg.embeddings is None and not unstored:
         cfg.embed.check_store()
 
 
@@ -556,10 +659,12 @@ def _byo_source(cfg: EvalConfig, tables: Tables, report: EvalReport) -> _Embeddi
 def plan(cfg: EvalConfig | None = None, **options) -> dict:
     """What ``evaluate`` would do, encoding and writing nothing: the suites and their tasks, the
     unique items, and per checkpoint how many items its store already holds. Loads the models
-    (for their fingerprints) and reads every image once (for its content key)."""
-    cfg = local_inputs(_config(cfg, options))
+    (for their fingerprints) and reads every image once (for its content key). ``model`` may be a model
+    object, as for ``evaluate``."""
+    cfg, live = _config(cfg, options)
+    cfg = local_inputs(cfg)
     tables = Tables.empty()
-    names, world = expand_suites(list(cfg.suites)), _pending_world(cfg)
+    names, world = expand_suites(list(cfg.suites), cfg.suite_options), _pending_world(cfg)
     if world is not None:  # a plan builds nothing: the toy suites are counted once their world exists
         names = [n for n in names if n not in TOY_SUITES]
     suites = load_suites(names, tables, cfg.suite_options)
@@ -595,7 +700,7 @@ def plan(cfg: EvalConfig | None = None, **options) -> dict:
     else:  # duplicates are unknown until the new images are hashed by the workers
         out["unreadable"], out["image_duplicates"] = 0, 0
     tables.texts.keys()
-    rows = EmbedPipeline(model_specs(cfg), cfg.embed).plan(tables)
+    rows = EmbedPipeline(_specs(cfg, live), cfg.embed).plan(tables)
     if cfg.embed.key_by == "id":
         out["unreadable"] = len(tables.images.failed)  # missing files (a stat failed)
     out["checkpoints"] = rows

@@ -1,6 +1,7 @@
 """The task model: every suite compiles into ranking, choice, mask, classification or probe tasks over shared tables."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -351,6 +352,9 @@ class Suite:
     # ``check_images`` before a model run reads any; bring-your-own embeddings read no image file
     image_errors: list[Exception] = field(default_factory=list)
     options: dict = field(default_factory=dict)     # the options it was loaded with (results' provenance)
+    # fields a suite adds to each of its results from the scored output (``{"metrics", "outcomes", ...}`` of one
+    # checkpoint): a collection task's main metric (``hardrank.suites.datasets``)
+    annotate: Callable[[dict], dict] | None = None
 
     def check_images(self) -> None:
         """Raise the first reason this suite's images cannot be read (see ``image_errors``)."""

@@ -37,6 +37,8 @@ def _add_command(subparsers: argparse._SubParsersAction, name: str) -> None:
         from hardrank.jobs.cmd_demo import add_demo_parser as add
     elif name == "mine":
         from hardrank.jobs.cmd_mine import add_mine_parser as add
+    elif name == "index":
+        from hardrank.jobs.cmd_index import add_index_parser as add
     elif name == "toy":
         from hardrank.jobs.cmd_toy import add_toy_parser as add
     elif name == "perturb":

@@ -22,17 +22,21 @@ class ExportConfig:
                        metavar="RESULTS_DIR", path=True)
     format: str | None = opt(None, "the format to write", choices=FORMATS)
     out: str = opt("", "folder for the files (created)", metavar="DIR", path=True)
+    output: str = opt(DEFAULT_OUTPUT, "each file's name below --out, a template like CLIP_benchmark eval's --output: "
+                      "{dataset} (its name without wds/, '/' as '_'), {pretrained} (the checkpoint's folder), "
+                      "{pretrained_full_path}, {model}, {language}, {task}", metavar="TEMPLATE")
 
     def __post_init__(self):
         check_options(self)
         for name in ("results", "format", "out"):
             if not getattr(self, name):
                 raise UsageError(f"option {name} is required")
+        check_output(self.output)
 
 
 def _cmd_export(args) -> int:
     cfg = options_from_args(ExportConfig, args)
-    s = export_clip_benchmark(cfg.results, cfg.out)
+    s = export_clip_benchmark(cfg.results, cfg.out, cfg.output)
     print(f"{len(s['written'])} CLIP_benchmark result file(s) in {cfg.out}")
     for path, why in s["skipped"]:
         print(f"  skipped {path}: {why}", file=sys.stderr)

@@ -23,8 +23,12 @@ def _search_words(search: dict) -> str:
         how = f"{search.get('method')} ({search.get('backend')}, {search.get('precision')})"
     else:
         how = f"FAISS {search.get('factory')}" + (" on the GPU" if search.get("gpu") else "")
+        if search.get("index_folder"):
+            how += f" from {search['index_folder']}"
         if search.get("nprobe") is not None:
             how += f", nprobe {search['nprobe']}"
+        if search.get("refine") is not None:
+            how += f", {search['refine']} candidates a result re-scored"
         if search.get("tuning_recall@10") is not None:
             how += f", tuning recall@10 {search['tuning_recall@10']:.3f} on {search.get('tuning_sample')} queries"
     if search.get("sharded"):
@@ -49,10 +53,14 @@ def _summary_lines(summary: dict, out: str) -> list[str]:
     if r:
         extra += [recall_line(r)] + ([r["shortfall"]] if r.get("shortfall") else [])
     m = summary.get("memory")
-    if m and m.get("peak_rss_mb") is not None:
-        aim = (f" (aim: start-up {m['start_rss_mb']:,.0f} + 1.5 x (vectors {m['vectors_mb']:,.0f} + budget "
-               f"{m['budget_mb']:,}) = {m['aim_mb']:,.0f} MiB)") if m.get("aim_mb") is not None else ""
-        extra.append(f"memory: peak RSS {m['peak_rss_mb']:,.0f} MiB{aim}")
+    if m and m.get("peak_anon_mb") is not None and m.get("aim_mb") is not None:
+        extra.append(f"memory: peak anonymous {m['peak_anon_mb']:,.0f} MiB (aim: start-up {m['start_anon_mb']:,.0f} + "
+                     f"vectors {m['vectors_mb']:,.0f} + ids {m['ids_mb']:,.0f} + budget {m['budget_mb']:,} + 10% "
+                     f"(>= 64) = {m['aim_mb']:,.0f} MiB: {'met' if m['within_aim'] else 'NOT met'}); file-backed "
+                     f"peak {m['peak_file_mb']:,.0f} MiB (start-up {m['start_file_mb']:,.0f}: libraries; the rest: "
+                     f"mapped corpus and index pages, reclaimable)")
+    elif m and m.get("peak_rss_mb") is not None:
+        extra.append(f"memory: peak RSS {m['peak_rss_mb']:,.0f} MiB")
     lines[3:3] = extra
     t = summary.get("training")
     if t:
@@ -92,7 +100,10 @@ def add_mine_parser(subparsers) -> argparse.ArgumentParser:
                "  hardrank mine --model ViT-B-32 --pretrained openai --corpus /data/laion_subset.parquet "
                "--queries coco_karpathy_train.json --images /data/coco --direction t2i -k 20 --out mined/t2i\n"
                "  hardrank mine --model ViT-B-32 --checkpoint a.pt --corpus images/ --queries captions.json "
-               "--executor ray --decoder dali --out mined/ray")
+               "--executor ray --decoder dali --out mined/ray\n"
+               "  hardrank mine --corpus /data/laion_clip_retrieval --queries captions.parquet --index /data/laion.idx "
+               "--out mined/laion   # after hardrank index build --corpus /data/laion_clip_retrieval --out "
+               "/data/laion.idx")
     add_options(p, MineConfig, required=("corpus", "queries", "out"))
     add_cli_flags(p, "quiet")
     p.set_defaults(func=_cmd_mine)

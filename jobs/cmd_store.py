@@ -11,7 +11,7 @@ from hardrank.errors import EXIT_OK
 from hardrank.exports.store_ids import export_embeddings, list_stores
 from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
-from hardrank.models.forms import forms_help
+from hardrank.models.spec import forms_help
 
 __all__ = ["add_store_parser", "StoreListConfig", "StoreExportConfig"]
 

@@ -17,6 +17,7 @@ from hardrank.jobs.progress import make_progress
 from hardrank.jobs.report import build_report
 from hardrank.models.runs import checkpoint_complete, read_params, run_checkpoints
 from hardrank.scoring.results import format_table
+from hardrank.suite_registry import result_stem
 from hardrank.suites import expand_suites
 
 __all__ = ["watch", "add_watch_parser", "WatchConfig"]
@@ -32,7 +33,8 @@ def _ready(path: Path, settle: float, now: float) -> bool:
 
 def _evaluated(cfg: EvalConfig, label: str) -> bool:
     out = Path(cfg.out) / label
-    return all((out / f"{s}.json").is_file() for s in expand_suites(list(cfg.suites)))
+    return all((out / f"{result_stem(s)}.json").is_file()
+               for s in expand_suites(list(cfg.suites), cfg.suite_options))
 
 
 def watch(cfg: EvalConfig, *, interval: float = 60.0, settle: float = 10.0, until: int | None = None,

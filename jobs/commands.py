@@ -12,6 +12,7 @@ COMMANDS = {
     "eval": "evaluate checkpoints on benchmark suites",
     "demo": "build the toy world and evaluate all toy checkpoints on it",
     "mine": "mine hard negatives: per query, the top-k corpus items that are not its positives",
+    "index": "FAISS indexes of a corpus kept in a folder: build once, mine many times",
     "toy": "toy world and toy checkpoints",
     "perturb": "make RoCOCO-style perturbed captions or altered images, or ImageNet-C corrupted images",
     "attack": "find, per checkpoint, the caption substitutions and image partners that break it; write them as "

@@ -10,7 +10,7 @@ import hardrank.suites  # noqa: F401  (registers the suites: their own options a
 from hardrank import suite_registry
 from hardrank.config import build, flat_fields, option_kind
 from hardrank.jobs.commands import CLI_FLAGS, Formatter, add_cli_flags  # the front page's, shared
-from hardrank.models.forms import forms_help
+from hardrank.models.spec import forms_help
 
 __all__ = ["add_options", "add_cli_flags", "options_from_args", "expand_globs", "Formatter", "CLI_FLAGS",
            "CONFIG_CLASS"]

@@ -24,6 +24,7 @@ from hardrank.executors import executor
 from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, options_from_args
 from hardrank.jobs.progress import make_progress
+from hardrank.models import spec
 from hardrank.scoring.results import format_table
 
 __all__ = ["JobFile", "JobModel", "JobFileError", "load_job", "print_plan", "add_run_parser", "option_keys",
@@ -190,18 +191,13 @@ def _default_name(model: str | None, embeddings: str | None, run: str | None = N
         return _safe_name(Path(run).name)
     if pretrained:
         return _safe_name(f"{model}-{pretrained}")
-    if model.startswith("local-dir:"):
-        return _safe_name(Path(model[len("local-dir:"):]).name)
-    return _safe_name(Path(model).stem if model.endswith(".json") else model)
+    return _safe_name(spec.label(model))
 
 
 def _model_path(base: Path, model: str | None) -> str | None:
-    """A config .json or local-dir: folder is relative to the job file; a model name is not a path."""
-    if model is None:
-        return None
-    if model.startswith("local-dir:"):
-        return "local-dir:" + _resolve(base, model[len("local-dir:"):])
-    return _resolve(base, model) if model.endswith(".json") else model
+    """A model's local path is relative to the job file, as its kind reads it (``hardrank.models.spec.rebased``);
+    a model name is not a path."""
+    return None if model is None else spec.rebased(model, base)
 
 
 def _suite_tables(raw, path: Path) -> tuple[tuple[str, ...] | None, dict]:

@@ -280,3 +280,24 @@ def import_clip_benchmark(target: Path, monkeypatch, *modules: str) -> list:
     zsc = importlib.import_module("clip_benchmark.metrics.zeroshot_classification")
     monkeypatch.setattr(zsc, "float", lambda x: builtins.float(np.asarray(x).reshape(-1)[0]), raising=False)
     return mods
+
+
+def stub_captioning_deps(monkeypatch) -> None:
+    """CLIP_benchmark's CLI imports its captioning metric, which imports pycocoevalcap (a 100 MB wheel of Java jars)
+    at module top; no test runs captioning, so its names are stand-ins that refuse to be used."""
+    import sys
+    import types
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("pycocoevalcap is a stand-in in hardrank's tests: captioning is not run")
+
+    names = {"tokenizer.ptbtokenizer": "PTBTokenizer", "bleu.bleu": "Bleu", "meteor.meteor": "Meteor",
+             "rouge.rouge": "Rouge", "cider.cider": "Cider", "spice.spice": "Spice"}
+    monkeypatch.setitem(sys.modules, "pycocoevalcap", types.ModuleType("pycocoevalcap"))
+    for path, cls in names.items():
+        parts = path.split(".")
+        for i in range(1, len(parts) + 1):
+            name = "pycocoevalcap." + ".".join(parts[:i])
+            if name not in sys.modules:
+                monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+        setattr(sys.modules["pycocoevalcap." + path], cls, refuse)

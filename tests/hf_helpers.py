@@ -110,15 +110,21 @@ def make_clip(folder: Path, seed: int = 0, crop: int = 32, layout: str = "5", **
     as users save them: ``model.save_pretrained(folder, **save)`` + ``CLIPProcessor.save_pretrained(folder)`` in
     transformers ``layout`` 5 or 4 (``hf_helpers.save_processor``)."""
     folder.mkdir(parents=True, exist_ok=True)
+    model, processor = clip_objects(seed, crop)
+    model.save_pretrained(folder, **save)
+    save_processor(folder, processor, layout)
+    return folder
+
+
+def clip_objects(seed: int = 0, crop: int = 32) -> tuple[CLIPModel, CLIPProcessor]:
+    """The tiny random CLIPModel of ``make_clip`` and its CLIPProcessor, in memory (nothing saved)."""
     tok, ids = _bpe_tokenizer()
     text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
             "max_position_embeddings": LENGTH, **ids}
     torch.manual_seed(seed)
-    CLIPModel(CLIPConfig(text_config=text, vision_config={**VISION, "image_size": crop}, projection_dim=16)) \
-        .save_pretrained(folder, **save)
+    model = CLIPModel(CLIPConfig(text_config=text, vision_config={**VISION, "image_size": crop}, projection_dim=16))
     image = CLIPImageProcessor(size={"shortest_edge": crop}, crop_size={"height": crop, "width": crop})
-    save_processor(folder, CLIPProcessor(image_processor=image, tokenizer=tok), layout)
-    return folder
+    return model, CLIPProcessor(image_processor=image, tokenizer=tok)
 
 
 def make_siglip(folder: Path, seed: int = 0, layout: str = "5") -> Path:

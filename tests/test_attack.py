@@ -13,7 +13,7 @@ from hardrank.embed import EmbedPipeline
 from hardrank.formats.karpathy import read_karpathy
 from hardrank.items import ImageRef, Tables
 from hardrank.jobs.cli import main
-from hardrank.models.openclip import ModelSpec, load_model
+from hardrank.models import ModelSpec, load_model
 from hardrank.perturb.attack import (
     Concepts,
     Vocabulary,

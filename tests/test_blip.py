@@ -30,7 +30,7 @@ from hardrank.jobs.cli import main
 from hardrank.kernels import GroupedRanks
 from hardrank.models.hf_models import PROCESSOR_KEY
 from hardrank.models.load import load_model
-from hardrank.models.openclip import ModelSpec
+from hardrank.models.spec import ModelSpec
 from hardrank.scoring.metrics import view_outcomes
 from hardrank.scoring.rerank import FILL, RerankSpec, parse, rerank_ranks
 from hardrank.suites import SuiteOptions, load_suites

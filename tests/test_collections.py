@@ -25,6 +25,8 @@ from hardrank.suites.collections import (
     DATACOMP_GROUPS,
     TaskSpec,
     aggregate,
+    collection_result,
+    collection_tasks,
     datacomp_tasks,
     parse_tasklist,
     read_tasklist,
@@ -82,6 +84,43 @@ def test_aggregates_reproduce_the_recorded_table():
             assert got[k] == pytest.approx(want[k], rel=1e-14, abs=0), (label, k)
         by_key = aggregate({t.key: scores[t.name] for t in tasks}, tasks)
         assert by_key == got and got["scored"] == 38 and "missing" not in got
+
+
+def test_collection_results_of_the_recorded_table():
+    """Per-task results holding the table's main metrics (as the dataset suites write them: percent) give the
+    collection result of each row: DataComp's aggregates, each task's metric named by the list."""
+    tasks = datacomp_tasks()
+    for row in csv.DictReader(RECORDED.open()):
+        published = float(row[AVERAGE])
+        results = {t.key: {"task_type": "ranking" if t.key.startswith("retrieval/") else "classification",
+                           "task_metrics": {"acc1": -1.0, t.main_metric: 100 * float(row[t.name])}} for t in tasks}
+        doc = collection_result("datacomp", tasks, results, "ckpt")
+        assert doc["task_type"] == "collection" and doc["scored"] == doc["of"] == 38 and not doc["missing"]
+        assert doc["metrics"]["Average"] == pytest.approx(100 * published, abs=5e-3)
+        assert doc["metrics"]["ImageNet"] == pytest.approx(100 * float(row["ImageNet 1k"]))
+        assert doc["tasks"]["vtab/caltech101"]["main_metric"] == "mean_per_class_recall"
+        assert doc["tasks"]["fairness/dollar_street"]["value"] == pytest.approx(100 * float(row["Dollar Street"]))
+    del results["misc/winogavil"]  # a task that did not run: listed with why, its aggregates empty
+    doc = collection_result("datacomp", tasks, results, "ckpt", {"misc/winogavil": "misc/winogavil: not scored"})
+    assert doc["metrics"]["Retrieval"] is None and doc["metrics"]["Average"] is None and doc["scored"] == 37
+    assert doc["metrics"]["VTAB"] is not None and doc["missing"]["Retrieval"] == ["WinoGAViL"]
+    assert doc["tasks"]["misc/winogavil"] == {"name": "WinoGAViL", "main_metric": "jaccard_score_10-12",
+                                              "value": None, "why": "misc/winogavil: not scored"}
+    # CLIP_benchmark's collections: each dataset's headline by its task, their plain mean
+    vtab = collection_tasks("retrieval")
+    doc = collection_result("retrieval", vtab, {"flickr30k": {"task_type": "ranking", "task_metrics": {
+        "mean_recall@1": 60.0}}, "flickr8k": {"task_type": "ranking", "task_metrics": {"mean_recall@1": 40.0}},
+        "mscoco_captions": {"task_type": "ranking", "task_metrics": {"mean_recall@1": 20.0}}}, "c")
+    assert doc["metrics"] == {"Average": pytest.approx(40.0)} and collection_tasks("karpathy") is None
+
+
+def test_a_wrong_task_entry_fails_alone():
+    errors = {}
+    tasks = parse_tasklist("a:\n  name: A\nb:\n  main_metric: acc_top1\nc:\n  size: many\n", "l.yml", errors)
+    assert [t.key for t in tasks] == ["a"] and list(errors) == ["b", "c"]
+    assert "unknown main_metric 'acc_top1'" in str(errors["b"]) and "size is 'many'" in str(errors["c"])
+    with pytest.raises(DataError, match="given twice"):  # the file itself wrong: no task list at all
+        parse_tasklist("a:\n  name: A\na:\n  name: B\n", "l.yml", errors)
 
 
 def test_aggregates_of_a_partial_run_name_what_is_missing():
@@ -238,7 +277,7 @@ def test_main_metric_dispatch_and_missing_fields():
     assert main_metric(tasks["imagenet1k"], out) == pytest.approx(50.0)
     assert main_metric(tasks["vtab/pets"], out) == pytest.approx(100 * np.mean([1.0, 0.0, 0.5]))
     assert main_metric(tasks["fairness/dollar_street"], out) == pytest.approx(100 * 2 / 3)  # group 9: rank 7 misses
-    assert main_metric(tasks["retrieval/flickr30k"], out) == 70.0
+    assert main_metric(tasks["retrieval/flickr_1k_test_image_text_retrieval"], out) == 70.0
     assert main_metric(tasks["wilds/iwildcam"], out) == pytest.approx(macro_f1(pred, labels))
     assert set(METRICS) >= {t.main_metric for t in tasks.values()}
     # group fields absent: the task, the field and the fix

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import hardrank
-from hardrank.config import EvalConfig, MineConfig, MineOptions, flat_fields
+from hardrank.config import EvalConfig, IndexBuildConfig, MineConfig, MineOptions, flat_fields
 from hardrank.errors import UsageError
 from hardrank.jobs.bench import KernelBenchConfig, PipelineBenchConfig
 from hardrank.jobs.cli import build_parser, main
@@ -48,7 +48,7 @@ COMMANDS = {cmd: p for cmd, p in PARSERS.items() if not _has_sub(p)}
 # the commands whose config is an engine entry point's (or a bench's): pinned, so a command cannot
 # drift to a config of its own making
 ENGINE_CONFIGS = {
-    "hardrank eval": EvalConfig, "hardrank mine": MineConfig,
+    "hardrank eval": EvalConfig, "hardrank mine": MineConfig, "hardrank index build": IndexBuildConfig,
     "hardrank attack texts": hardrank.AttackTextsConfig, "hardrank attack images": hardrank.AttackImagesConfig,
     "hardrank perturb texts": hardrank.PerturbTextsConfig, "hardrank perturb images": hardrank.PerturbImagesConfig,
     "hardrank bench kernels": KernelBenchConfig, "hardrank bench pipeline": PipelineBenchConfig,
@@ -143,7 +143,8 @@ def _calls(name: str) -> list[str]:
 
 def test_model_specs_are_built_in_one_place():
     """--model/--checkpoint/--pretrained/... become ModelSpecs in hardrank.models.runs only
-    (``user_specs``; ``run_spec`` for training runs), whatever the command."""
+    (``user_specs``; ``run_spec`` for training runs; ``object_spec`` for a model object), whatever the command;
+    the spelling itself is parsed by ModelSpec (``hardrank.models.spec``)."""
     places = _calls("ModelSpec")
     assert places and all(p.startswith("engine/models/runs.py:") for p in places), places
     assert len(_calls("user_specs")) >= 6  # eval (model_specs), mine, the pipeline, perturb, attack, bench naive

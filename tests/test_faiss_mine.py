@@ -309,19 +309,29 @@ def test_mine_approximate_path_reports_recall(kernels, tmp_path):
     assert s["counts"]["negatives"] == 3000 and measured(s["throughput"]["queries_per_s"])
 
 
-def test_auto_search_switches_to_faiss_beyond_budget(monkeypatch):
+def test_auto_compares_an_exact_pass_with_an_index_and_sizes_the_index():
     from hardrank.scoring.backends import auto, faiss
 
-    prob, _ = _mining_case(nb=400, d=16)
-    assert auto.choose(prob.xb.shape, 1 << 20) == ("exact", None)
-    monkeypatch.setattr(auto, "auto_factory", lambda nb, d, b: "IVF16,SQ8")
-    assert auto.choose((300_000, 16), 16 << 20) == ("faiss", "IVF16,SQ8")
-    monkeypatch.undo()
-    assert auto.auto_factory(1_000_000, 512, 1 << 30) == "IVF2048,PQ256x4fs"  # 128 MB of codes
-    assert auto.auto_factory(1_000_000, 512, 100 << 20) == "IVF2048,PQ128x4fs"
+    opts = MineOptions(budget_mb=1024)
+    small = auto.plan(300, (400, 16), opts)  # seconds of work: exact, no rate measured
+    assert small.index is None and "take seconds" in small.why
+    rate = 1e11  # multiply-adds/s (given, so the choice does not depend on this machine's load)
+    few = auto.plan(2_000, (28_000_000, 512), opts, mapped=True, rate=rate, read_rows=2e5)
+    many = auto.plan(100_000, (28_000_000, 512), opts, mapped=True, rate=rate, read_rows=2e5)
+    assert few.index is None and few.exact_s < few.index_s["total"]  # few queries, huge corpus: one exact pass
+    assert many.index == "IVF2048,PQ128" and many.index_s["total"] < many.exact_s  # many queries: an index
+    assert "costs less than an exact pass" in many.why and "multiply-adds/s measured" in many.why
+    assert [a.split(":")[0] for a in many.alternatives] == ["smaller", "larger"]
+    reuse = auto.plan(2_000, (28_000_000, 512), opts, mapped=True, built="IVF2048,PQ128", rate=rate, read_rows=2e5)
+    assert reuse.index == "IVF2048,PQ128" and reuse.index_s["build"] == 0  # an index built before is used
+    # sizing: ~2 sqrt(N) lists within what the training sample allows, 2 bits a dimension, fast-scan in memory
+    # while the lists fit half the budget, else 8-bit PQ lists memory-mapped, HNSW coarse quantiser for many lists
+    assert auto.auto_factory(1_000_000, 512, 1 << 30) == "IVF2048,PQ256x4fs"  # 136 MB of lists: in memory
+    assert auto.auto_factory(1_000_000, 512, 100 << 20) == "IVF256,PQ128"     # 12,800 training rows: 256 lists
+    assert auto.auto_factory(28_000_000, 512, 4 << 30) == "IVF8192_HNSW32,PQ128"
     assert auto.auto_factory(5_000, 33, 1 << 30) == "IVF128,SQ8"
     assert (faiss.refine("IVF2048,PQ256x4fs", 512), faiss.refine("IVF9,PQ64", 512),
-            faiss.refine("IVF9,SQ8", 512)) == (4, 8, 2)
+            faiss.refine("IVF9,PQ128", 512), faiss.refine("IVF9,SQ8", 512)) == (4, 8, 4, 2)
 
 
 def test_mine_resumes_only_missing_blocks(kernels, tmp_path):

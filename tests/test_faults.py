@@ -1386,22 +1386,24 @@ def test_bench_pipeline_stopped_by_a_group_sigterm_is_one_line_143(world, tmp_pa
     assert err[-1].startswith("hardrank: terminated (SIGTERM)") and sum("hardrank:" in e for e in err) == 1
 
 
-def test_a_model_object_given_to_the_api_is_refused_in_one_short_line(tmp_path):
-    """`hardrank.evaluate(model=<a torch module>)` printed the module's whole repr (45 lines for a ViT); the
-    error names the type and what the option takes, on one line. (In-memory models are not taken yet.)"""
+def test_an_object_that_is_no_model_given_to_the_api_is_refused_in_one_short_line(tmp_path):
+    """`hardrank.evaluate(model=<a torch module>)` printed the module's whole repr (45 lines for a ViT). Model
+    objects are taken now (tests/test_in_memory.py); an object of no model kind is refused on one line naming its
+    type and the model objects taken, and an object given as a checkpoint as before, with the option's help."""
     import hardrank
     from hardrank.errors import UsageError
 
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(40)])
-    for kw in ({"model": model}, {"checkpoints": [model]}):
+    for kw, parts in (({"model": model}, ("option 'model' got Sequential (a torch.nn.modules.container.Sequential "
+                                          "object), which is no model", "an open_clip model (with tokenizer=",
+                                          "a transformers dual encoder such as CLIPModel (with processor=")),
+                      ({"checkpoints": [model]}, ("option 'checkpoints' must be a", "got Sequential (a torch.nn."
+                                                  "modules.container.Sequential object)", "; checkpoints: "))):
         with pytest.raises(UsageError) as e:
             hardrank.evaluate(suites=["toy"], out=str(tmp_path / "out"), **kw)
         msg = str(e.value)
-        name = next(iter(kw))
         assert len(msg.splitlines()) == 1 and len(msg) < 400 and "Linear" not in msg, msg
-        assert msg.startswith(f"option {name!r} must be a") and "got Sequential (a torch.nn.modules.container." \
-                                                                  "Sequential object)" in msg
-        assert f"; {name}: " in msg and ("the model" in msg or "checkpoint files" in msg)  # its help, said
+        assert msg.startswith(parts[0]) and all(p in msg for p in parts[1:]), msg
     assert not (tmp_path / "out").exists()
 
 

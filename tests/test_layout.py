@@ -271,8 +271,9 @@ AT_IMPORT = {
      "_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)"),
 }
 # a registry's entries, made in its own package by its own register / alias calls (no other library's state):
-# the search backends' built-ins, the suites' one line each
-REGISTRY_CALLS = {"hardrank.scoring.backends": {"register"}, "hardrank.suites": {"register", "alias"}}
+# the search backends' built-ins, the suites' and the model kinds' one line each
+REGISTRY_CALLS = {"hardrank.scoring.backends": {"register"}, "hardrank.suites": {"register", "alias"},
+                  "hardrank.models": {"register_kind"}}
 
 
 def _registry_line(module: str, stmt: ast.stmt) -> bool:

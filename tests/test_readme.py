@@ -34,6 +34,25 @@ def test_python_api_example_runs(tmp_path):
     assert sum("per-query outcomes" in l for l in lines) == 8    # 2 checkpoints x 4 toy suites read back
 
 
+@pytest.mark.slow
+def test_training_loop_example_runs(tmp_path):
+    """The Python API page's training loop: open_clip's model object evaluated every 20 steps, no file written but
+    the results and its fingerprinted store folders, the model still training after each evaluation."""
+    text = _page_with("## Evaluating inside a training loop")
+    section = text[text.index("## Evaluating inside a training loop"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                         env={"HARDRANK_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split() for line in out.stdout.splitlines()]
+    assert [ln[0] for ln in lines] == ["20", "40"] and all(ln[2] == "True" for ln in lines), out.stdout
+    assert all(0 <= float(ln[1]) <= 100 for ln in lines)
+    results = tmp_path / "results" / "train"
+    assert (results / "run1-step20" / "toy-rococo.json").is_file() and (results / "run1-step40").is_dir()
+    folders = sorted(p.name for p in (results / "store").iterdir() if p.is_dir())
+    assert [f.split("-fp32-")[0] for f in folders] == ["run1-step20", "run1-step40"], folders
+
+
 # -- every command README, docs/*.md and --help show, that needs no data of your own, runs as written after the demo --
 EXTERNAL = (" /data", "logs/", "a.pt", "ckpt/", ".toml", "data/rococo", "amodal/", "preds/", "~", "coco_karpathy", "s3://",
             "my_model", "b32.parquet", "finetuned/", "captions.json", "images/ ", "STORE/", "<", "$")

@@ -17,7 +17,7 @@ import torch
 from hardrank.encoding.job import DecodeStage, EmbedJob
 from hardrank.errors import DataError
 from hardrank.items import Tables
-from hardrank.models.openclip import LoadedModel
+from hardrank.models.spec import LoadedModel
 
 __all__ = ["ItmScorer"]
 

@@ -25,11 +25,12 @@ from hardrank.encoding.job import EmbedJob, EmbedSink, EmbedStats, check_failure
 from hardrank.errors import UsageError
 from hardrank.items import ItemTable, Tables
 from hardrank.models.load import load_model
-from hardrank.models.openclip import LoadedModel, ModelSpec
 from hardrank.models.runs import user_specs
+from hardrank.models.spec import LoadedModel, ModelSpec
 from hardrank.settings import RunSettings, start_run
 from hardrank.store.embedding_store import EmbeddingStore, is_store_folder
 from hardrank.store.idkeys import IdIndex, table_keys
+from hardrank.store.memory import MemoryStore
 
 __all__ = ["EmbedPipeline", "embed_tables", "table_embeddings", "make_runner", "make_scan_mapper", "unique_labels"]
 
@@ -87,7 +88,8 @@ def embed_tables(tables: Tables, models: list[LoadedModel], stores: list[Embeddi
     work: list[tuple[EmbedJob, EmbedSink]] = []
     writable = [s for s in stores if not s.readonly]  # a folder this user cannot write serves reads only
     with contextlib.ExitStack() as held:
-        for store in sorted(writable, key=lambda s: os.path.realpath(s.dir)):  # one order: no deadlock
+        folders = [s for s in writable if s.dir is not None]  # (a MemoryStore has nothing to lock)
+        for store in sorted(folders, key=lambda s: os.path.realpath(s.dir)):  # one order: no deadlock
             held.enter_context(store.lock())
         for store in stores:
             store.refresh()  # shards another run committed while this one waited or hashed
@@ -258,6 +260,10 @@ class EmbedPipeline:
                  settings: RunSettings | None = None):
         if not specs:
             raise UsageError("an embed pipeline needs at least one model")
+        bound = [s for s in specs if not s.spec_kind.portable]
+        if bound and runner is None and not executors.executor(options, settings).live_models:
+            raise UsageError(f"model {bound[0].arch} encodes in this process only (a model object cannot travel to "
+                             f"--executor {options.executor}'s workers): use the local executor (the default)")
         self.options = options
         self.settings = settings
         self.models = [load_model(s) for s in specs]
@@ -276,11 +282,18 @@ class EmbedPipeline:
                               pretrained=pretrained, random_init=random_init), options, runner=runner,
                    settings=settings)
 
-    def fingerprint(self, i: int) -> str:
+    def fingerprint(self, i: int) -> str | None:
         """Store folder of model i: DALI pixels differ from Pillow's (within a tested bound), so
-        their embeddings never share a folder."""
+        their embeddings never share a folder. None: a model without one (a model object given without a
+        fingerprint), whose embeddings are held in memory only."""
         m, decoder = self.models[i], self.options.decoder
+        if m.fingerprint is None:
+            return None
         return m.fingerprint if decoder == "pillow" else f"{m.fingerprint}-{decoder}"
+
+    def _stored(self) -> list[int]:
+        """The models whose embeddings go through the store (those with a fingerprint)."""
+        return [i for i, m in enumerate(self.models) if m.fingerprint is not None]
 
     def store_root(self) -> str:
         """The local store root: ``--store`` itself, or for a URL (``s3://bucket/store``) its local mirror
@@ -291,7 +304,7 @@ class EmbedPipeline:
             return root
         if self._mirror is None:
             self._mirror = urls.RemoteDir(root)
-            for i in range(len(self.models)):
+            for i in self._stored():
                 self._mirror.pull(self.fingerprint(i))  # (its id records included)
         return str(self._mirror.local)
 
@@ -301,16 +314,20 @@ class EmbedPipeline:
             self._mirror.push()
 
     @property
-    def ids(self) -> IdIndex:
-        """The store root's identity -> content key records (``hardrank.store.idkeys``)."""
-        if self._ids is None:
-            self._ids = IdIndex(self.store_root(), [self.fingerprint(i) for i in range(len(self.models))])
+    def ids(self) -> IdIndex | None:
+        """The store root's identity -> content key records (``hardrank.store.idkeys``); None when no model of the
+        pipeline is stored (nothing of the store root is read)."""
+        if self._ids is None and self._stored():
+            self._ids = IdIndex(self.store_root(), [self.fingerprint(i) for i in self._stored()])
         return self._ids
 
     @property
-    def stores(self) -> list[EmbeddingStore]:
+    def stores(self) -> list[EmbeddingStore | MemoryStore]:
+        """One store per model: its fingerprint's folder, or (no fingerprint) memory."""
         if self._stores is None:
-            self._stores = [EmbeddingStore(self.store_root(), self.fingerprint(i), dim=m.embed_dim,
+            self._stores = [MemoryStore(dim=m.embed_dim, dtype=m.store_dtype, meta=self._meta(m))
+                            if m.fingerprint is None else
+                            EmbeddingStore(self.store_root(), self.fingerprint(i), dim=m.embed_dim,
                                            dtype=m.store_dtype, meta=self._meta(m)) for i, m in enumerate(self.models)]
         return self._stores
 
@@ -326,9 +343,14 @@ class EmbedPipeline:
         settings = self.settings or start_run(o.threads, o.decode_threads)
         runner = self.runner or make_runner(o, self.models, settings)
         try:
-            return embed_tables(tables, self.models, self.stores, batch_size=o.batch_size, flush_rows=flush_rows,
-                                decode_threads=settings.decode_threads, decoder=o.decoder, max_failures=o.max_failures,
-                                progress=progress, runner=runner, key_by=o.key_by, ids=self.ids)
+            with contextlib.ExitStack() as held:  # a model object: in inference mode while it encodes, then as found
+                for m in self.models:
+                    if m.session is not None:
+                        held.enter_context(m.session())
+                return embed_tables(tables, self.models, self.stores, batch_size=o.batch_size, flush_rows=flush_rows,
+                                    decode_threads=settings.decode_threads, decoder=o.decoder,
+                                    max_failures=o.max_failures, progress=progress, runner=runner, key_by=o.key_by,
+                                    ids=self.ids)
         finally:
             if runner is not self.runner and hasattr(runner, "close"):
                 runner.close()
@@ -341,14 +363,14 @@ class EmbedPipeline:
     def plan(self, tables: Tables) -> list[dict]:
         """What ``run`` would encode, per model, without encoding or creating anything: store hits
         and misses among the distinct readable items of each modality."""
-        root = self.store_root()
-        ids = IdIndex(root, readonly=True)
+        root = self.store_root() if self._stored() else None
+        ids = IdIndex(root, readonly=True) if root is not None else None
         keys = {"image": table_keys(tables.images, self.options.key_by, ids), "text": tables.texts.keys()}
         rows = []
         for i, m in enumerate(self.models):
             fp = self.fingerprint(i)
             store = None
-            if is_store_folder(Path(root) / fp):  # a dry run creates and moves nothing
+            if fp is not None and is_store_folder(Path(root) / fp):  # a dry run creates and moves nothing
                 store = EmbeddingStore(root, fp, dim=m.embed_dim, dtype=m.store_dtype, readonly=True)
             row = {"label": self.labels[i], "fingerprint": fp}
             for mod in ("image", "text"):

@@ -5,7 +5,7 @@ import open_clip
 import torch
 from open_clip.transformer import text_global_pool
 
-from hardrank.models.openclip import LoadedModel
+from hardrank.models.spec import LoadedModel
 
 __all__ = ["ImageEncoder", "TextEncoder", "encode_text"]
 

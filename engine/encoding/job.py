@@ -28,7 +28,7 @@ from hardrank.encoding.encode import ImageEncoder, TextEncoder
 from hardrank.errors import DataError, TooManyFailures
 from hardrank.items import ItemTable, bytes_key, prefetched, read_image_bytes
 from hardrank.models.load import load_model
-from hardrank.models.openclip import LoadedModel
+from hardrank.models.spec import LoadedModel
 from hardrank.store.embedding_store import EmbeddingStore
 from hardrank.store.idkeys import IdIndex, is_provisional
 

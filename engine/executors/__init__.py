@@ -36,6 +36,7 @@ class LocalExecutor:
     ``--shard-gallery N`` still shards a ranking gallery over N Ray actors (a cluster of its own)."""
 
     name = "local"
+    live_models = True  # its embed runner encodes with the driver's own models (model objects included)
 
     def __init__(self, address: str | None = None, threads: int | None = None):
         self.address = address  # the Ray cluster for the work that runs on actors (None: start one)
@@ -74,6 +75,7 @@ class RayExecutor(LocalExecutor):
     GPU); shard scans as Ray tasks; galleries above a size and mining corpora sharded over actors."""
 
     name = "ray"
+    live_models = False  # its actors rebuild every model from its spec
 
     def embed_runner(self, models):
         with _needs_ray("--executor ray"):

@@ -6,7 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from hardrank.encoding.job import DecodeStage, EmbedJob, EmbedSink, EncodeStage
-from hardrank.models.openclip import LoadedModel
+from hardrank.models.spec import LoadedModel
 
 __all__ = ["LocalRunner"]
 

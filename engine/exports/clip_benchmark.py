@@ -38,7 +38,13 @@ way CLIP_benchmark names SugarCrepe's files ``sugar_crepe/add_att``):
 - linear probe (``linear_probe``): task ``linear_probe`` with ``lp_acc1``, ``lp_acc5``,
   ``lp_mean_per_class_recall`` and the probe's ``weight_decay``, ``epochs``, ``seed``, ``fewshot_k``,
   ``normalized``, as CLIP_benchmark writes them; the dataset is the WebDataset root's folder name.
-- mask suites (``amodal``): no CLIP_benchmark task; skipped and reported.
+- datasets by name (``wds/vtab/cifar10``, ``cifar10``, ... of ``hardrank.suites.datasets``): the dataset is
+  the name as given, as CLIP_benchmark writes its ``--dataset``; the task is the one run.
+- mask suites (``amodal``) and collection results: no CLIP_benchmark task; skipped and reported.
+
+Files are named by ``--output``, a template like CLIP_benchmark's own (default
+``{dataset}_{pretrained}_{model}_{language}_{task}.json``; ``{dataset}`` the name without ``wds/``, '/' as
+'_', and ``{pretrained}`` the checkpoint's folder, as it slugs them; also ``{pretrained_full_path}``).
 
 Protocol differences to know: CLIP_benchmark breaks ties by ``argmax``/``topk`` order (the first
 candidate, i.e. the positive, wins a choice tie); hardrank counts choice ties as wrong (ARO order:
@@ -48,16 +54,19 @@ ties are rare; the hardrank result holds their count.
 from __future__ import annotations
 
 import os
+import string
 from pathlib import Path
 
 from hardrank.atomic import write_json_atomic
 from hardrank.config import check_writable_dir
-from hardrank.errors import DataError
+from hardrank.errors import DataError, UsageError
 from hardrank.scoring.results import read_results
 
-__all__ = ["export_clip_benchmark", "clip_benchmark_records", "FORMATS"]
+__all__ = ["export_clip_benchmark", "clip_benchmark_records", "FORMATS", "DEFAULT_OUTPUT", "check_output"]
 
 FORMATS = ("clip_benchmark",)
+DEFAULT_OUTPUT = "{dataset}_{pretrained}_{model}_{language}_{task}.json"  # CLIP_benchmark eval's --output default
+_FIELDS = ("dataset", "pretrained", "pretrained_full_path", "model", "language", "task")
 _RETRIEVAL_DATASETS = (("coco", "mscoco_captions"), ("flickr30k", "flickr30k"), ("flickr8k", "flickr8k"))
 _ARO = {"vg_relation": ("aro/visual_genome/relation", "vg_relation_macro"),
         "vg_attribution": ("aro/visual_genome/attribution", "vg_attribution_macro")}
@@ -163,7 +172,9 @@ def _classification(result: dict) -> list[tuple[str, dict]]:
 
 def _linear_probe(result: dict) -> list[tuple[str, dict]]:
     """CLIP_benchmark's linear_probe record: its ``lp_*`` metrics (fractions) and the probe's settings."""
-    name = Path(str((result.get("suite_meta") or {}).get("images") or "").rstrip("/")).name or result["suite"]
+    meta = result.get("suite_meta") or {}
+    name = result["suite"] if meta.get("dataset") else (
+        Path(str(meta.get("images") or "").rstrip("/")).name or result["suite"])
     out = []
     for task, m in result["metrics"].items():
         o = ((result.get("probe") or {}).get(task) or {}).get("options") or {}
@@ -207,11 +218,38 @@ def _slug(s: str) -> str:
     return str(s).replace("/", "_").replace(os.sep, "_")
 
 
-def export_clip_benchmark(results_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
+def check_output(template: str) -> str:
+    """``--output`` checked: a relative file name template of CLIP_benchmark's fields (UsageError otherwise)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise UsageError(f"--output {template!r}: not a template ({exc}); e.g. {DEFAULT_OUTPUT}") from None
+    unknown = sorted(set(fields) - set(_FIELDS))
+    if unknown or "dataset" not in fields:
+        raise UsageError(f"--output {template!r}: " + (f"unknown field(s) {unknown}" if unknown else "no {dataset}")
+                         + f"; CLIP_benchmark's fields are {', '.join('{' + f + '}' for f in _FIELDS)} and each "
+                         f"dataset needs a file of its own, e.g. {DEFAULT_OUTPUT}")
+    if os.path.isabs(template) or ".." in Path(template).parts:
+        raise UsageError(f"--output {template!r}: a file name below --out, not a path outside it")
+    return template
+
+
+def _file_name(template: str, rec: dict, checkpoint_path) -> str:
+    """A record's file name, its fields slugged as CLIP_benchmark's eval slugs them (the dataset without ``wds/``)."""
+    dataset = str(rec["dataset"])
+    return template.format(dataset=_slug(dataset[4:] if dataset.startswith("wds/") else dataset),
+                           pretrained=_slug(rec["pretrained"]), model=_slug(rec["model"]),
+                           language=_slug(rec["language"]), task=_slug(rec["task"]),
+                           pretrained_full_path=_slug(checkpoint_path or rec["pretrained"]))
+
+
+def export_clip_benchmark(results_dir: str | os.PathLike, out: str | os.PathLike,
+                          output: str = DEFAULT_OUTPUT) -> dict:
     """Write one CLIP_benchmark JSON per (checkpoint, dataset) of every result below ``results_dir``
-    into ``out``, named as ``clip_benchmark eval`` names its files
-    (``{dataset}_{pretrained}_{model}_{language}_{task}.json``, ``/`` as ``_``), atomically.
+    into ``out``, named by ``output`` as ``clip_benchmark eval`` names its files (default
+    ``{dataset}_{pretrained}_{model}_{language}_{task}.json``, ``/`` as ``_``), atomically.
     Returns ``{"written": [paths], "skipped": [(result path, why)]}``."""
+    check_output(output)
     root, out = Path(results_dir), Path(out)
     results = read_results(root, skip=out)
     check_writable_dir(out, "out (--out)")  # before any file is written
@@ -222,11 +260,13 @@ def export_clip_benchmark(results_dir: str | os.PathLike, out: str | os.PathLike
         if why:
             skipped.append((str(r.path), why))
         for rec in records:
-            name = "_".join(_slug(rec[k]) for k in ("dataset", "pretrained", "model", "language", "task")) + ".json"
+            name = _file_name(output, rec, r.data.get("checkpoint_path"))
             if name in names:
                 raise DataError(f"{r.path} and {names[name]} both map to {out / name} (same checkpoint folder, "
-                                f"model and dataset); export them to separate folders")
+                                f"model and dataset); export them to separate folders, or name them apart with "
+                                f"--output (fields {', '.join('{' + f + '}' for f in _FIELDS)})")
             names[name] = r.path
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(out / name, rec)
             written.append(str(out / name))
     return {"written": written, "skipped": skipped}

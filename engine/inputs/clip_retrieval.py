@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import torch
 
 from hardrank.errors import DataError
 from hardrank.text import pre_caption
@@ -167,6 +169,17 @@ class ClipRetrievalFolder:
                             f"{list(self.kinds)}")
 
 
+def _convert(src: np.ndarray, dst: np.ndarray) -> None:
+    """``dst`` (float32) = ``src`` (float16 or float32 rows of a part's map): exact either way; torch converts
+    float16 with vectorised instructions on its threads (a streamed exact pass reads every row this way)."""
+    if src.dtype == np.float16 and src.flags.c_contiguous and dst.flags.c_contiguous and len(src):
+        with warnings.catch_warnings():  # the map is read-only; torch only reads it
+            warnings.simplefilter("ignore", UserWarning)
+            torch.from_numpy(dst).copy_(torch.from_numpy(np.asarray(src)))
+    else:
+        dst[...] = src
+
+
 class VectorRows:
     """(n, d) float32 L2-normalised rows of .npy parts, read on demand through memory maps: a slice
     gives another view, an integer array reads those rows, ``np.asarray`` reads the whole view.
@@ -220,6 +233,11 @@ class VectorRows:
             out = self._read(np.asarray(self.sel))
         return out if dtype is None else out.astype(dtype, copy=False)
 
+    def maps(self) -> list[np.ndarray]:
+        """Every part's memory map, opened (cheap: no page is read), e.g. to advise the kernel how they will be
+        read before reading them (``scoring.corpus_io``)."""
+        return [self._map(i) for i in range(len(self.files))]
+
     def _map(self, i: int) -> np.ndarray:
         m = self._maps.get(i)
         if m is None:
@@ -237,7 +255,7 @@ class VectorRows:
             if e <= at:
                 continue
             stop = min(hi, e)
-            out[at - lo:stop - lo] = self._map(i)[at - s:stop - s]
+            _convert(self._map(i)[at - s:stop - s], out[at - lo:stop - lo])
             at = stop
         return self._normalised(out, lo)
 
@@ -249,7 +267,7 @@ class VectorRows:
         order = np.argsort(rows, kind="stable")  # each part read in file order
         for i in np.unique(part):
             sel = order[part[order] == i]
-            out[sel] = self._map(int(i))[rows[sel] - self.starts[i]]
+            out[sel] = self._map(int(i))[rows[sel] - self.starts[i]]  # (scattered rows: numpy's gather)
         return self._normalised(out, rows)
 
     def _normalised(self, x: np.ndarray, where) -> np.ndarray:

@@ -7,10 +7,12 @@ image refs or normalised captions a model embeds), or ids and precomputed **embe
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from hardrank import urls
 from hardrank.errors import DataError
@@ -18,7 +20,7 @@ from hardrank.inputs.embedding_files import match_ids
 from hardrank.items import Tables, text_key
 from hardrank.text import pre_caption
 
-__all__ = ["InputKind", "InputOptions", "Items", "Source", "Embeddings", "UnknownInput", "MODALITIES"]
+__all__ = ["InputKind", "InputOptions", "Items", "Source", "Embeddings", "UnknownInput", "MODALITIES", "LazyList"]
 
 MODALITIES = ("image", "text")
 
@@ -34,6 +36,28 @@ class InputOptions:
 
     images: str | None = None   # root of relative image paths (Karpathy .json, Parquet listings)
     captions: str = "txt"       # where a sample's captions are (tar shards, img2dataset): txt | json:KEY
+
+
+class LazyList(Sequence):
+    """A list made on first use of its items (its length is known before): an embeddings input's ids and keys,
+    which a mining corpus reads as Arrow columns instead (``Embeddings.columns``), never as Python strings."""
+
+    def __init__(self, make, n: int):
+        self._make, self._n, self._items = make, n, None
+
+    def _list(self) -> list:
+        if self._items is None:
+            self._items = list(self._make())
+        return self._items
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        return self._list()[i]
+
+    def __iter__(self):
+        return iter(self._list())
 
 
 @dataclass
@@ -68,8 +92,10 @@ class Source:
         of each modality is one sample (its group is the image's key)."""
         items = {}
         for mod in emb.modalities:
-            ids, keys = list(emb.ids(mod)), list(emb.keys(mod))
-            items[mod] = Items(ids=ids, entries=None, group=np.arange(len(ids)), keys=keys)
+            n = emb.count(mod)
+            ids = LazyList(lambda m=mod: emb.ids(m), n)
+            keys = LazyList(lambda m=mod: emb.keys(m), n)
+            items[mod] = Items(ids=ids, entries=None, group=range(n), keys=keys)
         if paired and "image" in items:
             for it in items.values():
                 it.group_key = items["image"].keys
@@ -101,6 +127,22 @@ class Embeddings:
         """Content keys of the rows: the store's text key of the normalised caption, ``id:<id>`` for images."""
         ids = self.ids(modality)
         return [text_key(pre_caption(i)) for i in ids] if modality == "text" else [f"id:{i}" for i in ids]
+
+    def count(self, modality: str) -> int:
+        """Rows of ``modality`` (a kind that knows it without listing its ids says so)."""
+        return len(self.ids(modality))
+
+    def columns(self, modality: str, paired: bool = False):
+        """(ids, keys, groups) Arrow string arrays of the rows of ``modality``, chunk after chunk in row order:
+        the mining corpus's catalog (``mining.catalog``). ``groups``: the key of the row's group where it is
+        not the row's own (``paired`` inputs: a caption's image), else null."""
+        ids, keys = self.ids(modality), self.keys(modality)
+        groups = self.keys("image") if paired and modality != "image" and "image" in self.modalities else None
+        step = 1 << 20
+        for s in range(0, len(ids), step):
+            g = groups[s:s + step] if groups is not None else [None] * len(ids[s:s + step])
+            yield (pa.array(ids[s:s + step], pa.string()), pa.array(keys[s:s + step], pa.string()),
+                   pa.array(g, pa.string()))
 
     def read(self, modality: str, rows, *, lazy: bool = False):
         """(len(rows), d) vectors of these rows (repeats allowed). ``lazy``: the result may go to other

@@ -14,7 +14,9 @@ A **sample** is what WebDataset calls one: the members of a tar that share a key
 - its **texts** (``txt``, ``json``, ``cls`` members) for captions: ``--captions txt`` takes the ``.txt``
   (one caption per non-empty line; img2dataset writes one) or the Parquet ``caption`` column,
   ``--captions json:KEY`` takes ``KEY`` of the ``.json`` (a string or a list of strings) or the Parquet
-  column ``KEY``.
+  column ``KEY``;
+- its small **arrays** (a ``.npy`` member, numbers only: DataComp's per-sample metadata such as a GeoDE image's
+  region), as a flat list of floats.
 
 Reading a tar shard is one streaming pass (``scan_shard``); the image bytes that pass through are hashed
 on the way, so their content keys (the store's keys) cost no second read. A scan is cached under
@@ -41,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -56,10 +59,12 @@ log = logging.getLogger("hardrank.wds")
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")  # the first present is the image
 _TEXT_EXTS = ("txt", "json", "cls", "caption")
+_ARRAY_EXTS = ("npy",)  # small numeric members, read as flat lists of floats (never with pickle)
 _MAX_TEXT = 1 << 20
+_MAX_ARRAY = 1 << 16
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # WebDataset's key/extension split: first dot of the basename
-_SCAN_VERSION = 3  # 2: a file name repeated within a sample starts another sample (then refused by key); 3: a
-# text member's byte-order mark dropped (a caption or cls written by a Windows editor)
+_SCAN_VERSION = 4  # 2: a file name repeated within a sample starts another sample (then refused by key); 3: a
+# text member's byte-order mark dropped (a caption or cls written by a Windows editor); 4: .npy arrays read
 _scanner: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("hardrank_wds_scanner", default=None)
 
 
@@ -70,6 +75,7 @@ class Sample:
     image: str | None             # uri of the image bytes; None: the sample has no image member
     image_key: str | None = None  # content key of the image bytes, when the reader hashed them
     texts: dict = field(default_factory=dict)  # ext/column -> text
+    arrays: dict = field(default_factory=dict)  # ext -> a small numeric member's values (.npy), flattened
 
 
 @dataclass
@@ -159,7 +165,7 @@ def _scan(shard: str, hash_images: bool, size: int) -> ShardScan:
             return
         img = next((c["members"][e] for e in IMAGE_EXTS if e in c["members"]), None)
         samples.append(Sample(id="", key=c["key"], image=img[0] if img else None,
-                              image_key=img[1] if img else None, texts=c["texts"]))
+                              image_key=img[1] if img else None, texts=c["texts"], arrays=c["arrays"]))
 
     try:
         with _open_stream(shard) as f:
@@ -176,9 +182,10 @@ def _scan(shard: str, hash_images: bool, size: int) -> ShardScan:
                 end = off + msize
                 # a file name already in the sample (KEY.jpg twice in a row) is another sample with the same
                 # key, as older webdataset splits it (webdataset 1.0 raises): refused by key in read_shards
-                if cur is None or cur["key"] != key or ext in cur["members"] or ext in cur["texts"]:
+                if cur is None or cur["key"] != key or ext in cur["members"] or ext in cur["texts"] \
+                        or ext in cur["arrays"]:
                     close(cur)
-                    cur = {"key": key, "members": {}, "texts": {}}
+                    cur = {"key": key, "members": {}, "texts": {}, "arrays": {}}
                 if ext in IMAGE_EXTS:
                     ikey = None
                     if hash_images:
@@ -187,6 +194,10 @@ def _scan(shard: str, hash_images: bool, size: int) -> ShardScan:
                     cur["members"][ext] = (urls.member_uri(shard, off, msize, base), ikey)
                 elif ext in _TEXT_EXTS and msize <= _MAX_TEXT:
                     cur["texts"][ext] = tr.data().decode("utf-8-sig", "replace")
+                elif ext in _ARRAY_EXTS and msize <= _MAX_ARRAY:
+                    values = _array(tr.data())
+                    if values is not None:
+                        cur["arrays"][ext] = values
     except (tarfile.TarError, EOFError, OSError, ValueError, DataError) as exc:
         if isinstance(exc, (FileNotFoundError, UsageError)) or (isinstance(exc, DataError) and not samples
                                                                   and cur is None):
@@ -206,6 +217,17 @@ def _scan(shard: str, hash_images: bool, size: int) -> ShardScan:
         cur = None
     close(cur)
     return ShardScan(shard, samples, error)
+
+
+def _array(data: bytes) -> list[float] | None:
+    """A ``.npy`` member's numbers, flattened (None: not a numeric array; object arrays are never unpickled)."""
+    try:
+        a = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError):
+        return None
+    if not isinstance(a, np.ndarray) or a.dtype.kind not in "biuf":
+        return None
+    return a.astype(np.float64).ravel().tolist()
 
 
 class _TarReader:

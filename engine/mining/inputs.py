@@ -15,6 +15,7 @@ from hardrank.inputs import registry
 from hardrank.inputs.kind import Embeddings, InputOptions, Items, Source
 from hardrank.inputs.kinds.image_folder import IMAGE_EXTENSIONS
 from hardrank.items import ItemTable, Tables, text_key
+from hardrank.mining.catalog import MAPPED_ROWS, Catalog
 from hardrank.mining.problem import MineProblem, StoreRows
 from hardrank.mining.training_table import check_training_inputs
 from hardrank.models.runs import user_specs
@@ -23,6 +24,12 @@ from hardrank.settings import RunSettings
 from hardrank.store.embedding_store import EmbeddingStore
 
 __all__ = ["build_problem", "IMAGE_EXTENSIONS"]
+
+
+def _content_id(emb) -> str:
+    """What identifies an embeddings input's content: its files' identity where that differs from the model's
+    (an export names its model; its content_id, its file)."""
+    return getattr(emb, "content_id", "") or emb.fingerprint
 
 
 def _pipeline(cfg: MineConfig, sources: list[Source], echo, runner,
@@ -129,6 +136,7 @@ def _pairs(sources: list[Source]) -> list[tuple[str, str, str, str]]:
 
 
 def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, lazy_corpus: bool = False,
+                  ids_dir: Path | None = None, ids_mapped: bool = False, ids_reuse: Path | None = None,
                   settings: RunSettings | None = None) -> MineProblem:
     """Load both inputs, embed what the store lacks, and compile queries, corpus and positives.
 
@@ -209,13 +217,23 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
 
     # corpus
     cit = csrc.items[cmod]
-    c_rows = [i for i, k in enumerate(cit.keys) if k]
-    by_key: dict[str, list[int]] = {}
-    for j, i in enumerate(c_rows):
-        by_key.setdefault(cit.keys[i], []).append(j)
-        g = gkey(cit, i)
-        if g != cit.keys[i]:
-            by_key.setdefault(g, []).append(j)
+    catalog = None
+    if csrc.embeddings is not None:  # its ids and keys as Arrow columns (memory-mapped when large)
+        n = len(cit.ids)
+        source = {"fingerprint": _content_id(csrc.embeddings), "modality": cmod, "paired": bool(csrc.paired)}
+        where = ids_dir if ids_dir is not None and (ids_mapped or n >= MAPPED_ROWS) else None
+        catalog = Catalog.of_chunks(csrc.embeddings.columns(cmod, paired=csrc.paired), where, source, ids_reuse)
+        c_rows = range(len(catalog))
+        if where is not None:
+            echo(f"corpus ids: {len(catalog):,} rows, memory-mapped from {catalog.path}")
+    else:
+        c_rows = [i for i, k in enumerate(cit.keys) if k]
+        by_key: dict[str, list[int]] = {}
+        for j, i in enumerate(c_rows):
+            by_key.setdefault(cit.keys[i], []).append(j)
+            g = gkey(cit, i)
+            if g != cit.keys[i]:
+                by_key.setdefault(g, []).append(j)
     xb = read(csrc, cmod, c_rows, lazy=lazy_corpus)
     # queries, merged by id; positives = same-group items of the query source, in the corpus modality
     qit = qsrc.items[qmod]
@@ -244,6 +262,8 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
     if q_rows and len(xb):  # before the queries are read: a mismatch is named without reading them all
         _check_dims(csrc, qsrc, xb.shape[1], read(qsrc, qmod, q_rows[:1]).shape[1])
     xq = read(qsrc, qmod, q_rows)  # kept in its dtype (fp16 from an fp16 store): blocks are made float32
+    if catalog is not None:  # the queries' few keys looked up in the corpus's columns
+        by_key = catalog.rows_with(set().union(*q_excl) if q_excl else set())
     excl = [sorted({r for key in keys for r in by_key.get(key, ())}) for keys in q_excl]
     exclude_ptr = np.zeros(len(q_rows) + 1, np.int64)
     np.cumsum([len(e) for e in excl], out=exclude_ptr[1:])
@@ -262,17 +282,22 @@ def build_problem(cfg: MineConfig, *, progress=None, echo=None, runner=None, laz
            "listing's or embeddings file's own id", "texts": "the caption as written (a listing's own id)",
            "keys": "query_key / negative_key: content keys (store folders name items by these alone)"}
     meta = {"ids": ids, "corpus": {"path": cfg.corpus, "kind": csrc.kind, "rows": len(c_rows),
-                       "skipped": len(cit.keys) - len(c_rows)},
+                       "skipped": len(cit.keys) - len(c_rows),
+                       "fingerprint": _content_id(csrc.embeddings) if csrc.embeddings is not None else None,
+                       "ids": ("memory-mapped: " + str(catalog.path)) if catalog is not None and catalog.mapped
+                       else "in memory", "ids_digest": catalog.ids_digest if catalog is not None else None},
             "queries": {"path": cfg.queries, "kind": qsrc.kind, "rows": len(q_rows),
                         "skipped": sum(1 for k in qit.keys if not k)},
             "model_fingerprint": fp, "compatibility": compatibility, "embed": embed}
     problem = MineProblem(
-        xq=xq, xb=xb, query_ids=[qit.ids[i] for i in q_rows], corpus_ids=[cit.ids[i] for i in c_rows],
+        xq=xq, xb=xb, query_ids=[qit.ids[i] for i in q_rows],
+        corpus_ids=catalog.ids if catalog is not None else [cit.ids[i] for i in c_rows],
         modality=cmod, direction=cfg.direction,
         exclude_ptr=exclude_ptr, exclude_idx=np.array([r for e in excl for r in e], np.int64),
         pos_ptr=pos_ptr, pos_emb=pos_emb,
         pos_ids=[[pos_items.ids[p] for p in ps] for ps in q_pos] if pos_items is not None else None,
-        query_keys=[qit.keys[i] for i in q_rows], corpus_keys=[cit.keys[i] for i in c_rows],
+        query_keys=[qit.keys[i] for i in q_rows],
+        corpus_keys=catalog.keys if catalog is not None else [cit.keys[i] for i in c_rows],
         pairs=_pairs(sources), meta=meta)
     ref = {"xb": reread(csrc, cmod, c_rows), "xq": reread(qsrc, qmod, q_rows),
            "pos_emb": reread(qsrc, cmod, flat_pos) if pos_items is not None and flat_pos else None}

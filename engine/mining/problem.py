@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from hardrank.scoring import corpus_io
 from hardrank.store.rows import StoreRows  # re-exported: it was defined here
 
 __all__ = ["MineProblem", "StoreRows", "negatives_schema", "csr_take", "gather"]
@@ -85,6 +86,7 @@ def csr_take(ptr, vals, rows):
     return new_ptr, vals[src]
 
 
-def gather(xb, I) -> np.ndarray:
-    """(m, kk, d) float32 rows of ``xb`` for candidate indices ``I`` (-1 -> row 0, masked by callers)."""
-    return xb[np.where(I >= 0, I, 0)].astype(np.float32, copy=False)
+def gather(xb, I, budget_bytes: int = 64 << 20) -> np.ndarray:
+    """(m, kk, d) float32 rows of ``xb`` for candidate indices ``I`` (-1 -> row 0, masked by callers), read in
+    sorted order of row (``corpus_io.gather``)."""
+    return corpus_io.gather(xb, I, budget_bytes)

@@ -1,7 +1,6 @@
 """A mining run: blocks of queries mined into resumable Parquet shards, then the summary."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -22,13 +21,19 @@ from hardrank.config import DIRECTIONS, MineConfig, MineOptions, build, check_wr
 from hardrank.devices import resolve_device
 from hardrank.errors import DataError, UsageError
 from hardrank.executors import executor
+from hardrank.mining import memory
 from hardrank.mining.block import mine_block
+from hardrank.mining.catalog import digest, take
+from hardrank.mining.index import built_factory, check_index, index_searcher
 from hardrank.mining.inputs import build_problem
 from hardrank.mining.problem import MineProblem, negatives_schema
-from hardrank.mining.searcher import build_searcher, measure_recall, written_recall
+from hardrank.mining.progress import Progress, hms
+from hardrank.mining.searcher import SampleReference, build_searcher, measure_recall, written_recall
 from hardrank.mining.training_table import check_training, shard_path, training_format, write_training
-from hardrank.scoring import backends
+from hardrank.scoring import backends, corpus_io
 from hardrank.scoring.backends import Backend
+from hardrank.scoring.backends.auto import gemm_rate
+from hardrank.scoring.backends.faiss import faiss_searcher
 from hardrank.scoring.backends.sharded import for_mining
 from hardrank.settings import RunSettings, start_run
 from hardrank.vectors import UnitRows
@@ -37,50 +42,32 @@ __all__ = ["mine", "mine_arrays", "mining_settings", "recall_line"]
 
 RUN_VERSION = 2  # 2: human ids (image paths relative to one root), query_key / negative_key columns
 _HIST_BINS = 40  # score histogram: 40 bins over [-1, 1]
-# a search of at least this many (query, corpus item) pairs is timed on a sample of its queries first,
-# for the plan's estimate; the sample is at most 1/16 of the queries and 1,024 of them
+# a search of at least this many (query, corpus item) pairs gets an estimate of its time in the plan
 _ESTIMATE_PAIRS = 1 << 28
-_PROBE_MAX, _PROBE_MIN = 1024, 32
+_hms = hms
 
 
-def _hms(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def _plan_line(problem: MineProblem, opts: MineOptions, n_blocks: int, n_todo: int, backend: Backend | None) -> str:
+def _plan_line(problem: MineProblem, opts: MineOptions, n_blocks: int, n_todo: int, how: str) -> str:
     """The search about to run, in one line: queries x corpus, k, how, blocks."""
     nq, nb, d = len(problem.xq), len(problem.xb), problem.xq.shape[1]
-    how = backends.describe(opts.search_spec, problem.xb.shape, opts, backend=backend)
     done = f" ({n_blocks - n_todo} done, {n_todo} to run)" if n_todo < n_blocks else ""
     return (f"plan: {nq:,} {DIRECTIONS[problem.direction][0]} queries x {nb:,} {problem.modality} corpus items "
             f"({d}-d), top {opts.k} each by {how}; {n_blocks} block(s) of up to {opts.block_size:,} queries{done}")
 
 
-def _estimate(search, problem: MineProblem, opts: MineOptions, rows: np.ndarray) -> tuple[float, int, float] | None:
-    """(estimated seconds for ``rows``, queries timed, their seconds): a sample of ``rows`` mined and
-    thrown away (a few percent of the work), for searches of at least ``_ESTIMATE_PAIRS`` pairs."""
-    n = min(_PROBE_MAX, len(rows) // 16)
-    if len(rows) * len(problem.xb) < _ESTIMATE_PAIRS or n < _PROBE_MIN:
-        return None
-    t0 = time.perf_counter()
-    mine_block(search, problem, rows[:n], opts, Counter())
-    dt = time.perf_counter() - t0
-    return dt * len(rows) / n, n, dt
-
-
 def _digest(strings) -> str:
-    return hashlib.blake2b("\0".join(strings).encode("utf-8"), digest_size=12).hexdigest()
+    return digest(strings)
 
 
 def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
     """The run record: a rerun resumes only with the same inputs and options."""
     record = {"run_version": RUN_VERSION, "direction": problem.direction, "modality": problem.modality,
               "queries": len(problem.xq), "corpus": len(problem.xb), "dim": int(problem.xq.shape[1]),
-              "query_ids": _digest(problem.query_ids), "corpus_ids": _digest(problem.corpus_ids),
+              "query_ids": _digest(problem.query_ids),
+              "corpus_ids": (problem.meta.get("corpus") or {}).get("ids_digest") or _digest(problem.corpus_ids),
               # dup_filter off is dup_threshold None already: records written before the flag was an option match
               "options": {k: v for k, v in asdict(opts).items()
-                          if k not in ("recall_sample", "recall_target", "shards", "dup_filter")}}
+                          if k not in ("recall_sample", "recall_target", "shards", "dup_filter", "index", "index_out")}}
     path = out / "mine_run.json"
     if path.exists():
         try:
@@ -118,24 +105,46 @@ def _resident_bytes(*arrays) -> int:
     """Bytes of the arrays held in memory (memory maps and lazy views are read on demand: not counted; a
     float16 file's ``UnitRows`` holds its values)."""
     return sum(int(a.nbytes) for a in arrays
-               if isinstance(a, UnitRows) or isinstance(a, np.ndarray) and not isinstance(a, np.memmap))
+               if isinstance(a, UnitRows) or isinstance(a, np.ndarray) and not corpus_io.mapped(a))
 
 
-_BUDGET_BOUNDS = ("the search: its index (IVF lists and codes; exact search: the fp32 corpus it scores, a copy only "
-                  "when the vectors are not fp32 in memory) and its work tiles (score tiles, exact re-scoring of "
-                  "candidates, the near-duplicate filter); not the vectors read from the inputs, the process's "
-                  "start-up (torch, FAISS), ids, or one block's output")
+_BUDGET_BOUNDS = ("the search: its index (in memory: IVF lists and codes up to half the budget; larger lists are "
+                  "memory-mapped from disk), its training sample (a quarter), a block of rows being added, the exact "
+                  "pass's corpus tile and score tiles, exact re-scoring of candidates, the near-duplicate filter, "
+                  "FAISS's per-query search memory; not the vectors read from the inputs into memory, the ids and "
+                  "keys held in memory (both counted beside it), the process's start-up (torch, FAISS), or one "
+                  "block's output")
+# the aim on anonymous memory: start-up + vectors + ids + budget + 10% of those three, at least 64 MiB (allocator
+# pools, FAISS's and Arrow's working memory and first-use allocations, one block's output)
+_AIM_SLACK, _AIM_FLOOR = 0.1, 64 << 20
 
 
-def _memory(problem: MineProblem, opts: MineOptions, start: int | None) -> dict:
-    """Peak resident memory against the aim: start-up + 1.5 x (vectors + budget)."""
+def _memory(problem: MineProblem, opts: MineOptions, start: dict, watch: memory.MemoryWatch) -> dict:
+    """Peak anonymous memory against the aim start-up + (vectors + ids + budget) + 10% of it (at least 64 MiB);
+    the file-backed peak (the libraries mapped at start-up, then pages of a memory-mapped corpus or index: the
+    kernel reclaims them) and the total peak beside it."""
+    watch.sample()
     vectors = _resident_bytes(problem.xb, problem.xq, problem.pos_emb)
+    mapped = str((problem.meta.get("corpus") or {}).get("ids", "")).startswith("memory-mapped")
+    ids = memory.ids_bytes(problem.query_ids, problem.query_keys,
+                           *(() if mapped else (problem.corpus_ids, problem.corpus_keys)))
     mb = lambda b: None if b is None else round(b / 2**20, 1)
     peak = _peak_rss()
-    aim = None if start is None else start + 1.5 * (vectors + (opts.budget_mb << 20))
-    return {"peak_rss_mb": mb(peak), "start_rss_mb": mb(start), "vectors_mb": mb(vectors), "budget_mb": opts.budget_mb,
-            "aim_mb": mb(aim), "within_aim": None if aim is None else peak <= aim,
-            "peak": "the process's peak resident memory so far (VmHWM / getrusage ru_maxrss)",
+    start_anon = (start.get("RssAnon", 0) + start.get("RssShmem", 0)) if start else None
+    known = bool(start) and watch.peak_anon > 0
+    held = vectors + ids + (opts.budget_mb << 20)
+    aim = start_anon + held + max(_AIM_SLACK * held, _AIM_FLOOR) if known else None
+    return {"peak_rss_mb": mb(peak), "peak_anon_mb": mb(watch.peak_anon) if known else None,
+            "peak_file_mb": mb(watch.peak_file) if known else None, "start_file_mb": mb(start.get("RssFile")),
+            "start_rss_mb": mb(start.get("VmRSS")),
+            "start_anon_mb": mb(start_anon), "vectors_mb": mb(vectors), "ids_mb": mb(ids),
+            "budget_mb": opts.budget_mb, "aim_mb": mb(aim), "within_aim": None if aim is None else
+            watch.peak_anon <= aim,
+            "peak": "peak_anon_mb: anonymous memory (RssAnon + RssShmem, sampled every 50 ms); peak_file_mb: "
+                    "file-backed pages (a memory-mapped corpus or index as read: reclaimable); peak_rss_mb: the "
+                    "total's peak (VmHWM)",
+            "aim": "peak_anon_mb <= start_anon_mb + held + max(10% of held, 64 MiB), held = vectors_mb + ids_mb + "
+                   "budget_mb",
             "budget_bounds": _BUDGET_BOUNDS}
 
 
@@ -153,6 +162,11 @@ def _written(out: Path, problem: MineProblem, B: int):
     return written
 
 
+def _take(col, idx: np.ndarray):
+    """Entries ``idx`` of an Arrow column (chunked or not; memory-mapped ones read only those pages)."""
+    return take(col, idx)
+
+
 def recall_line(recall: dict) -> str:
     """The recall of the written negatives in one line (printed, and by `hardrank mine` after the run)."""
     k, r = recall["k"], recall.get(f"recall@{recall['k']}")
@@ -161,27 +175,34 @@ def recall_line(recall: dict) -> str:
             f"with exact search (target {recall['target']}: {'met' if recall['met'] else 'NOT met'})")
 
 
+def _exact_estimate(problem: MineProblem, opts: MineOptions) -> float:
+    """Seconds an exact pass of every query over the corpus takes here (the kernel's measured rate)."""
+    nq, (nb, d) = len(problem.xq), problem.xb.shape
+    return nq * nb * d / gemm_rate(d, opts.rank_precision)
+
+
 def _shortfall(recall: dict, search: dict, exact: bool, problem: MineProblem, opts: MineOptions) -> str | None:
     """One line when the written negatives miss the recall target: what they reached, what was tried, and
-    what would reach it (exact search, and the budget that has auto choose it)."""
+    what would reach it here (exact search, which streams the corpus within the budget; its time)."""
     r = recall.get(f"recall@{opts.k}")
     if not recall or recall["met"] or r is None:
         return None
-    nb, d = problem.xb.shape
-    need = math.ceil(nb * d * 4 / 2**20)
-    recall["budget_for_target_mb"] = need
     what = search.get("factory") or search.get("method")
     line = (f"recall target {opts.recall_target} not met within --budget-mb {opts.budget_mb}: the written negatives "
             f"reach recall@{opts.k} {r:.3f} with {what}")
     if search.get("nlist"):
         tuned = search.get("tuning_recall@10")
+        best = search.get("nprobe") == search["nlist"] or search.get("refine") is not None
         line += (f" at nprobe {search.get('nprobe')} of {search['nlist']} lists"
-                 + (f" (tuning recall@10 {tuned:.3f}, the best it reached)" if tuned is not None and
-                    search.get("nprobe") == search["nlist"] else ", --nprobe can go up to every list"))
+                 + (f", {search['refine']} candidates a result re-scored" if search.get("refine") else "")
+                 + (f" (tuning recall@10 {tuned:.3f}, the best it reached)" if tuned is not None and best else
+                    ", --nprobe can go up to every list"))
     if exact:
         return line + " (exact search: ties at the k-th score decide the rest)"
-    return line + (f"; exact search reaches it: --search exact, or --search auto with --budget-mb {need} "
-                   f"(the {nb:,} x {d} fp32 corpus)")
+    est = _exact_estimate(problem, opts)
+    recall["exact_estimate_s"] = round(est, 1)
+    return line + (f"; exact search reaches it: --search exact (a pass over the corpus per block of queries, "
+                   f"within --budget-mb: about {_hms(est)} here)")
 
 
 def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike, *,
@@ -192,20 +213,67 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     killed run resumes), then write ``out/summary.json`` and return it.
 
     Search: the backend ``opts.search`` names (``hardrank.scoring.backends``): ``exact`` = kernels.topk
-    over the fp32 corpus in memory; ``faiss:<factory>`` = a FAISS index (approximate ones over-fetch
-    2-8x candidates and re-score them exactly); ``auto`` = exact while the fp32 corpus fits
-    ``budget_mb``, else IVF with fast-scan PQ codes (``backends.auto``). ``backend``: that backend as
-    placed for this run, e.g. on the Ray shards of ``hardrank.executors.ray_search``
-    (``backends.sharded``); the blocks, filters and outputs are the same. ``settings``: the run's threads
-    (``mine`` decides them); None: this call is a run of its own, with mining's default (``mining_settings``)."""
+    streamed over the corpus in tiles; ``faiss:<factory>`` = a FAISS index (approximate ones over-fetch
+    candidates and re-score them exactly); ``auto`` = whichever of the two the cost model says is cheaper
+    (``backends.auto.plan``). An IVF index lives in a folder when ``opts.index`` (reused, checked against
+    the corpus), ``opts.index_out`` (built there, resumable) or when its lists exceed half the budget
+    (``out/index``). ``backend``: that backend as placed for this run, e.g. on the Ray shards of
+    ``hardrank.executors.ray_search`` (``backends.sharded``); the blocks, filters and outputs are the same.
+    ``settings``: the run's threads (``mine`` decides them); None: this call is a run of its own, with
+    mining's default (``mining_settings``)."""
     settings = settings or mining_settings()
     echo = echo or (lambda s: None)
-    start_rss = problem.meta.get("start_rss_bytes") or _rss()  # mine(): before the inputs were read
+    start = problem.meta.get("start_memory") or memory.status()  # mine(): before the inputs were read
+    watch = memory.MemoryWatch().start()
+    try:
+        return _mine_arrays(problem, opts, Path(out), export_training, echo, backend, start, watch, settings)
+    finally:
+        watch.stop()
+
+
+def _plan(problem: MineProblem, opts: MineOptions, backend: Backend, n_todo: int):
+    """How the search will run (``backends.base.MinePlan``: auto weighs an exact pass against an index), said
+    before anything is built."""
+    spec = opts.search_spec
+    built = built_factory(opts.index) if opts.index else None
+    plan = backend.mining_plan(spec, n_todo, tuple(problem.xb.shape), opts, mapped=corpus_io.mapped(problem.xb),
+                               built=built)
+    if opts.index and plan.index is None:
+        raise UsageError(f"--index {opts.index} is a FAISS index, and --search {spec} does not search one: use "
+                         f"--search auto (or faiss:{built}) with --index, or drop --index")
+    return plan
+
+
+def _searcher(problem: MineProblem, opts: MineOptions, backend: Backend, plan, out: Path, echo):
+    """The run's searcher for ``plan``: the backend's own, or the IVF index the plan names, built in memory or
+    in a folder (reused, resumed, or built)."""
+    if plan.index is None:
+        if opts.index_out:
+            echo(f"--index-out {opts.index_out}: no index to keep, the search is {plan.how}")
+        return build_searcher(problem, opts, backend)
+    from hardrank.scoring.faiss_index import ondisk  # faiss: imported by that package alone
+
+    nb, d = problem.xb.shape
+    if opts.index:
+        return index_searcher(problem, opts, plan.index, opts.index, build=False, echo=echo)
+    big = not ondisk.fits_memory(plan.index, nb, d, opts.budget_mb << 20)
+    if opts.index_out or big:
+        folder = Path(opts.index_out) if opts.index_out else out / "index"
+        if big and not opts.index_out:
+            echo(f"index: {plan.index}'s lists exceed half of --budget-mb {opts.budget_mb}: built in {folder} "
+                 f"(memory-mapped; kept, so a rerun reuses it; --index-out DIR keeps it elsewhere)")
+        return index_searcher(problem, opts, plan.index, folder, build=True, echo=echo)
+    return faiss_searcher(problem.xb, plan.index, opts)
+
+
+def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_training, echo, backend: Backend | None,
+                 start: dict, watch: memory.MemoryWatch, settings: RunSettings) -> dict:
     problem.validate()
     if export_training:
         check_training(export_training, problem)  # a bad name or missing pairs fail before any work
     t_start = time.perf_counter()
-    out = Path(out)
+    if opts.index:  # another corpus's, damaged or unfinished: said before anything is written
+        check_index(problem, opts.index)
     (out / "negatives").mkdir(parents=True, exist_ok=True)
     record = _check_run(out, problem, opts)
     nq, B = len(problem.xq), opts.block_size
@@ -221,55 +289,89 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
         except (OSError, ValueError, AttributeError):  # rewritten below; only its search and recall are reused
             search_info, recall = {}, {}
     ids_q = pa.array(problem.query_ids, pa.string())
-    ids_b = pa.array(problem.corpus_ids, pa.string())
+    ids_b = problem.corpus_ids if isinstance(problem.corpus_ids, (pa.Array, pa.ChunkedArray)) else pa.array(
+        problem.corpus_ids, pa.string())
     keys_q = pa.array(problem.query_keys if problem.query_keys is not None else [None] * nq, pa.string())
-    keys_b = pa.array(problem.corpus_keys if problem.corpus_keys is not None else [None] * len(problem.xb),
-                      pa.string())
+    keys_b = problem.corpus_keys if isinstance(problem.corpus_keys, (pa.Array, pa.ChunkedArray)) else pa.array(
+        problem.corpus_keys if problem.corpus_keys is not None else [None] * len(problem.xb), pa.string())
     if todo:
         todo_rows = np.concatenate([np.arange(b * B, min(nq, (b + 1) * B)) for b in todo])
-        echo(_plan_line(problem, opts, n_blocks, len(todo), backend))
+        backend = backend or backends.get(opts.search_spec)
         t0 = time.perf_counter()
-        search = build_searcher(problem, opts, backend)
+        plan = _plan(problem, opts, backend, len(todo_rows))
+        echo(_plan_line(problem, opts, n_blocks, len(todo), plan.how))
+        if plan.why:
+            echo(f"why: {plan.why}")
+        for alt in plan.alternatives:
+            echo(f"  {alt}")
+        search = _searcher(problem, opts, backend, plan, out, echo)
         timings["index"] = time.perf_counter() - t0
         search_info = dict(search.info)
+        if plan.why:
+            search_info["plan"] = plan.why
+        if plan.exact_s is not None:
+            search_info["estimates_s"] = {"exact": round(plan.exact_s, 1),
+                                          **{k: round(v, 1) for k, v in (plan.index_s or {}).items()}}
         if hasattr(search, "index") and search.index.nprobe is not None:
             search_info["nprobe"] = search.index.nprobe
+        nb = len(problem.xb)
+        ref = None
         if opts.recall_sample and not search.exact:
             t0 = time.perf_counter()
-            search_info.update(measure_recall(search, problem, opts))
+            n_ref = min(nq, opts.recall_sample)
+            folder = search_info.get("index_folder")  # exact answers kept there for a later run of the same queries
+            ref = SampleReference(problem, opts, search, progress=Progress(
+                echo, f"recall sample: exact search of {n_ref:,} queries", nb).update,
+                cache=Path(folder) / "exact_topk.npz" if folder else None)
+            search_info["recall_sample_reused"] = ref.reused
+            if ref.reused:
+                echo(f"recall sample: {ref.reused:,} exact answers reused from {folder}")
+            search_info.update(measure_recall(search, problem, opts, ref))
             timings["recall"] = time.perf_counter() - t0
             what = search_info.get("factory", search_info["method"])
+            refine = f", {search_info['refine']} candidates a result" if search_info.get("refine") else ""
             echo(f"approximate search {what}: tuning recall@10 {search_info['tuning_recall@10']:.3f} (the search "
-                 f"alone, before filters) at nprobe {search_info.get('nprobe')} on {search_info['tuning_sample']} "
-                 f"queries")
-        estimate = _estimate(search, problem, opts, todo_rows)
-        if estimate is not None:
-            total, n, dt = estimate
-            timings["estimate"] = dt
-            echo(f"estimated search time {_hms(total)} ({n:,} queries timed: {dt:.1f}s)")
+                 f"alone, before filters) at nprobe {search_info.get('nprobe')}{refine} on "
+                 f"{search_info['tuning_sample']} queries ({timings['recall']:.1f}s, of which the sample's exact "
+                 f"search {ref.seconds:.1f}s)")
+        if len(todo_rows) * nb >= _ESTIMATE_PAIRS:
+            if search.exact and hasattr(search, "progress"):
+                est = plan.exact_s if plan.exact_s is not None else (
+                    len(todo_rows) * nb * problem.xb.shape[1] / gemm_rate(problem.xb.shape[1], opts.rank_precision))
+                echo(f"estimated search time {_hms(est)} (a pass over the corpus per block of queries, at the exact "
+                     f"kernel's measured rate)")
+            elif search_info.get("seconds_per_query"):
+                est = search_info["seconds_per_query"] * len(todo_rows)
+                echo(f"estimated search time {_hms(est)} (the tuned search timed on the recall sample)")
         t0, done_q = time.perf_counter(), 0
         for i, b in enumerate(todo):
             rows = np.arange(b * B, min(nq, (b + 1) * B))
+            if hasattr(search, "progress"):  # an exact pass: progress through the corpus
+                search.progress = Progress(echo, f"block {b + 1}/{n_blocks}: exact pass", nb).update
             st: Counter = Counter()
             S, I = mine_block(search, problem, rows, opts, st)
             valid = I >= 0
             qrow = np.repeat(rows, valid.sum(1))
             table = pa.Table.from_arrays([
                 ids_q.take(pa.array(qrow)), pa.array(np.nonzero(valid)[1].astype(np.int32)),
-                ids_b.take(pa.array(I[valid])), pa.array(S[valid], pa.float32()),
+                _take(ids_b, I[valid]), pa.array(S[valid], pa.float32()),
                 pa.array([problem.modality] * int(valid.sum()), pa.string()),
-                keys_q.take(pa.array(qrow)), keys_b.take(pa.array(I[valid]))], schema=negatives_schema())
+                keys_q.take(pa.array(qrow)), _take(keys_b, I[valid])], schema=negatives_schema())
             block_meta = json.dumps({"block": b, "queries": len(rows), **st})
             table = table.replace_schema_metadata({"hardrank_block": block_meta})
             with atomic_path(shard_path(out, b), table.nbytes) as tmp:
                 pq.write_table(table, tmp)
             elapsed, done_q = time.perf_counter() - t0, done_q + len(rows)
             left = len(todo_rows) - done_q
+            rate = f", {done_q / elapsed:,.0f} queries/s" if elapsed > 0 else ""
             eta = f", ETA {_hms(elapsed / done_q * left)}" if left else ""
-            echo(f"block {b + 1}/{n_blocks}: {len(rows)} queries ({i + 1}/{len(todo)} this run, {elapsed:.1f}s{eta})")
+            echo(f"block {b + 1}/{n_blocks}: {len(rows)} queries ({i + 1}/{len(todo)} this run, {elapsed:.1f}s"
+                 f"{rate}{eta})")
         timings["search"] = time.perf_counter() - t0
-        if opts.recall_sample:  # what was written, checked against exact search on a sample of the queries
-            recall = written_recall(problem, opts, _written(out, problem, B), search)
+        if hasattr(search, "progress"):
+            search.progress = None
+        if opts.recall_sample:  # what was written, against exact search on a sample (the reference found above)
+            recall = written_recall(problem, opts, _written(out, problem, B), search, ref)
             timings["recall_written"] = recall["seconds"]
             shortfall = _shortfall(recall, search_info, search.exact, problem, opts)
             if shortfall:
@@ -299,7 +401,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
     searched = sum(min(nq, (b + 1) * B) - b * B for b in todo)  # (the estimate's sample is not counted)
     summary = {
         "direction": problem.direction, "modality": problem.modality, "k": opts.k, "options": asdict(opts),
-        "inputs": {k: v for k, v in problem.meta.items() if k != "start_rss_bytes"}, "search": search_info,
+        "inputs": {k: v for k, v in problem.meta.items() if k != "start_memory"}, "search": search_info,
         "recall": recall, "run": record,
         "counts": {"queries": nq, "corpus": len(problem.xb), "negatives": int(len(scores)),
                    "queries_short": int(stats.get("short", 0)),
@@ -314,7 +416,7 @@ def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike,
         "throughput": {"queries_per_s": (round(searched / timings["search"], 2)
                                          if todo and timings["search"] > 0 else None)},
         "files": files,
-        "memory": _memory(problem, opts, start_rss),
+        "memory": _memory(problem, opts, start, watch),
         "threads": settings.record(),  # how many threads computed it, and why (results do not depend on it)
     }
     if training is not None:
@@ -352,20 +454,33 @@ def mine(cfg: MineConfig | None = None, *, progress=None, echo=None, runner=None
             raise UsageError(f"option export_training (--export-training) is {cfg.export_training!r}, which is a "
                              f"folder; name the file to write (.tsv, .csv or .jsonl)")
         check_writable_dir(Path(cfg.export_training).parent, "export_training (--export-training)")
+    o = cfg.options
+    if o.index_out:
+        check_writable_dir(o.index_out, "index_out (--index-out)")
+    if o.index and not Path(o.index).is_dir():
+        raise DataError(f"--index {o.index}: no such folder; build an index there first (hardrank index build "
+                        f"--corpus {cfg.corpus} --out {o.index}, or mine with --index-out {o.index})")
     echo(f"threads: {settings.budget.describe()}")
     t0 = time.perf_counter()
-    start_rss = _rss()  # start-up (torch, FAISS, the CLI) before any input is read: the memory aim's base
-    backend = for_mining(backends.get(cfg.options.search_spec), executor(cfg.embed, settings), cfg.options.shards)
-    problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=backend.remote,
-                            settings=settings)
-    t_inputs = time.perf_counter() - t0
-    echo(f"{len(problem.query_ids)} {DIRECTIONS[cfg.direction][0]} queries, {len(problem.corpus_ids)} "
-         f"{problem.modality} corpus items ({t_inputs:.1f}s)")
-    problem.meta.setdefault("timings", {})["inputs"] = round(t_inputs, 3)
-    problem.meta["start_rss_bytes"] = start_rss
+    import hardrank.scoring.faiss_index  # noqa: F401  (FAISS's start-up counts as start-up, whichever search runs)
+    start = memory.status()  # start-up (torch, FAISS, the CLI) before any input is read: the memory aim's base
+    backend = for_mining(backends.get(o.search_spec), executor(cfg.embed, settings), o.shards)
+    if backend.remote and (o.index or o.index_out):
+        backend.close()
+        raise UsageError("--index / --index-out keep one index of the whole corpus; with --executor ray each shard "
+                         "builds its own in memory: drop one or the other")
     try:
         with urls.staged_dir(cfg.out) as out:  # a URL: written here, uploaded (shards before the summary)
-            return mine_arrays(problem, cfg.options, out, export_training=cfg.export_training, echo=echo,
-                               backend=backend, settings=settings)
+            # the corpus's ids: reused from --index (never written there), kept in --index-out, else in --out
+            problem = build_problem(cfg, progress=progress, echo=echo, runner=runner, lazy_corpus=backend.remote,
+                                    ids_dir=Path(o.index_out or out), ids_mapped=bool(o.index_out),
+                                    ids_reuse=Path(o.index) if o.index else None, settings=settings)
+            t_inputs = time.perf_counter() - t0
+            echo(f"{len(problem.query_ids)} {DIRECTIONS[cfg.direction][0]} queries, {len(problem.corpus_ids)} "
+                 f"{problem.modality} corpus items ({t_inputs:.1f}s)")
+            problem.meta.setdefault("timings", {})["inputs"] = round(t_inputs, 3)
+            problem.meta["start_memory"] = start
+            return mine_arrays(problem, o, out, export_training=cfg.export_training, echo=echo, backend=backend,
+                               settings=settings)
     finally:
         backend.close()

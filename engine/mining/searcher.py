@@ -3,21 +3,28 @@
 Searchers map (xq (m, d) float32, kk, exclude CSR) to exact-scored (D, I) sorted descending, padded."""
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from hardrank.atomic import atomic_path
 from hardrank.config import MineOptions
 from hardrank.mining.block import mine_block
-from hardrank.mining.problem import MineProblem
+from hardrank.mining.catalog import take
+from hardrank.mining.problem import MineProblem, csr_take
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
+from hardrank.scoring.backends.exhaustive import KernelSearch
+from hardrank.scoring.backends.faiss import MAX_REFINE
 from hardrank.scoring.backends.sharded import merge_topk
 from hardrank.vectors import f32
 
-__all__ = ["build_searcher", "searcher_for", "measure_recall", "written_recall", "ExactReference"]
+__all__ = ["build_searcher", "searcher_for", "measure_recall", "written_recall", "ExactReference",
+           "SampleReference"]
 
 
 def build_searcher(problem: MineProblem, opts: MineOptions, backend: Backend | None = None):
@@ -87,13 +94,15 @@ class _StreamedExact:
 
 
 class ExactReference:
-    """Exact search of the corpus rows, the reference of the recall checks: FAISS ``Flat`` streamed over the
-    corpus within a quarter of the budget, or (a sharded corpus) the shards' own exact search, merged; a corpus
-    read again from its file on each access (``MineProblem.reference``), streamed from the file."""
+    """Exact search of the corpus rows, the reference of the recall checks: the kernels' exact top-k streamed
+    over the corpus in tiles within half the budget (``backends.exhaustive.KernelSearch``), or (a sharded
+    corpus) the shards' own exact search, merged; a corpus read again from its file on each access
+    (``MineProblem.reference``), streamed from the file."""
 
     exact = True
 
     def __init__(self, problem: MineProblem, opts: MineOptions, search=None):
+        self.gather = None
         if hasattr(problem.xb, "blocks"):
             streamed = _StreamedExact(problem.xb)
             self._search, self.gather = streamed, streamed.gather
@@ -101,80 +110,237 @@ class ExactReference:
             self._search = search.exact_topk
             self.gather = search.gather  # candidates' rows for the near-duplicate filter
         else:
-            from hardrank.scoring.faiss_index import FaissIndex  # faiss: imported by that module alone
-
-            index = FaissIndex(problem.xb, "Flat", budget_bytes=(opts.budget_mb << 20) // 4)
-            self._search = lambda xq, kk, excl: index.search(xq, kk, exclude=excl)
+            self._search = KernelSearch(problem.xb, (opts.budget_mb << 20) // 2, opts.rank_precision)
 
     def __call__(self, xq, kk, excl):
         return self._search(xq, kk, excl)
 
 
-def measure_recall(search, problem: MineProblem, opts: MineOptions) -> dict:
-    """The tuning recall: recall@10 of the search itself (no exclusions, no filters) against exact search
-    on a sample; with ``nprobe`` unset, nprobe is doubled from nlist/512 until it reaches
-    ``opts.recall_target`` or every list (a searcher without an IVF-like ``index``: measured once). What the
-    run reports is the recall of what it wrote (``written_recall``); this one only picks nprobe."""
+class _FirstCall:
+    """A searcher that also keeps the first call's exact top-``keep`` (at least), as asked beside it."""
+
+    exact = True
+
+    def __init__(self, search, keep: int):
+        self.search, self.keep, self.first = search, keep, None
+        if getattr(search, "gather", None) is not None:
+            self.gather = search.gather
+
+    def __call__(self, xq, kk, excl):
+        if self.first is not None:
+            return self.search(xq, kk, excl)
+        D, I = self.search(xq, max(kk, self.keep), excl)
+        self.first = I[:, :self.keep]
+        return D[:, :kk], I[:, :kk]
+
+
+class _Remembered:
+    """An exact searcher whose answers for each query vector are kept in a file (``cache``: an index folder's
+    ``exact_topk.npz``), without exclusions, and served again with a request's exclusions dropped from them: a
+    later run of the same queries over the same corpus (the folder's index checks it is) searches the corpus
+    for none of them. A row whose kept list runs short once its exclusions are dropped is searched again."""
+
+    exact = True
+    _MAX = 200_000  # query vectors kept (the oldest go first)
+
+    def __init__(self, search, cache: Path):
+        self.search, self.cache, self.hits, self.changed = search, cache, 0, False
+        self.gather = getattr(search, "gather", None)
+        self.kept: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+        try:
+            with np.load(cache) as f:
+                for h, D, I, n in zip(f["keys"], f["D"], f["I"], f["n"]):
+                    self.kept[h.tobytes()] = (D[:n], I[:n])
+        except (OSError, ValueError, KeyError):
+            self.kept = {}
+
+    def __call__(self, xq, kk, excl):
+        m = len(xq)
+        D, I = np.full((m, kk), -np.inf, np.float32), np.full((m, kk), -1, np.int64)
+        keys = [hashlib.blake2b(np.ascontiguousarray(r, np.float32).tobytes(), digest_size=16).digest() for r in xq]
+        bad = [set(excl[1][excl[0][j]:excl[0][j + 1]].tolist()) if excl is not None else set() for j in range(m)]
+        todo = []
+        for j, key in enumerate(keys):
+            got = self.kept.get(key)
+            if got is not None:
+                keep = [i for i, r in enumerate(got[1]) if r not in bad[j] and r >= 0][:kk]
+                full = len(keep) == kk or (len(got[1]) and got[1][-1] < 0)  # enough, or the corpus ran out
+                if full:
+                    D[j, :len(keep)], I[j, :len(keep)] = got[0][keep], got[1][keep]
+                    self.hits += 1
+                    continue
+            todo.append(j)
+        if todo:
+            more = kk + max((len(bad[j]) for j in todo), default=0)
+            Dt, It = self.search(np.ascontiguousarray(xq[todo]), more, None)
+            for t, j in enumerate(todo):
+                self.kept[keys[j]] = (Dt[t], It[t])
+                keep = [i for i, r in enumerate(It[t]) if r not in bad[j] and r >= 0][:kk]
+                D[j, :len(keep)], I[j, :len(keep)] = Dt[t][keep], It[t][keep]
+            self.changed = True
+        return D, I
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        items = list(self.kept.items())[-self._MAX:]
+        width = max(len(v[1]) for _, v in items)
+        D = np.full((len(items), width), -np.inf, np.float32)
+        I = np.full((len(items), width), -1, np.int64)
+        for j, (_, (d, i)) in enumerate(items):
+            D[j, :len(d)], I[j, :len(i)] = d, i
+        with atomic_path(self.cache) as tmp, open(tmp, "wb") as f:
+            # the digests as (n, 16) bytes: numpy's "S16" would drop a digest's trailing zero bytes
+            keys = np.frombuffer(b"".join(k for k, _ in items), np.uint8).reshape(len(items), 16)
+            np.savez(f, keys=keys, D=D, I=I, n=np.array([len(v[1]) for _, v in items], np.int64))
+
+
+class SampleReference:
+    """One exact search of the recall sample (``opts.recall_sample`` queries drawn with ``opts.seed``), kept:
+    its exact top-10 (exclusions applied) tunes nprobe (``measure_recall``), and its mining with the same
+    exclusions, filters and k is the reference of the written negatives (``written_recall``). Nothing of it
+    is computed twice or thrown away. ``progress``: called with the corpus rows each tile searched.
+    ``cache``: a file of an index folder keeping exact answers by query vector (``_Remembered``): a later run
+    with the same queries over that index's corpus searches the corpus for none it has."""
+
+    def __init__(self, problem: MineProblem, opts: MineOptions, search=None, progress=None,
+                 cache: Path | None = None):
+        nq = len(problem.xq)
+        n = min(nq, opts.recall_sample)
+        self.rows = _sample(nq, n, opts.seed)
+        t0 = time.perf_counter()
+        problem = problem.reference or problem  # the vectors as the inputs' files store them
+        exact = ExactReference(problem, opts, search)
+        if progress is not None and hasattr(exact._search, "progress"):
+            exact._search.progress = progress
+        kept = _Remembered(exact, cache) if cache is not None else None
+        rec = _FirstCall(kept or exact, 10)
+        _, self.negatives = mine_block(rec, problem, self.rows, opts, Counter())  # (n, k) corpus rows
+        self.top10 = rec.first if rec.first is not None else np.full((n, 10), -1, np.int64)
+        self.reused = kept.hits if kept is not None else 0
+        if kept is not None:
+            try:
+                kept.save()
+            except OSError:  # a folder this user may not write (a shared index), a full disk: a cache, kept or not
+                pass
+        self.seconds = time.perf_counter() - t0
+
+
+def measure_recall(search, problem: MineProblem, opts: MineOptions, ref: SampleReference | None = None) -> dict:
+    """The tuning recall: recall@10 of the search alone (exclusions applied, no filters) against the exact
+    top-10 of the recall sample (``ref``: computed once for the run, also the written recall's reference).
+
+    With ``--nprobe`` unset, nprobe is doubled from nlist/512 until the recall reaches ``opts.recall_target``;
+    when doubling it gains less than 0.005 (the codes, not the lists, limit it) or every list is probed, the
+    candidates re-scored per result (``refine``) are doubled instead, up to ``backends.faiss.MAX_REFINE``. A
+    searcher without an IVF-like ``index``: measured once. What the run reports is the recall of what it wrote
+    (``written_recall``); this one only picks nprobe and refine."""
     from hardrank.scoring.faiss_index import recall_at_k  # faiss: imported by that module alone
 
     nq = len(problem.xq)
     n = min(nq, opts.recall_sample)
     if n == 0 or search.exact:
         return {"tuning_recall@10": 1.0 if search.exact else None, "tuning_sample": n}
-    xs = f32(problem.xq[_sample(nq, n, opts.seed)])
-    t0 = time.perf_counter()
-    _, Ie = ExactReference(problem, opts, search)(xs, 10, None)
-    out = {"tuning_sample": n, "exact_seconds": round(time.perf_counter() - t0, 3)}
+    ref = ref or SampleReference(problem, opts, search)
+    xs = f32(problem.xq[ref.rows])
+    excl = csr_take(problem.exclude_ptr, problem.exclude_idx, ref.rows) if problem.exclude_ptr is not None else None
+    out = {"tuning_sample": n, "exact_seconds": round(ref.seconds, 3)}
     index = getattr(search, "index", None)
-    tune = opts.nprobe is None and index is not None and index.nlist is not None
-    top = index.nlist or 0 if index is not None else 0
+    top = (index.nlist or 0) if index is not None else 0
+    tune = opts.nprobe is None and top > 0
+    can_refine = index is not None and hasattr(index, "set_refine")
     if tune:
         index.set_nprobe(max(1, top // 512))
-    tried = []
+    tried, prev = [], None
     while True:
-        _, Ia = search(xs, 10, None)
-        r = recall_at_k(Ia, Ie, 10)
-        tried.append({"nprobe": getattr(index, "nprobe", None), "recall@10": round(r, 4)})
-        if not tune or r >= opts.recall_target or index.nprobe >= top:
+        t0 = time.perf_counter()
+        _, Ia = search(xs, 10, excl)
+        dt = time.perf_counter() - t0
+        r = recall_at_k(Ia, ref.top10, 10)
+        tried.append({"nprobe": getattr(index, "nprobe", None), "refine": getattr(index, "refine", None),
+                      "recall@10": round(r, 4), "seconds": round(dt, 3)})
+        if r >= opts.recall_target:
             break
-        index.set_nprobe(min(top, index.nprobe * 2))
+        stalled = prev is not None and r - prev < 0.005
+        prev = r
+        if tune and index.nprobe < top and not (stalled and can_refine and index.refine < MAX_REFINE):
+            index.set_nprobe(min(top, index.nprobe * 2))
+        elif can_refine and index.refine < MAX_REFINE:
+            index.set_refine(min(MAX_REFINE, index.refine * 2))
+            prev = None  # the next doubling of nprobe is judged afresh
+        else:
+            break
     out.update({"tuning_recall@10": r, "nprobe": getattr(index, "nprobe", None), "nlist": top or None,
-                "tuning": tried})
+                "refine": getattr(index, "refine", None), "tuning": tried, "seconds_per_query": dt / max(1, n)})
     return out
 
 
-def written_recall(problem: MineProblem, opts: MineOptions, written, search=None) -> dict:
+def _as_stored(problem: MineProblem, ref: MineProblem, rows: np.ndarray) -> bool:
+    """Whether the vectors the run searched equal, bit for bit as float32, those its inputs' files store
+    (``ref``: ``MineProblem.reference``) for the recall sample ``rows``: its queries, their positives, and the
+    corpus (read once, in the file's blocks, when the corpus is read again). Then an exact search of the loaded
+    vectors is an exact search of the stored ones, its own reference; else a loading fault shows in the recall."""
+    if not np.array_equal(f32(problem.xq[rows]), f32(ref.xq[rows])):
+        return False
+    if ref.pos_emb is not problem.pos_emb and problem.pos_ptr is not None:
+        at = np.concatenate([np.arange(problem.pos_ptr[r], problem.pos_ptr[r + 1]) for r in rows] or
+                            [np.zeros(0, np.int64)]).astype(np.int64)
+        if len(at) and not np.array_equal(f32(problem.pos_emb[at]), f32(ref.pos_emb[at])):
+            return False
+    if ref.xb is not problem.xb:
+        if not hasattr(ref.xb, "blocks"):
+            return False
+        for pos, block in ref.xb.blocks():
+            if not np.array_equal(f32(problem.xb[pos]), f32(block)):
+                return False
+    return True
+
+
+def written_recall(problem: MineProblem, opts: MineOptions, written, search=None,
+                   ref: SampleReference | None = None) -> dict:
     """recall@k of the negatives a run wrote, on the recall sample (``_sample``: ``opts.recall_sample``
     queries drawn with ``opts.seed``).
 
     For each sampled query, the reference is what mining with an exact search writes (``mine_block`` with
-    ``ExactReference``: the same exclusions, near-duplicate and similarity filters, the same k), over the
-    vectors as the inputs store them: ``problem.reference`` where an input's files are read again (an
-    embeddings file), so a fault in loading them shows here instead of passing as recall 1.0. The query's
-    recall is |written ∩ reference| / |reference| (negatives compared by corpus id), and the figure is its
-    mean over the sampled queries whose reference is not empty. ``written(rows)`` gives the written negative
-    ids of query rows ``rows``, each list in rank order. ``search``: the run's searcher (a sharded one serves
-    its own exact search, unless the reference reads the files again)."""
+    ``ExactReference``: the same exclusions, near-duplicate and similarity filters, the same k: ``ref``,
+    computed once for the run), over the vectors as the inputs store them: ``problem.reference`` where an
+    input's files are read again (an embeddings file), so a fault in loading them shows here instead of
+    passing as recall 1.0. The query's recall is |written ∩ reference| / |reference| (negatives compared by
+    corpus id), and the figure is its mean over the sampled queries whose reference is not empty.
+    ``written(rows)`` gives the written negative ids of query rows ``rows``, each list in rank order. An exact
+    search (``search.exact``) of vectors equal to those stored (``_as_stored``: no ``problem.reference``, or
+    one whose vectors read back equal) is its own reference: what it wrote is what mining with exact search
+    writes, so nothing is searched again."""
     nq = len(problem.xq)
     n = min(nq, opts.recall_sample)
     if n == 0:
         return {}
     t0 = time.perf_counter()
     rows = _sample(nq, n, opts.seed)
-    ref = problem.reference or problem
-    _, I = mine_block(ExactReference(ref, opts, search), ref, rows, opts, Counter())
     got = written(rows)
-    per = []
-    for j, negs in enumerate(got):
-        ref = {problem.corpus_ids[i] for i in I[j] if i >= 0}
-        if ref:
-            per.append(len(ref & set(negs)) / len(ref))
+    exact = search is not None and search.exact and (problem.reference is None
+                                                     or _as_stored(problem, problem.reference, rows))
+    if exact:
+        per = [1.0 for negs in got if negs]
+        reference = "the run's own search, which is exact: what it wrote is what mining with exact search writes"
+        if problem.reference is not None:
+            reference += " (its vectors read back from the inputs' files: equal to those it searched)"
+    else:
+        ref = ref or SampleReference(problem, opts, search)
+        ok = ref.negatives >= 0
+        names = take(problem.corpus_ids, ref.negatives[ok]).to_pylist()  # one read of the ids, all queries' at once
+        per, at = [], 0
+        for j, negs in enumerate(got):
+            refset = set(names[at:at + int(ok[j].sum())])
+            at += int(ok[j].sum())
+            if refset:
+                per.append(len(refset & set(negs)) / len(refset))
+        reference = ("mining with exact search (the kernels' exact top-k, or the shards' exact search) of the "
+                     "vectors as the inputs store them (an embeddings file's read again from the file): same "
+                     "exclusions, filters and k")
     r = float(np.mean(per)) if per else None
     return {f"recall@{opts.k}": r, "k": opts.k, "sample": n, "compared": len(per), "seed": opts.seed,
-            "target": opts.recall_target, "met": r is not None and r >= opts.recall_target,
-            "reference": "mining with exact search (FAISS Flat, or the shards' exact search) of the vectors as the "
-                         "inputs store them (an embeddings file's read again from the file): same exclusions, "
-                         "filters and k",
+            "target": opts.recall_target, "met": r is not None and r >= opts.recall_target, "reference": reference,
             "definition": "mean over the sampled queries (numpy default_rng(seed).choice(queries, sample, "
                           "replace=False)) of |written negatives ∩ reference negatives| / |reference negatives|",
             "seconds": round(time.perf_counter() - t0, 3)}

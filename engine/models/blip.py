@@ -42,18 +42,13 @@ from hardrank.models.hf_models import (
     weights_of,
 )
 from hardrank.models.hf_text import _TOKENIZER_GLOBS, _files_hash, _require_transformers, snapshot
-from hardrank.models.openclip import EMBED_VERSION, LoadedModel, ModelSpec, _safe, file_hash
+from hardrank.models.openclip import EMBED_VERSION, _safe, file_hash
+from hardrank.models.spec import Kind, LoadedModel, ModelSpec
 
-__all__ = ["PREFIX", "MAX_LENGTH", "is_blip", "load_blip", "has_itm"]
+__all__ = ["KIND", "MAX_LENGTH", "load_blip", "has_itm"]
 
-PREFIX = "blip:"
 MAX_LENGTH = 35       # the reference's tokenizer(..., padding='max_length', truncation=True, max_length=35)
 _ENC = "[ENC]"        # BLIP's image-grounded encoder token (salesforce/BLIP models/blip.py init_tokenizer)
-
-
-def is_blip(arch: str | None) -> bool:
-    """Whether ``--model`` names a BLIP model (``blip:<folder or ORG/NAME>``)."""
-    return bool(arch) and arch.startswith(PREFIX)
 
 
 def has_itm(model: LoadedModel) -> bool:
@@ -126,7 +121,7 @@ class BlipRetrieval(torch.nn.Module):
 
 
 def _folder(spec: ModelSpec) -> ModelFolder:
-    name = spec.arch[len(PREFIX):]
+    name = spec.name
     if not name:
         raise UsageError(f"--model {spec.arch}: name the BLIP folder (blip:<folder>) or its Hugging Face repo "
                          f"(blip:ORG/NAME, from the local cache)")
@@ -184,7 +179,7 @@ def load_blip(spec: ModelSpec) -> LoadedModel:
     # one file: its content hash, as before shards existed; shards: the hash of every part in order
     ckpt_hash = None if not weights.files else file_hash(weights.files[0]) if len(weights.files) == 1 \
         else weights_hash(weights.files)
-    name = spec.arch[len(PREFIX):]
+    name = spec.name
     hf = {"model": {"name": name, "config": _files_hash(folder.path, ("config.json",)),
                     "preprocessor": _files_hash(folder.path, ("preprocessor_config.json",))},
           "tokenizer": {"name": name, "files": _files_hash(folder.path, _TOKENIZER_GLOBS)}}
@@ -196,7 +191,12 @@ def load_blip(spec: ModelSpec) -> LoadedModel:
             "random_init": not weights.files, "warnings": [], "spec": asdict(spec),
             "hf": {k: {**v, "folder": str(folder.path)} for k, v in hf.items()},
             "itm_first_token": ident["itm_first_token"]}
-    return LoadedModel(spec=spec, arch_name=f"blip:{folder.path.name}", model=model, tokenizer=tokenizer,
+    return LoadedModel(spec=spec, arch_name=f"{KIND.prefix}{folder.path.name}", model=model, tokenizer=tokenizer,
                        preprocess_cfg=preprocess, fingerprint=f"blip-{_safe(folder.path.name)}-{precision}-{digest}",
                        embed_dim=int(weights.config.image_text_hidden_size), device=device, precision=precision,
                        checkpoint_hash=ckpt_hash, info=info)
+
+
+KIND = Kind("blip", load_blip, prefix="blip:", path="folder", forms=(
+    ("blip:FOLDER or blip:ORG/NAME", "a BLIP retrieval model, BlipForImageTextRetrieval, with its image-text "
+                                     "matching cross-encoder"),))

@@ -50,15 +50,14 @@ from hardrank.models.boundary import (
     vet_pickle,
 )
 from hardrank.models.hf_text import snapshot
-from hardrank.models.openclip import EMBED_VERSION, LoadedModel, ModelSpec, file_hash
+from hardrank.models.openclip import EMBED_VERSION, file_hash
+from hardrank.models.spec import Kind, LoadedModel, ModelSpec
 from hardrank.openclip_import import import_transformers
 
-__all__ = ["HF_PREFIX", "Family", "FAMILIES", "register_family", "is_hf", "load_hf_model", "hf_image_processor",
-           "processor_preprocess_cfg", "tokenizer_of", "weights_of", "build_model", "weights_hash", "text_vocab_size",
-           "HFDualEncoder",
-           "HFTokenizer"]
+__all__ = ["KIND", "Family", "FAMILIES", "register_family", "family_of", "load_hf_model", "hf_image_processor",
+           "processor_preprocess_cfg", "image_processor_cfg", "tokenizer_of", "weights_of", "build_model",
+           "weights_hash", "text_vocab_size", "config_ident", "HFDualEncoder", "HFTokenizer"]
 
-HF_PREFIX = "hf:"
 PROCESSOR_KEY = "hf_image_processor"  # the preprocess_cfg key that marks a transformers image processor
 _FETCH = "hf download {repo}"  # a whole model repo: config, weights, processor and tokenizer files
 _TEXT_INPUTS = ("input_ids", "attention_mask")
@@ -141,8 +140,9 @@ def register_family(model_type: str, family: Family) -> None:
     FAMILIES[model_type] = family
 
 
-def is_hf(arch: str) -> bool:
-    return arch.startswith(HF_PREFIX)
+def family_of(config) -> Family:
+    """The family that runs a transformers config's ``model_type`` (the generic adapter for any other)."""
+    return FAMILIES.get(config.model_type, _GENERIC)
 
 
 def _transformers(what: str):
@@ -152,9 +152,9 @@ def _transformers(what: str):
         raise MissingExtra(what, "hf", "transformers") from exc
 
 
-def _folder(arch: str) -> ModelFolder:
+def _folder(spec: ModelSpec) -> ModelFolder:
     """The folder ``hf:FOLDER`` or ``hf:ORG/NAME`` names (a cached snapshot, never downloaded), vetted."""
-    name = arch[len(HF_PREFIX):]
+    arch, name = spec.arch, spec.name
     if not name:
         raise UsageError("--model hf: needs a folder or a repo id after it: hf:FOLDER or hf:ORG/NAME")
     if Path(name).is_dir():
@@ -185,7 +185,7 @@ def _config(folder: ModelFolder, arch: str):
 
 def _family_and_class(config, arch: str, folder: ModelFolder):
     tf = _transformers(f"--model {arch}")
-    family = FAMILIES.get(config.model_type, _GENERIC)
+    family = family_of(config)
     if family.model_class is not None:
         cls = getattr(tf, family.model_class)
     else:
@@ -317,12 +317,17 @@ def _output_size(proc: dict, arch: str) -> list[int]:
 
 def processor_preprocess_cfg(folder: ModelFolder, arch: str, family: Family | None = None) -> dict:
     """The preprocess config of the vetted folder's own image processor (``AutoImageProcessor.from_pretrained``,
-    from transformers 4's ``preprocessor_config.json`` or transformers 5's ``processor_config.json``): its
-    settings under ``PROCESSOR_KEY``, from which each decode worker rebuilds it (``ProcessorDecoder``), and its
-    output: one fixed ``size``, or (a family with ``image_inputs``, SigLIP 2) several arrays per image, shaped
-    by the settings. The one way a transformers model's pixels are made (``hf:`` and ``blip:`` models); the
-    settings are part of the model's fingerprint."""
-    settings = json.loads(json.dumps(_processor(folder, arch).to_dict(), default=str))
+    from transformers 4's ``preprocessor_config.json`` or transformers 5's ``processor_config.json``)
+    (``image_processor_cfg``). The one way a transformers model's pixels are made (``hf:`` and ``blip:`` models,
+    and model objects); the settings are part of the model's fingerprint."""
+    return image_processor_cfg(_processor(folder, arch), arch, family)
+
+
+def image_processor_cfg(processor, arch: str, family: Family | None = None) -> dict:
+    """An image processor's settings under ``PROCESSOR_KEY``, from which each decode worker rebuilds it
+    (``ProcessorDecoder``), and its output: one fixed ``size``, or (a family with ``image_inputs``, SigLIP 2)
+    several arrays per image, shaped by the settings."""
+    settings = json.loads(json.dumps(processor.to_dict(), default=str))
     if family is not None and family.image_inputs is not None:
         return {PROCESSOR_KEY: settings, "inputs": family.image_inputs(settings, arch)}
     return {PROCESSOR_KEY: settings, "size": _output_size(settings, arch)}
@@ -411,7 +416,7 @@ def load_hf_model(spec: ModelSpec) -> LoadedModel:
         raise UsageError(f"--pretrained applies to open_clip model names; {spec.arch} brings its own weights and "
                          f"preprocessing")
     device, precision = spec.resolved_device(), spec.resolved_precision()
-    folder = _folder(spec.arch)
+    folder = _folder(spec)
     config = _config(folder, spec.arch)
     family, cls = _family_and_class(config, spec.arch, folder)
     # fail before the weights load
@@ -427,7 +432,7 @@ def load_hf_model(spec: ModelSpec) -> LoadedModel:
     model.to(device=device, dtype=dtype)
     files = weights.files
     w_hash = weights_hash(files) if files else None
-    cfg = _without_noise(model.config.to_dict())
+    cfg = config_ident(model.config)
     tok_files = sorted(p for p in folder.path.iterdir() if p.is_file() and (
         p.name.startswith(("tokenizer", "vocab", "merges", "special_tokens", "added_tokens", "spiece"))))
     ident = {"hf": cfg, "class": cls.__name__, "weights": w_hash, "precision": precision,
@@ -440,12 +445,17 @@ def load_hf_model(spec: ModelSpec) -> LoadedModel:
     info = {"pretrained": None, "weights": str(files[0]) if files else None, "weights_format": "transformers",
             "quick_gelu": False, "random_init": not files, "warnings": [], "spec": asdict(spec),
             "transformers": {"class": cls.__name__, "model_type": config.model_type, "folder": str(folder.path)}}
-    name = spec.arch[len(HF_PREFIX):]
-    shown = name if not Path(name).is_dir() else folder.path.resolve().name  # a repo id, else the folder's name
-    return LoadedModel(spec=spec, arch_name=f"{HF_PREFIX}{shown}", model=HFDualEncoder(model, family),
+    shown = spec.name if not Path(spec.name).is_dir() else folder.path.resolve().name  # a repo id, else the folder's
+    return LoadedModel(spec=spec, arch_name=f"{KIND.prefix}{shown}", model=HFDualEncoder(model, family),
                        tokenizer=tokenizer, preprocess_cfg=preprocess_cfg,
                        fingerprint=f"hf-{_safe(shown.split('/')[-1])}-{precision}-{digest}", embed_dim=embed_dim,
                        device=device, precision=precision, checkpoint_hash=w_hash, info=info)
+
+
+def config_ident(config) -> dict:
+    """A transformers config as fingerprinted: its dict without the keys that say where or by which release it was
+    saved."""
+    return _without_noise(config.to_dict())
 
 
 def _without_noise(cfg):
@@ -457,3 +467,14 @@ def _without_noise(cfg):
 
 def _safe(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+
+
+def _is_folder(spelling: str) -> bool:
+    return (Path(spelling) / "config.json").is_file()
+
+
+KIND = Kind("hf", load_hf_model, prefix="hf:", matches=_is_folder, path="folder", forms=(
+    ("hf:FOLDER or hf:ORG/NAME", "a transformers dual encoder such as CLIPModel or SiglipModel: a save_pretrained "
+                                 "folder or a cached repo"),),
+    folder="a transformers model (config.json + weights + the processor's and tokenizer's files, as save_pretrained "
+           "writes them: --model hf:FOLDER)")

@@ -36,14 +36,14 @@ from open_clip.model import resize_pos_embed, resize_text_pos_embed
 from open_clip.transform import PreprocessCfg
 from safetensors import SafetensorError
 
-from hardrank.config import DATA_DIR, PRECISIONS
-from hardrank.devices import resolve_device
+from hardrank.config import DATA_DIR
 from hardrank.errors import DataError, UsageError
 from hardrank.models.boundary import check_size, open_clip_params, open_folder, pickle_refusal, vet_config
-from hardrank.models.forms import forms_help
 from hardrank.models.hf_text import hf_text
+from hardrank.models.spec import Kind, LoadedModel, ModelSpec, forms_help, kind_of
 
-__all__ = ["ModelSpec", "LoadedModel", "load_model", "resolve_arch", "file_hash", "tag_preprocess", "PRECISIONS"]
+__all__ = ["NAME_KIND", "CONFIG_KIND", "HUB_KIND", "FOLDER_KIND", "load_model", "resolve_arch", "file_hash",
+           "tag_preprocess"]
 
 log = logging.getLogger("hardrank.models.openclip")
 _BUNDLED = DATA_DIR / "models"
@@ -61,64 +61,6 @@ _DEFAULT_PREPROCESS = {k: (list(v) if isinstance(v, tuple) else v) for k, v in a
                        if k in _PREPROCESS_KEYS}
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    arch: str                        # open_clip name, a config .json path, "hf-hub:ORG/NAME" or "local-dir:<folder>"
-    checkpoint: str | None = None    # weights file (.pt/.pth/.bin/.safetensors, training or TorchScript checkpoints)
-    precision: str = "auto"          # auto = fp16 on CUDA, fp32 on CPU
-    device: str = "auto"             # auto = cuda if available
-    pretrained: str | None = None    # open_clip tag: its preprocessing, activation, and (no checkpoint) weights
-    random_init: bool = False        # evaluate random weights on purpose (otherwise weights are required)
-    quick_gelu: bool | None = None   # force the activation (a training run's force_quick_gelu); None: tag / arch
-    preprocess: tuple = ()           # (key, value) overrides of mean/std/interpolation/resize_mode (a run's params)
-    image_size: int | None = None    # force_image_size of a training run
-    context_length: int | None = None  # force_context_length of a training run
-    logit_bias: bool = False         # the model has a SigLIP logit bias (a run trained with --siglip)
-
-    def resolved_device(self) -> str:
-        return resolve_device(self.device)
-
-    def resolved_precision(self) -> str:
-        if self.precision not in PRECISIONS:
-            raise UsageError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.precision == "auto":
-            return "fp16" if self.resolved_device().startswith("cuda") else "fp32"
-        return self.precision
-
-
-@dataclass
-class LoadedModel:
-    spec: ModelSpec
-    arch_name: str
-    model: torch.nn.Module
-    tokenizer: object
-    preprocess_cfg: dict
-    fingerprint: str
-    embed_dim: int
-    device: str
-    precision: str
-    checkpoint_hash: str | None
-    info: dict = field(default_factory=dict)  # source: pretrained tag, weights file and format, quick_gelu, warnings
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[self.precision]
-
-    @property
-    def store_dtype(self) -> str:
-        return "float32" if self.precision == "fp32" else "float16"
-
-    @property
-    def label(self) -> str:
-        """The results folder name: the checkpoint's stem, else the model (+ tag)."""
-        if self.spec.checkpoint:
-            return Path(self.spec.checkpoint).stem
-        base = _safe(self.spec.arch.split(":", 1)[-1].rstrip("/").split("/")[-1])
-        if self.spec.pretrained:
-            return f"{base}-{_safe(self.spec.pretrained)}"
-        return base if self.info.get("weights") else f"{base}-init"
-
-
 def _safe(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
 
@@ -133,30 +75,44 @@ def _register_bundled() -> None:
 
 def resolve_arch(arch: str) -> str:
     """Return an open_clip model name for ``arch`` (registering a config JSON if given a path)."""
+    kind = kind_of(arch)
+    return _open_clip_name(kind.name, arch[len(kind.prefix):] if kind.prefix else arch, arch)
+
+
+def _open_clip_name(kind: str, name: str, arch: str) -> str:
+    """The name open_clip creates a model of ``kind`` by: its own ``hf-hub:`` / ``local-dir:`` spelling
+    (``arch``), a config JSON's stem (the config registered under it), or a known model name."""
     _register_bundled()
-    if arch.startswith(("local-dir:", "hf-hub:")):
+    if kind in (HUB, FOLDER):
         return arch
-    path = Path(arch)
-    if path.suffix == ".json":
-        if not path.is_file():
-            raise DataError(f"model config {arch} does not exist; pass an open_clip model name "
-                            f"(python -c 'import open_clip; print(open_clip.list_models())' lists them) "
-                            f"or the path of a config JSON")
-        try:
-            cfg = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:  # not JSON, or not UTF-8
-            raise DataError(f"{arch}: not a JSON model config ({exc}); pass an open_clip model name or the path "
-                            f"of an open_clip config JSON (vision_cfg + text_cfg)") from None
-        if not isinstance(cfg, dict) or "vision_cfg" not in cfg or "text_cfg" not in cfg:
-            raise DataError(f"{arch}: not an open_clip model config (needs 'vision_cfg' and 'text_cfg')")
-        vet_config(cfg, str(path), str(path), what=f"--model {arch}")
-        open_clip.add_model_config(path)
-        _config_files[path.stem] = str(path)
-        return path.stem
-    if arch not in open_clip.list_models():
-        raise UsageError(f"unknown model {arch!r}: --model takes {forms_help()}. Known open_clip names "
+    if kind == CONFIG:
+        return _register_config(name)
+    if kind != NAME:
+        raise UsageError(f"{arch} is a {kind} model, not an open_clip one; pass an open_clip model name or config "
+                         f".json")
+    if name not in open_clip.list_models():
+        raise UsageError(f"unknown model {name!r}: --model takes {forms_help()}. Known open_clip names "
                          f"include {open_clip.list_models()[:5]}...")
-    return arch
+    return name
+
+
+def _register_config(arch: str) -> str:
+    path = Path(arch)
+    if not path.is_file():
+        raise DataError(f"model config {arch} does not exist; pass an open_clip model name "
+                        f"(python -c 'import open_clip; print(open_clip.list_models())' lists them) "
+                        f"or the path of a config JSON")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise DataError(f"{arch}: not a JSON model config ({exc}); pass an open_clip model name or the path "
+                        f"of an open_clip config JSON (vision_cfg + text_cfg)") from None
+    if not isinstance(cfg, dict) or "vision_cfg" not in cfg or "text_cfg" not in cfg:
+        raise DataError(f"{arch}: not an open_clip model config (needs 'vision_cfg' and 'text_cfg')")
+    vet_config(cfg, str(path), str(path), what=f"--model {arch}")
+    open_clip.add_model_config(path)
+    _config_files[path.stem] = str(path)
+    return path.stem
 
 
 def file_hash(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
@@ -285,11 +241,11 @@ def _source(spec: ModelSpec, name: str) -> _WeightsSource:
     if ckpt is not None and not ckpt.is_file():
         raise DataError(f"checkpoint {ckpt} does not exist")
     fmt = _weights_format(ckpt) if ckpt is not None else None
-    if name.startswith(("hf-hub:", "local-dir:")):
+    if spec.kind in (HUB, FOLDER):
         if spec.pretrained:
             raise UsageError(f"--pretrained applies to open_clip model names; {spec.arch} brings its own config")
-        if name.startswith("hf-hub:"):
-            repo = name[len("hf-hub:"):]
+        if spec.kind == HUB:
+            repo = spec.name
             try:
                 folder = Path(snapshot_download(repo, local_files_only=True))
             except Exception as exc:
@@ -297,7 +253,7 @@ def _source(spec: ModelSpec, name: str) -> _WeightsSource:
                                 f"downloads; {type(exc).__name__}). Fetch it once with `hf download {repo}`, "
                                 f"or point --model at the folder: local-dir:<folder>") from exc
         else:
-            folder = Path(name[len("local-dir:"):])
+            folder = Path(spec.name)
             if not folder.is_dir():
                 raise DataError(f"{spec.arch}: no such folder")
         cfg_file = folder / "open_clip_config.json"
@@ -313,7 +269,7 @@ def _source(spec: ModelSpec, name: str) -> _WeightsSource:
         weights = str(ckpt) if ckpt else next((str(vetted.file(n)) for n in _WEIGHT_NAMES if vetted.holds(n)), None)
         if weights and not ckpt:
             fmt = _weights_format(Path(weights))
-        return _WeightsSource(f"local-dir:{folder}", full, {}, bool(spec.quick_gelu), weights, fmt, notes,
+        return _WeightsSource(FOLDER_KIND.prefix + str(folder), full, {}, bool(spec.quick_gelu), weights, fmt, notes,
                               str(cfg_file))
     model_cfg = dict(open_clip.get_model_config(name) or {"name": name})
     preprocess, quick_gelu = {}, False
@@ -424,7 +380,7 @@ def _open_clip_tokenizer(name: str, context_length: int | None):
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Create the model offline as its source says (tag, hub snapshot, folder, config) and load its
     weights; refuse a model without weights unless ``spec.random_init``."""
-    name = resolve_arch(spec.arch)
+    name = _open_clip_name(spec.kind, spec.name, spec.arch)
     device, precision = spec.resolved_device(), spec.resolved_precision()
     src = _source(spec, name)
     if src.weights is None and not spec.random_init:
@@ -434,7 +390,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     force_pp = {**src.preprocess, **dict(spec.preprocess)}
     kwargs = {"init_logit_bias": -10.0} if spec.logit_bias else {}
     arch_cfg = src.model_cfg.get("model_cfg", src.model_cfg)  # hub snapshots and folders nest it
-    own = Path(src.name[len("local-dir:"):]) if src.name.startswith("local-dir:") else None
+    own = Path(src.name[len(FOLDER_KIND.prefix):]) if spec.kind in (HUB, FOLDER) else None
     hf = hf_text(arch_cfg, name, own, spec.context_length, spec.arch, src.config_file)  # before the build: fail fast
     check_size(open_clip_params(arch_cfg, hf.tower_config), [Path(src.weights)] if src.weights else [],
                what=f"--model {spec.arch}", config=src.config_file, precision=precision)
@@ -479,3 +435,27 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     return LoadedModel(spec=spec, arch_name=name, model=model, tokenizer=tokenizer,
                        preprocess_cfg=preprocess_cfg, fingerprint=f"{_safe(Path(name).name)}-{precision}-{digest}",
                        embed_dim=embed_dim, device=device, precision=precision, checkpoint_hash=ckpt_hash, info=info)
+
+
+# -- the kinds open_clip loads (registered in hardrank.models) ----------------------------------------------
+NAME, CONFIG, HUB, FOLDER = "open_clip", "open_clip_config", "open_clip_hub", "open_clip_folder"
+
+
+def _is_config(spelling: str) -> bool:
+    return Path(spelling).suffix == ".json" and not Path(spelling).is_dir()
+
+
+def _is_folder(spelling: str) -> bool:
+    return (Path(spelling) / "open_clip_config.json").is_file()
+
+
+NAME_KIND = Kind(NAME, load_model, forms=(
+    ("NAME", "an open_clip model name, e.g. ViT-B-32, with --pretrained TAG or --checkpoint FILE"),))
+CONFIG_KIND = Kind(CONFIG, load_model, matches=_is_config, path="always", forms=(
+    ("CONFIG.json", "an open_clip model config, with --checkpoint FILE"),))
+HUB_KIND = Kind(HUB, load_model, prefix="hf-hub:", forms=(
+    ("hf-hub:ORG/NAME", "an open_clip model in the local Hugging Face cache"),))
+FOLDER_KIND = Kind(FOLDER, load_model, prefix="local-dir:", matches=_is_folder, path="always", forms=(
+    ("local-dir:FOLDER", "an open_clip model folder: open_clip_config.json + weights"),),
+    folder="an open_clip model (open_clip_config.json + weights, as open_clip's push_to_hf_hub saves one: --model "
+           "local-dir:FOLDER)")

@@ -14,15 +14,17 @@ import re
 import struct
 import zipfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import open_clip
 
 from hardrank.config import EvalConfig
 from hardrank.errors import DataError, UsageError
-from hardrank.models.openclip import ModelSpec, resolve_arch
+from hardrank.models.openclip import resolve_arch
+from hardrank.models.spec import LiveModel, ModelSpec
 
-__all__ = ["read_params", "run_checkpoints", "run_spec", "model_specs", "user_specs", "folder_arch",
+__all__ = ["read_params", "run_checkpoints", "run_spec", "model_specs", "user_specs", "object_spec",
            "checkpoint_complete", "checkpoint_step"]
 
 _EPOCH = re.compile(r"^epoch_(\d+)\.(pt|pth|safetensors)$")
@@ -126,27 +128,15 @@ def user_specs(model: str, checkpoints: Sequence[str | None] = (None,), *, preci
                device: str = "auto", pretrained: str | None = None, random_init: bool = False) -> list[ModelSpec]:
     """The specs the user's options name, one per checkpoint of ``model`` (``None``: the tag's or the
     folder's weights, or random ones with ``random_init``): every command that loads a model from its
-    --model/--checkpoint/--pretrained/--random-init/--precision/--device flags builds its specs here."""
-    arch = folder_arch(model)
-    return [ModelSpec(arch, c, precision, device, pretrained=pretrained, random_init=random_init)
-            for c in checkpoints or (None,)]
+    --model/--checkpoint/--pretrained/--random-init/--precision/--device flags builds its specs here (the
+    spelling parsed once, by ``ModelSpec``: a bare folder becomes ``local-dir:`` or ``hf:`` by what it holds)."""
+    first = ModelSpec(model, precision=precision, device=device, pretrained=pretrained, random_init=random_init)
+    return [replace(first, checkpoint=c) for c in checkpoints or (None,)]
 
 
-def folder_arch(model: str) -> str:
-    """``--model FOLDER`` spelled by what the folder holds: ``local-dir:`` for an open_clip folder
-    (open_clip_config.json), ``hf:`` for a transformers one (config.json); other spellings unchanged."""
-    folder = Path(model)
-    if not folder.is_dir():
-        return model
-    if (folder / "open_clip_config.json").is_file():
-        return f"local-dir:{model}"
-    if (folder / "config.json").is_file():
-        return f"hf:{model}"
-    raise DataError(f"--model {model}: the folder is neither an open_clip model (open_clip_config.json + weights, "
-                    f"as open_clip's push_to_hf_hub saves one: --model local-dir:FOLDER) nor a transformers model "
-                    f"(config.json + weights + the processor's and tokenizer's files, as save_pretrained writes "
-                    f"them: --model hf:FOLDER); pass such a folder, or an open_clip model name or config .json with "
-                    f"--checkpoint FILE")
+def object_spec(live: LiveModel, *, precision: str = "auto", device: str = "auto") -> ModelSpec:
+    """The spec of a model object given to the Python API (``hardrank.models.spec.split_live``)."""
+    return ModelSpec(live.describe(), precision=precision, device=device, live=live)
 
 
 def model_specs(cfg: EvalConfig) -> list[ModelSpec]:
@@ -160,12 +150,8 @@ def model_specs(cfg: EvalConfig) -> list[ModelSpec]:
             ckpts = [p for p in run_checkpoints(cfg.run) if checkpoint_complete(p)]
             if not ckpts:
                 raise DataError(f"{cfg.run}/checkpoints holds no complete epoch_<N>.pt checkpoint yet")
-        return [ModelSpec(**{**_fields(base), "checkpoint": str(p)}) for p in ckpts]
+        return [replace(base, checkpoint=str(p)) for p in ckpts]
     if cfg.model is None:
         raise UsageError("give --model (with --checkpoint or --pretrained), --run RUN_DIR, or --embeddings FILE")
     return user_specs(cfg.model, cfg.checkpoints, precision=e.precision, device=e.device, pretrained=cfg.pretrained,
                       random_init=cfg.random_init)
-
-
-def _fields(spec: ModelSpec) -> dict:
-    return {k: getattr(spec, k) for k in spec.__dataclass_fields__}

@@ -155,6 +155,10 @@ def headline_paths(result: dict) -> dict[str, tuple[str, ...]]:
             for k, short in (("acc1", "top1"), ("acc5", "top5"), ("mean_per_class_recall", "mpcr")):
                 if k in tm:
                     out[f"{prefix}lp {short}"] = (task, k)
+    elif result.get("task_type") == "collection":  # its aggregates (DataComp's, or the mean of its tasks)
+        for k, v in m.items():
+            if not isinstance(v, dict):
+                out[f"{result.get('suite')} {k}"] = (k,)
     elif result.get("task_type") == "mask":
         for role, rm in m.items():
             for k in rm:

@@ -16,7 +16,9 @@ from hardrank.suites.amodal import AmodalOptions, amodal_needs_model, load_amoda
 from hardrank.suites.aro import load_aro, load_coco_order, load_flickr_order
 from hardrank.suites.classification import ClassificationOptions, load_classification
 from hardrank.suites.cola import load_cola
+from hardrank.suites.collections import CB_COLLECTIONS, datacomp_members
 from hardrank.suites.crepe import CrepeOptions, load_crepe
+from hardrank.suites.datasets import PLAIN_NAMES, DatasetOptions, is_dataset_name, load_dataset
 from hardrank.suites.eqben import load_eqben
 from hardrank.suites.hard_positives import load_hard_positives
 from hardrank.suites.inpaintcoco import load_inpaintcoco
@@ -72,15 +74,22 @@ for _name, _help in zip(TOY_SUITES, ("RoCOCO-style retrieval", "hard positives",
                                      "zero-shot classification")):
     register(_name, load_toy, None, f"the built-in toy world (--data WORLD): {_help}")
 alias("toy", TOY_SUITES)
+register("wds/<name>", load_dataset, DatasetOptions, "a dataset by CLIP_benchmark's name: wds/vtab/cifar10, or "
+         "the plain names (cifar10, imagenet1k, vtab/pets, mscoco_captions) and DataComp's task keys; its root from "
+         "--data-root, its task from --task", match=is_dataset_name, examples=PLAIN_NAMES)
+for _name, _members in CB_COLLECTIONS.items():  # CLIP_benchmark's collections: vtab, vtab+, retrieval, ...
+    alias(_name, _members)
+alias("datacomp", datacomp_members)
 
 
 SUITES = suite_registry.SUITES    # name -> SuiteSpec (live; callable: SUITES[name](tables, opts) loads it)
 ALIASES = suite_registry.ALIASES  # alias -> the suites it stands for
 
 
-def expand_suites(names: list[str]) -> list[str]:
-    """Suite names with aliases (``toy``) replaced by their members; an unknown name is a UsageError."""
-    return suite_registry.expand(names)
+def expand_suites(names: list[str], opts: SuiteOptions | None = None) -> list[str]:
+    """Suite names with aliases (``toy``, ``vtab``; ``datacomp`` by ``opts``' task list) replaced by their members;
+    an unknown name is a UsageError."""
+    return suite_registry.expand(names, opts)
 
 
 def load_suites(names: list[str], tables: Tables, opts: SuiteOptions,
@@ -92,7 +101,7 @@ def load_suites(names: list[str], tables: Tables, opts: SuiteOptions,
     malformed or of another release, an option it lacks) is recorded there under its name, the rows it had added
     are removed, and the other suites load; without it the first such error is raised."""
     out = []
-    for n in expand_suites(names):
+    for n in expand_suites(names, opts):
         marks = (len(tables.images), len(tables.texts))
         try:
             loaded = suite_registry.get(n)(tables, opts)

@@ -34,7 +34,7 @@ from hardrank.tasks import ClassifyTask, Suite
 
 __all__ = ["load_classification", "ClassNamesOptions", "ClassificationOptions", "read_classnames", "read_templates",
            "build_classify",
-           "read_wds_split", "wds_split_exists", "DEFAULT_TEMPLATES", "CB_CLASSNAMES", "CB_TEMPLATES"]
+           "read_wds_split", "wds_split_exists", "wds_shards", "DEFAULT_TEMPLATES", "CB_CLASSNAMES", "CB_TEMPLATES"]
 
 DEFAULT_TEMPLATES = ("a photo of a {c}.",)  # when neither --templates nor the dataset names any
 CB_CLASSNAMES = "classnames.txt"  # CLIP_benchmark's WebDataset root: one class name a line, label order
@@ -332,7 +332,7 @@ def wds_split_exists(root: str, split: str) -> bool:
         urls.is_dir(folder) and any(f.endswith(".tar") for f in urls.list_files(folder)))
 
 
-def _wds(root: str, split: str = "test") -> tuple[list[str], str]:
+def wds_shards(root: str, split: str = "test") -> tuple[list[str], str]:
     """The shards of CLIP_benchmark's WebDataset layout: ``root/<split>/{0..n-1}.tar`` (``nshards.txt``)."""
     folder = urls.join(root, split)
     n_file = urls.join(folder, "nshards.txt")
@@ -353,7 +353,7 @@ def _wds(root: str, split: str = "test") -> tuple[list[str], str]:
 def read_wds_split(root: str, split: str, classnames: list[str]) -> tuple[SampleSet, list[Sample], np.ndarray]:
     """One split of CLIP_benchmark's WebDataset root (``root/<split>/{0..n-1}.tar``): its shards' samples, those
     holding an image (in shard order), and their labels (``cls`` members: class indices or names)."""
-    shards, folder = _wds(root, split)
+    shards, folder = wds_shards(root, split)
     ss = read_shards(shards, source=folder)
     index = {n: i for i, n in enumerate(classnames)}
     kept = [s for s in ss.samples if s.image is not None]
@@ -423,7 +423,7 @@ def load_classification(tables: Tables, opts: SuiteOptions, own: ClassificationO
         refs = [ImageRef(p if os.path.isabs(p) or urls.is_url(p) else urls.join(root, p)) for p in paths]
         vrefs = {v: [ImageRef(urls.join(vroot, v, p)) for p in paths] for v in variants}
         meta["layout"] = "table"
-    elif urls.exists(urls.join(root, CB_CLASSNAMES)):
+    elif urls.exists(urls.join(root, CB_CLASSNAMES)) or (classnames is not None and wds_split_exists(root, "test")):
         if classnames is None:
             classnames = read_classnames(urls.join(root, CB_CLASSNAMES))
         if urls.exists(urls.join(root, CB_TEMPLATES)):

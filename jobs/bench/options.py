@@ -8,6 +8,9 @@ from hardrank import suite_registry
 from hardrank.config import EmbedOptions, SuiteOptions, check_options, opt
 from hardrank.cpus import check_threads
 from hardrank.errors import UsageError
+from hardrank.models.spec import forms_help
+
+_OPEN_CLIP = ("open_clip", "open_clip_config", "open_clip_hub", "open_clip_folder")  # the kinds its stages take
 
 __all__ = ["PipelineBenchConfig", "KernelBenchConfig", "KERNEL_METHODS"]
 
@@ -18,7 +21,7 @@ KERNEL_METHODS = ("gemm", "gemm_lp", "grouped", "grouped_lp", "topk", "topk_lp",
 class PipelineBenchConfig:
     """One pipeline benchmark: K checkpoints of one model on suites, engine and naive pipeline."""
 
-    model: str | None = opt(None, "open_clip name, config .json or local-dir: (default: the toy model)")
+    model: str | None = opt(None, f"an open_clip model (default: the toy model): {forms_help(_OPEN_CLIP)}")
     checkpoints: tuple[str | None, ...] = opt((None,), "checkpoints of that model (globs ok)", flag="--checkpoint",
                                               path=True)
     pretrained: str | None = opt(None, "open_clip pretrained tag: its preprocessing, and without --checkpoint its "
@@ -41,12 +44,12 @@ class PipelineBenchConfig:
         object.__setattr__(self, "checkpoints", tuple(self.checkpoints))
         check_options(self)
         if not self.model:
-            raise UsageError("option model is required: an open_clip name, config .json or local-dir: (--model)")
+            raise UsageError(f"option model is required (--model): {forms_help(_OPEN_CLIP)}")
         if not self.checkpoints:
             raise UsageError("bench pipeline needs at least one checkpoint (--checkpoint; None = the random init)")
         if not self.suites:
             raise UsageError("option suites is empty; name at least one suite (--suite toy)")
-        self.suite_options.check_suites(suite_registry.expand(self.suites))
+        self.suite_options.check_suites(suite_registry.expand(self.suites, self.suite_options))
 
     @property
     def loader_workers(self) -> int:

@@ -13,6 +13,7 @@ from hardrank.atomic import atomic_path
 from hardrank.jobs.report.load import Axis, Result
 from hardrank.jobs.report.tables import MASK_ROLES, directions, drop, main_metric, num, top_level
 from hardrank.scoring.metrics import corruption_severity, variant_entries
+from hardrank.suites.collections import COLLECTION_TASK_TYPE
 
 __all__ = ["report_plots", "plot_bench", "plot_transfer", "run_colours", "vs_step_lines"]
 
@@ -67,6 +68,9 @@ def _series(r: Result) -> list[tuple[str, float | None, dict]]:
             shown = groups.get("corruptions") or variant_entries(groups)
             for g, gm in shown.items():
                 out.append((f"{prefix}top-1 {g}", num(gm.get("acc1")), {"lw": 1.2, "ls": "--"}))
+    elif r.data["task_type"] == COLLECTION_TASK_TYPE:  # the aggregates: the average drawn thickest
+        for k, v in m.items():
+            out.append((k, num(v), {"lw": 2.6 if k == "Average" else 1.2, "ls": "-" if k == "Average" else "--"}))
     elif r.mask:
         for role in MASK_ROLES:
             for k, style in (("gIoU", {"lw": 2.2}), ("cIoU", {"lw": 1.2, "ls": "--"})):
@@ -80,7 +84,8 @@ def _series(r: Result) -> list[tuple[str, float | None, dict]]:
     return out
 
 
-_YLABEL = {"ranking": "R@1 (%)", "choice": "accuracy / score (%)", "mask": "IoU (%)", "classification": "top-1 (%)"}
+_YLABEL = {"ranking": "R@1 (%)", "choice": "accuracy / score (%)", "mask": "IoU (%)", "classification": "top-1 (%)",
+           COLLECTION_TASK_TYPE: "main metrics' mean (%)"}
 
 
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")

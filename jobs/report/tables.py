@@ -8,6 +8,7 @@ from pathlib import Path
 from hardrank.atomic import atomic_path
 from hardrank.jobs.report.load import Axis, Result
 from hardrank.scoring.results import summary_row
+from hardrank.suites.collections import COLLECTION_TASK_TYPE
 
 __all__ = ["num", "directions", "top_level", "drop", "main_metric", "main_paths", "leaderboard", "write_csv",
            "pivot", "MASK_ROLES"]
@@ -50,7 +51,7 @@ def drop(metrics: dict, view: str, d: str) -> float | None:
 def main_paths(res: dict) -> tuple[str, list[tuple[str, ...]]]:
     """The main metric's name and the metric paths it averages: ranking, clean R@1 (mean of i2t and t2i);
     choice, the suite's accuracy (over its top-level tasks); mask, the amodal gIoU; classification, clean top-1;
-    a linear probe, its test top-1."""
+    a linear probe, its test top-1; a collection, the average of its tasks' main metrics."""
     m = res["metrics"]
 
     def present(paths):
@@ -64,6 +65,8 @@ def main_paths(res: dict) -> tuple[str, list[tuple[str, ...]]]:
         return "top-1", present([(t, "clean", "acc1") for t, v in m.items() if isinstance(v, dict)])
     if res["task_type"] == "linear_probe":
         return "probe top-1", present([(t, "acc1") for t, v in m.items() if isinstance(v, dict)])
+    if res["task_type"] == COLLECTION_TASK_TYPE:  # its tasks' main metrics, averaged (DataComp's Average)
+        return "average", present([("Average",)])
     if res["task_type"] == "mask":
         for role in MASK_ROLES[::-1]:  # amodal first: the suite's point
             if num(m.get(role, {}).get("gIoU")) is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from hardrank.errors import UsageError
 
-__all__ = ["Backend", "SearchSpec", "OPS", "RANKS", "TOPK"]
+__all__ = ["Backend", "SearchSpec", "MinePlan", "OPS", "RANKS", "TOPK"]
 
 RANKS = "ranks"  # evaluation: per query and gallery group, the count of items beating the best positive
 TOPK = "topk"    # mining: per query, the top-k corpus rows
@@ -43,6 +43,19 @@ class SearchSpec:
 
     def __str__(self) -> str:
         return self.method if self.arg is None else f"{self.method}:{self.arg}"
+
+
+@dataclass(frozen=True)
+class MinePlan:
+    """How mining will search, in words for the plan line, and whether with an IVF index the run builds (or
+    reuses) itself, which can live in a folder (``index``: its FAISS factory; None: the backend's searcher)."""
+
+    how: str                          # the method, e.g. "exact search (kernels.topk, streamed)"
+    why: str = ""                     # one clause: what chose it (auto: the cost model's estimates)
+    index: str | None = None          # an IVF factory the run builds or reuses (mine --index / --index-out)
+    exact_s: float | None = None      # the cost model's estimates, seconds (auto)
+    index_s: dict | None = None
+    alternatives: tuple[str, ...] = ()  # a smaller and a larger index and their costs (auto)
 
 
 class Backend:
@@ -79,6 +92,13 @@ class Backend:
     def describe(self, spec: SearchSpec, shape: tuple[int, int], opts) -> str:
         """How its top-k will search a corpus of ``shape`` (nb, d), in words, for plans printed before the work."""
         return f"--search {spec}"
+
+    def mining_plan(self, spec: SearchSpec, nq: int, shape: tuple[int, int], opts, *, mapped: bool = False,
+                    built: str | None = None) -> MinePlan:
+        """How mining ``nq`` queries over a corpus of ``shape`` will search (``mapped``: the corpus is read from
+        disk on demand; ``built``: the factory of an index built before, which ``mine --index`` reuses).
+        Default: its own searcher, described."""
+        return MinePlan(self.describe(spec, shape, opts))
 
     def lacks(self, op: str) -> UsageError:
         """The error for an operation this backend does not serve."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hardrank.scoring.backends.base import Backend
+from hardrank.scoring.backends.base import Backend, MinePlan
 from hardrank.scoring.backends.exhaustive import RankArrays
 
 __all__ = ["Sharded", "for_ranking", "for_mining", "merge_topk"]
@@ -44,6 +44,11 @@ class Sharded(Backend):
         if self.remote:
             return f"the corpus sharded over Ray actors ({self.inner.describe(spec, shape, opts)} on each shard)"
         return self.inner.describe(spec, shape, opts)
+
+    def mining_plan(self, spec, nq, shape, opts, *, mapped=False, built=None):
+        if not self.remote:
+            return self.inner.mining_plan(spec, nq, shape, opts, mapped=mapped, built=built)
+        return MinePlan(self.describe(spec, shape, opts), "--executor ray: each shard builds its own")
 
     def close(self) -> None:
         for part in (self.ranker, self.search):

@@ -11,8 +11,9 @@ import faiss
 import numpy as np
 import torch
 
-from hardrank.errors import UsageError
+from hardrank.errors import DataError, UsageError
 from hardrank.kernels import TIE_RULES
+from hardrank.scoring import corpus_io
 
 __all__ = ["FaissIndex", "FaissRanks", "faiss_topk", "faiss_grouped_ranks", "recall_at_k", "GPU_MAX_K"]
 
@@ -108,15 +109,9 @@ def _drop_excluded(D, I, excl, nb: int, k: int):
 
 
 def _rescore(xq: np.ndarray, xb: np.ndarray, I: np.ndarray, budget_bytes: int) -> np.ndarray:
-    """Exact scores (nq, kk) of candidates ``I`` (-1 -> -inf), a budget-sized block of queries at a time."""
-    out = np.empty(I.shape, np.float32)
-    step = max(1, budget_bytes // max(1, 6 * I.shape[1] * xb.shape[1]))
-    for s in range(0, len(I), step):
-        Ib = I[s:s + step]
-        C = xb[np.where(Ib >= 0, Ib, 0)].astype(np.float32, copy=False)  # (m, kk, d)
-        sc = np.matmul(C, xq[s:s + step, :, None])[..., 0]
-        out[s:s + step] = np.where(Ib >= 0, sc, -np.inf)
-    return out
+    """Exact scores (nq, kk) of candidates ``I`` (-1 -> -inf): read in sorted order of row, in budget-sized
+    batches (``corpus_io.rescore``)."""
+    return corpus_io.rescore(xq, xb, I, budget_bytes)
 
 
 def _gpu_available() -> bool:
@@ -191,7 +186,7 @@ class FaissIndex:
     """
 
     def __init__(self, xb, factory: str = "Flat", *, nprobe: int | None = None, train_sample: int | None = None,
-                 gpu="auto", budget_bytes: int = 256 << 20, seed: int = 0, refine: int = 1):
+                 gpu="auto", budget_bytes: int = 256 << 20, seed: int = 0, refine: int = 1, _built=None):
         self.xb = _as_matrix("xb", xb)
         _size_pool()
         if refine < 1:
@@ -207,9 +202,23 @@ class FaissIndex:
         self.nprobe = nprobe
         if nprobe is not None and nprobe < 1:
             raise UsageError(f"nprobe must be >= 1, got {nprobe}")
-        if not self.exact:
+        if _built is not None:
+            self._use(_built)
+        elif not self.exact:
             self._build(train_sample, seed)
 
+    @classmethod
+    def loaded(cls, xb, index, factory: str, *, nprobe: int | None = None, budget_bytes: int = 256 << 20,
+               refine: int = 1) -> FaissIndex:
+        """A ``FaissIndex`` over ``xb`` searching ``index``, an index built before (``ondisk.open_index``)."""
+        if index.ntotal != len(xb) or index.d != xb.shape[1]:
+            raise DataError(f"the index holds {index.ntotal:,} rows of {index.d}-d, the corpus {len(xb):,} of "
+                            f"{xb.shape[1]}-d: build an index of this corpus")
+        return cls(xb, factory, nprobe=nprobe, gpu=False, budget_bytes=budget_bytes, refine=refine, _built=index)
+
+    def set_refine(self, refine: int) -> None:
+        """Candidates fetched per result before exact re-scoring (approximate indexes)."""
+        self.refine = max(1, int(refine))
     @property
     def nlist(self) -> int | None:
         """IVF lists (None for non-IVF indexes)."""
@@ -233,15 +242,25 @@ class FaissIndex:
                              f"use fewer lists (about 4*sqrt(nb)) or 'Flat'")
         if not index.is_trained:
             n = train_sample or max(50 * (nlist or 1), 10_000)  # PQ codebooks want >= 39 x 256 rows
-            n = min(int(n), self.nb)
+            # the fp32 sample within a quarter of the budget (and FAISS's copies of it within another)
+            n = min(int(n), self.nb, max(39 * (nlist or 1), (self.budget_bytes // 4) // (4 * self.d)))
             rows = np.sort(np.random.default_rng(seed).choice(self.nb, n, replace=False))
             ivf = faiss.try_extract_index_ivf(index)
             if ivf is not None:
                 ivf.cp.niter = 10  # enough for search quality; 25 (faiss default) costs 2.5x
                 ivf.cp.seed = seed
-            index.train(_f32(self.xb[rows]))
+            sub = faiss.downcast_index(ivf) if ivf is not None else None
+            if isinstance(sub, faiss.IndexIVFPQ):  # no polysemous ordering (unused), lighter codebooks
+                sub.do_polysemous_training = False
+                sub.pq.cp.niter, sub.pq.cp.max_points_per_centroid = 10, 64
+            index.train(corpus_io.gather(self.xb, rows, self.budget_bytes // 4))
+            corpus_io.release(self.xb)
         for s in range(0, self.nb, self.chunk_rows):
-            index.add(_f32(self.xb[s:s + self.chunk_rows]))
+            index.add(corpus_io.read_tile(self.xb, s, min(self.nb, s + self.chunk_rows)))
+            corpus_io.release(self.xb)
+        self._use(index)
+
+    def _use(self, index) -> None:
         ivf = faiss.try_extract_index_ivf(index)
         if ivf is not None:
             self.nprobe = min(self.nprobe or max(1, ivf.nlist // 16), ivf.nlist)
@@ -258,7 +277,8 @@ class FaissIndex:
     def _exact(self, xq: np.ndarray, k: int):
         parts = []
         for s in range(0, self.nb, self.chunk_rows):
-            chunk = _f32(self.xb[s:s + self.chunk_rows])
+            chunk = corpus_io.read_tile(self.xb, s, min(self.nb, s + self.chunk_rows))
+            corpus_io.release(self.xb)
             if self.gpu:
                 search = lambda q, a, b, kk, c=chunk: faiss.knn_gpu(self._res, q, c[a:b], kk, metric=_IP)
                 D, I = _split_topk(search, xq, 0, len(chunk), min(k, len(chunk)), GPU_MAX_K)
