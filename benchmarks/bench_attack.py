@@ -35,6 +35,7 @@ def main() -> None:
 
     from hardrank.config import EmbedOptions
     from hardrank.embed import EmbedPipeline, encode_text
+    from hardrank.formats.karpathy import read_karpathy
     from hardrank.items import ImageRef, Tables
     from hardrank.jobs.bench.inputs import coco_like_jpegs, small_checkpoints
     from hardrank.jobs.bench.timing import timed
@@ -48,7 +49,6 @@ def main() -> None:
         segment_winners,
         tag_captions,
     )
-    from hardrank.suites.karpathy import read_karpathy
     from hardrank.text import pre_caption
 
     ann = Path(args.annotations)

@@ -27,7 +27,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from hardrank.embed import PillowDecoder
-    from hardrank.embed.dali import DaliDecoder
+    from hardrank.encoding.dali import DaliDecoder
     from hardrank.items import ImageRef
     from hardrank.jobs.bench.inputs import coco_like_jpegs
     from hardrank.jobs.bench.timing import interleaved

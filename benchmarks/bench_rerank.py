@@ -26,8 +26,8 @@ import torch
 
 from hardrank.config import EmbedOptions
 from hardrank.embed import EmbedPipeline
-from hardrank.embed.decoders import make_decoder
 from hardrank.embed.itm import ItmScorer
+from hardrank.encoding.decoders import make_decoder
 from hardrank.items import Tables
 from hardrank.jobs.bench.inputs import WORDS, coco_like_jpegs, small_blip
 from hardrank.jobs.bench.timing import interleaved, sync

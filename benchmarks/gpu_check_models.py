@@ -205,7 +205,7 @@ def part_dali_mixed(rec: Recorder, profile: dict, work: Path, args) -> None:
     """DALI ``mixed`` decoding vs Pillow on 16 threads, on the generated JPEGs (decode + resize only)."""
     from hardrank import ModelSpec, load_model
     from hardrank.embed import PillowDecoder
-    from hardrank.embed.dali import DaliDecoder
+    from hardrank.encoding.dali import DaliDecoder
     from hardrank.items import ImageRef
     from hardrank.jobs.bench.timing import timed
 

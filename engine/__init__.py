@@ -53,20 +53,20 @@ __all__ = [
 
 def _api() -> dict:
     """The public names (``__all__``), imported."""
+    from hardrank.attack_run import AttackImagesConfig, AttackTextsConfig, attack_images, attack_texts
     from hardrank.config import EmbedOptions, EvalConfig, MineConfig, MineOptions, SuiteOptions
     from hardrank.embed import EmbedPipeline
     from hardrank.errors import DataError, HardrankError, MissingExtra, TooManyFailures, UsageError
     from hardrank.evaluate import EvalReport, evaluate, plan
+    from hardrank.exports.store_ids import export_embeddings
     from hardrank.items import ImageRef, Tables
     from hardrank.mining import mine
     from hardrank.models.load import load_model
     from hardrank.models.spec import LoadedModel, ModelSpec
     from hardrank.perturb import PerturbImagesConfig, PerturbTextsConfig, perturb_images, perturb_texts
-    from hardrank.perturb.attack_run import AttackImagesConfig, AttackTextsConfig, attack_images, attack_texts
     from hardrank.scoring.backends import SearchSpec
     from hardrank.scoring.results import ResultFile, read_results
     from hardrank.store.embedding_store import EmbeddingStore, open_store
-    from hardrank.store.id_export import export_embeddings
     from hardrank.toyworld import demo_inputs as toy_inputs
     return {"evaluate": evaluate, "plan": plan, "EvalConfig": EvalConfig, "EvalReport": EvalReport,
             "SuiteOptions": SuiteOptions, "EmbedOptions": EmbedOptions, "SearchSpec": SearchSpec, "mine": mine,

@@ -21,8 +21,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from hardrank import suite_registry, urls
 from hardrank.cpus import check_threads
 from hardrank.errors import UsageError
@@ -38,7 +36,7 @@ from hardrank.text import CAPTION_PROTOCOLS
 __all__ = ["DATA_DIR", "PRECISIONS", "RANK_PRECISIONS", "EXECUTORS", "DECODERS", "KEY_BY", "TIE_RULES",
            "DIRECTIONS", "opt", "check_options", "flat_fields", "option_kind", "build", "cache_dir",
            "default_store",
-           "resolve_device", "check_writable_dir", "check_store_root",
+           "check_writable_dir", "check_store_root",
            "EmbedOptions", "SuiteOptions", "EvalConfig", "MineOptions", "MineConfig", "IndexBuildConfig", "LOGGERS",
            "LogTarget",
            "parse_log_to"]
@@ -60,26 +58,6 @@ def cache_dir() -> Path:
 
 def default_store() -> str:
     return str(cache_dir() / "store")
-
-
-def resolve_device(device: str = "auto") -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; other names pass through once the
-    device is known to exist (UsageError naming ``--device`` otherwise, before any work)."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError(f"option device (--device) is {device!r}, but torch sees no CUDA GPU "
-                             f"(torch.cuda.is_available() is False: no GPU, no driver, or a CPU-only torch build); "
-                             f"use --device cpu, or --device auto to take a GPU when there is one")
-        index = int(device.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            raise UsageError(f"option device (--device) is {device!r}, but torch sees "
-                             f"{torch.cuda.device_count()} CUDA device(s) (cuda:0..cuda:"
-                             f"{torch.cuda.device_count() - 1}); pick one of those")
-    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UsageError("option device (--device) is 'mps', but torch sees no Apple GPU; use --device cpu")
-    return device
 
 
 def check_writable_dir(path: str | os.PathLike, option: str) -> Path | str:

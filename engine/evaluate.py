@@ -17,8 +17,9 @@ import torch
 
 from hardrank import suite_registry, urls
 from hardrank.atomic import write_json_atomic
-from hardrank.config import EvalConfig, build, check_writable_dir, resolve_device
+from hardrank.config import EvalConfig, build, check_writable_dir
 from hardrank.dashboards import Dashboards
+from hardrank.devices import resolve_device
 from hardrank.embed import EmbedPipeline, make_scan_mapper
 from hardrank.embed.itm import ItmScorer
 from hardrank.errors import DataError, UsageError, exit_code

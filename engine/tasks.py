@@ -237,9 +237,9 @@ class MaskTask:
     candidate region crops in the run's tables, and the candidate most similar to a question answers."""
 
     name: str                       # "predictions" | "clip-regions"
-    data: object                    # suites.amodal.AmodalSet: images, questions, ground-truth masks
+    data: object                    # formats.amodal.AmodalSet: images, questions, ground-truth masks
     predictions: str | None = None  # folder of predicted masks
-    regions: object | None = None   # suites.amodal.RegionItems (table rows of questions and candidates)
+    regions: object | None = None   # formats.amodal.RegionItems (table rows of questions and candidates)
 
     @property
     def needs_embeddings(self) -> bool:

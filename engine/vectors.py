@@ -7,7 +7,7 @@ import numpy as np
 
 from hardrank.errors import DataError
 
-__all__ = ["unit_rows", "UnitRows"]
+__all__ = ["unit_rows", "UnitRows", "f32"]
 
 _BLOCK = 1 << 22  # values per float64 block: the temporary stays at 32 MB whatever the file's size
 # sums of squares float64 holds with full precision; outside (or NaN) a row is rescaled first. Any float32,
@@ -137,3 +137,8 @@ def _rescale(block: np.ndarray, ss: np.ndarray, rows: np.ndarray, lo: int, name_
     sub /= scale[:, None]
     block[rows] = sub
     ss[rows] = np.einsum("ij,ij->i", sub, sub)
+
+
+def f32(x) -> np.ndarray:
+    """``x`` as a C-contiguous float32 array (no copy when it is one)."""
+    return np.ascontiguousarray(x, dtype=np.float32)

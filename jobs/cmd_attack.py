@@ -1,14 +1,14 @@
-"""`hardrank attack texts|images`: flags -> the attack's config, one call (hardrank.perturb.attack_run), a few lines."""
+"""`hardrank attack texts|images`: flags -> the attack's config, one call (hardrank.attack_run), a few lines."""
 from __future__ import annotations
 
 import argparse
 import sys
 
+from hardrank.attack_run import AttackImagesConfig, AttackTextsConfig, attack_images, attack_texts
 from hardrank.errors import EXIT_OK
 from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_cli_flags, add_options, expand_globs, options_from_args
 from hardrank.jobs.progress import make_progress
-from hardrank.perturb.attack_run import AttackImagesConfig, AttackTextsConfig, attack_images, attack_texts
 
 __all__ = ["add_attack_parser"]
 

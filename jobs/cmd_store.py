@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from hardrank.config import EvalConfig, SuiteOptions, default_store, flat_fields, opt
 from hardrank.errors import EXIT_OK
+from hardrank.exports.store_ids import export_embeddings, list_stores
 from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_options, expand_globs, options_from_args
 from hardrank.models.spec import forms_help
-from hardrank.store.id_export import export_embeddings, list_stores
 
 __all__ = ["add_store_parser", "StoreListConfig", "StoreExportConfig"]
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from hardrank.inputs.masks import _counts_to_string, _string_to_counts, polygons_to_mask, rle_decode, rle_encode
+from hardrank.formats.amodal import clip_regions_items, load_amodal
+from hardrank.formats.annotations import SuiteFormatError
+from hardrank.formats.masks import _counts_to_string, _string_to_counts, polygons_to_mask, rle_decode, rle_encode
 from hardrank.items import Tables
 from hardrank.kernels.masks import giou_ciou, mask_iou_stats
 from hardrank.kernels.masks_reference import giou_ciou_ref, mask_iou_stats_ref
 from hardrank.scoring.mask_score import clip_regions, score_predictions
-from hardrank.suites._common import SuiteFormatError
-from hardrank.suites.amodal import clip_regions_items, load_amodal
 from hardrank.toyworld.amodal import build_amodal_world
 
 

@@ -10,6 +10,7 @@ import torch
 
 from hardrank.config import EmbedOptions, SuiteOptions
 from hardrank.embed import EmbedPipeline
+from hardrank.formats.karpathy import read_karpathy
 from hardrank.items import ImageRef, Tables
 from hardrank.jobs.cli import main
 from hardrank.models import ModelSpec, load_model
@@ -29,10 +30,9 @@ from hardrank.perturb.attack import (
 )
 from hardrank.perturb.images import _alter_batch, _load, _rand_box, _save_jpeg, _to_uint8
 from hardrank.suites import load_suites
-from hardrank.suites.aro import _tag
-from hardrank.suites.karpathy import read_karpathy
 from hardrank.text import pre_caption
 from hardrank.toyworld import TOY_CHECKPOINTS, TOY_MODEL, WorldConfig, build_world
+from hardrank.word_tags import _tag
 
 CKPT = TOY_CHECKPOINTS / "toy-clip_step0700.safetensors"
 SMALL = WorldConfig(n_train=0, n_test=40, n_inpaint=0, alter_methods=("mix",))

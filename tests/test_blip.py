@@ -21,9 +21,9 @@ from PIL import Image
 
 from hardrank import EmbedOptions, EmbedPipeline, evaluate
 from hardrank.config import EvalConfig, build
-from hardrank.embed.decode import is_processor_cfg
-from hardrank.embed.decoders import make_decoder
 from hardrank.embed.itm import ItmScorer
+from hardrank.encoding.decode import is_processor_cfg
+from hardrank.encoding.decoders import make_decoder
 from hardrank.errors import DataError, UsageError
 from hardrank.items import ImageRef, Tables
 from hardrank.jobs.cli import main

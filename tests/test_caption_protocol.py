@@ -93,7 +93,7 @@ def test_export_states_the_caption_protocol_and_every_recall_k(kworld, tmp_path)
 
 
 def test_export_of_a_result_from_before_the_option_says_blip(tmp_path):
-    from hardrank.scoring.clip_benchmark_export import clip_benchmark_records
+    from hardrank.exports.clip_benchmark import clip_benchmark_records
 
     old = {"suite": "karpathy", "task_type": "ranking", "model": "ViT-B-32", "suite_meta": {},
            "metrics": {"original": {"i2t": {"R@1": 50.0, "R@5": 90.0, "R@10": 100.0}}}}

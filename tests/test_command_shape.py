@@ -156,7 +156,7 @@ def test_the_store_check_is_one_helper():
                if '"store (--store)"' in p.read_text()]
     assert holders == ["engine/config.py"], holders
     users = {c.split(":")[0] for c in _calls("check_store")}
-    assert {"engine/evaluate.py", "engine/mining/run.py", "engine/perturb/attack_run.py"} <= users, users
+    assert {"engine/evaluate.py", "engine/mining/run.py", "engine/attack_run.py"} <= users, users
 
 
 # -- the commands' configs, behind the flags ---------------------------------------------------------------

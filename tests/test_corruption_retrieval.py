@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 
 import hardrank
+from hardrank.formats.karpathy import read_karpathy
+from hardrank.formats.variants import is_corruption_variant, variant_hint
 from hardrank.items import Tables
-from hardrank.perturb import corruptions, perturb_images
+from hardrank.perturb import perturb_images
 from hardrank.store.embedding_store import EmbeddingStore
 from hardrank.suites import SuiteOptions, load_suites
-from hardrank.suites._common import IMAGE_CORRUPTIONS, is_corruption_variant, variant_hint
-from hardrank.suites.karpathy import read_karpathy
 from hardrank.text import pre_caption
 from hardrank.toyworld import TOY_CHECKPOINTS, TOY_MODEL, WorldConfig, build_world
 
@@ -25,7 +25,6 @@ def world(tmp_path_factory):
 
 
 def test_the_suites_know_the_corruption_names():
-    assert IMAGE_CORRUPTIONS == corruptions.CORRUPTIONS  # suites cannot import perturb: the copy is pinned here
     assert is_corruption_variant("gaussian_noise_3_s0") and is_corruption_variant("elastic_transform_5")
     assert not any(map(is_corruption_variant, ("mix_0.9_s1", "patch_0.9", "fog_6_s1", "adv_0.1_s1", "fog_s1")))
     assert variant_hint("fog_2_s7") == "hardrank perturb images --method corrupt:fog --severity 2 --seed 7 ..."

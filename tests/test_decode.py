@@ -10,7 +10,7 @@ from helpers import PILLOW_MODES, pillow_mode_image, smooth_photo
 from PIL import Image
 
 from hardrank.embed import PillowDecoder, make_transform
-from hardrank.embed.decode import _split_transform
+from hardrank.encoding.decode import _split_transform
 from hardrank.items import ImageRef, decode_image, failure_reason
 
 CFGS = {

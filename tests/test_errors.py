@@ -17,7 +17,7 @@ from hardrank.errors import (
     UsageError,
     exit_code,
 )
-from hardrank.suites._common import SuiteFormatError
+from hardrank.formats.annotations import SuiteFormatError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -185,21 +185,21 @@ ALLOWED_VALUE_ERRORS = {
     ("engine/scoring/faiss_index/__init__.py", "recall_at_k"): 1,
     ("engine/scoring/faiss_index/__init__.py", "faiss_grouped_ranks"): 2,
     ("engine/scoring/mask_score.py", "clip_regions"): 2,
-    ("engine/embed/job.py", "EmbedSink.add"): 1,
+    ("engine/encoding/job.py", "EmbedSink.add"): 1,
     ("engine/store/embedding_store.py", "EmbeddingStore.write"): 1,
     ("engine/store/memory.py", "MemoryStore.write"): 1,  # (as EmbeddingStore.write: the sink's shapes)
     ("engine/store/key_index.py", "as_string_array"): 1,  # a shard's null keys: caught there, shard quarantined
     ("engine/store/key_index.py", "KeyIndex._append"): 1,
     ("engine/items.py", "ItemTable.set_keys"): 1,
     ("engine/perturb/attack.py", "own_scores"): 1,
-    ("engine/inputs/masks.py", "rle_encode"): 1,  # writes the toy world's masks
+    ("engine/formats/masks.py", "rle_encode"): 1,  # writes the toy world's masks
     # a value already checked upstream (the task's rule, the perturbation method) or made by the toy world
     ("engine/scoring/metrics.py", "choice_verdicts"): 1,
     ("engine/scoring/metrics.py", "_summarise"): 1,
     ("engine/text.py", "caption_normaliser"): 1,  # --caption-protocol's choices are checked by the option
     ("engine/scoring/rerank.py", "rescored_ranks"): 2,  # the tie rule (an option's choice), the task's positives
     # the processor's settings fix its output shapes (checked when the model loads); a change is a bug
-    ("engine/embed/decode.py", "ProcessorDecoder._arrays"): 1,
+    ("engine/encoding/decode.py", "ProcessorDecoder._arrays"): 1,
     ("engine/perturb/images.py", "_alter_batch"): 2,
     ("engine/toyworld/scenes.py", "render"): 1,
     ("engine/toyworld/variants.py", "perturb_caption"): 2,

@@ -250,7 +250,7 @@ def test_each_shard_is_verified_once_per_process(tmp_path, monkeypatch):
 # -- concurrent runs ----------------------------------------------------------------------------
 _WRAPPER = r"""
 import os, sys, time
-import hardrank.embed.job as job
+import hardrank.encoding.job as job
 import hardrank.embed.pipeline as pipeline
 
 flush = int(os.environ.get("HR_TEST_FLUSH_ROWS", "0"))

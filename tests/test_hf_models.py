@@ -192,7 +192,7 @@ def test_pixels_equal_the_processor_exactly(tmp_path):
     """The decode stage's pixels are the processor's, bit for bit, whatever the thread split."""
     from transformers import AutoImageProcessor
 
-    from hardrank.embed.decoders import make_decoder
+    from hardrank.encoding.decoders import make_decoder
 
     folder = make_clip(tmp_path / "model", crop=24)
     images = photos(tmp_path / "img")
@@ -247,8 +247,8 @@ def test_low_precision_as_open_clip_models(make, tmp_path):
     _close(txt, ref_txt, 5e-2)
     assert "-bf16-" in m.fingerprint
     if make is make_siglip2:  # the patches go to the model in its dtype; the mask and the grid stay integers
-        from hardrank.embed.decoders import make_decoder
-        from hardrank.embed.encode import _to_device
+        from hardrank.encoding.decoders import make_decoder
+        from hardrank.encoding.encode import _to_device
 
         px = _to_device(make_decoder(m.preprocess_cfg)({"ref": [hardrank.ImageRef(str(images[0]))]})["pixels"], m)
         assert {k: v.dtype for k, v in px.items()} == {"pixel_values": torch.bfloat16,
@@ -407,7 +407,7 @@ def test_siglip2_naflex_embeddings_equal_transformers_own_path(tmp_path, offline
     unreadable image in the batch is recorded and the others still equal; captions as Siglip2Processor pads them."""
     from transformers import AutoImageProcessor, AutoTokenizer
 
-    from hardrank.embed.decoders import make_decoder
+    from hardrank.encoding.decoders import make_decoder
 
     folder = make_siglip2(tmp_path / "model")
     images = photos(tmp_path / "img")

@@ -114,7 +114,7 @@ def test_function_level_imports_only_for_heavy_optional_dependencies():
 
 
 # where each heavy dependency may be imported (module names, or a prefix ending in "_")
-HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.embed.dali",),
+HOMES = {"ray": ("hardrank.executors.ray_",), "nvidia.dali": ("hardrank.encoding.dali",),
          "faiss": ("hardrank.scoring.faiss_index",),
          "matplotlib": ("hardrank.jobs.report.plots",),
          # fsspec only in hardrank.urls, inside its functions: local paths never import it; its backends
@@ -236,7 +236,7 @@ def test_missing_extra_names_the_install_command(tmp_path, monkeypatch, capsys):
     assert main([*base, "--out", str(tmp_path / "o1"), "--executor", "ray"]) == 1
     assert "pip install 'hardrank[ray]'" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)
-    monkeypatch.delitem(sys.modules, "hardrank.embed.dali", raising=False)
+    monkeypatch.delitem(sys.modules, "hardrank.encoding.dali", raising=False)
     assert main([*base, "--out", str(tmp_path / "o2"), "--decoder", "dali"]) == 1
     assert "pip install 'hardrank[dali]'" in capsys.readouterr().err
 
@@ -354,3 +354,91 @@ def test_importing_every_module_changes_no_process_setting_but_the_wait_policy()
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["after"] == got["before"]
     assert len(got["skipped"]) < len(MODULES) // 4, got["skipped"]
+
+
+# The rooms (engine's top-level packages and modules, kernels, jobs) bottom to top, as README "Layout" draws
+# them: a room may import only rooms below it (function-level imports included), so no circle can form.
+# A new room takes its place here (and in README); a new arrow up means a shared piece belongs lower:
+# move it into the lowest room that every user can import (formats/ holds the file formats several rooms read).
+LAYERS = [
+    "errors", "text", "word_tags", "tasks", "openmp", "urls", "vectors", "atomic", "items", "options",
+    "openclip_import", "cpus", "devices", "settings", "suite_registry", "kernels",
+    "formats",
+    "scoring", "config", "models", "store", "inputs", "encoding", "executors", "embed", "mining", "perturb",
+    "toyworld", "suites", "subsets", "dashboards", "compare", "evaluate", "attack_run", "exports",
+    "jobs",
+]
+
+
+def _room(module: str) -> str:
+    """``hardrank.scoring.rank`` -> ``scoring``; ``hardrank.jobs.cli`` -> ``jobs``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "hardrank"
+
+
+def _up_arrows() -> set[tuple[str, str]]:
+    rank = {r: i for i, r in enumerate(LAYERS)}
+    rooms = {_room(m) for m in MODULES if m != "hardrank"}
+    unplaced = sorted(rooms - set(rank))
+    assert not unplaced, f"rooms {unplaced} are not in tests/test_layout.py LAYERS: place each (and in README Layout)"
+    up = set()
+    for name, path in MODULES.items():
+        if name == "hardrank":  # the front door: its public names load on first use
+            continue
+        top, inner = _imports(name)
+        for m in top + inner:
+            if m in MODULES and m != "hardrank" and rank[_room(m)] > rank[_room(name)]:
+                up.add((str(path.relative_to(ROOT)), m))
+    return up
+
+
+def test_every_import_points_down_the_layers():
+    """Rooms in the written order (LAYERS, README "Layout"): every import, function-level ones included, goes to
+    a room below."""
+    up = sorted(_up_arrows())
+    assert not up, "imports pointing up the layers (tests/test_layout.py LAYERS):\n" + "\n".join(
+        f"{f} imports {m} (room {_room(m)!r} sits above)  fix: move what it needs into the lowest room both can "
+        f"import, or move the importer up" for f, m in up)
+
+
+def test_no_circle_between_rooms():
+    """No circle of rooms (a room's modules count as one node), function-level imports included."""
+    graph: dict[str, set[str]] = {}
+    for name in MODULES:
+        if name == "hardrank":
+            continue
+        top, inner = _imports(name)
+        graph.setdefault(_room(name), set()).update(
+            _room(m) for m in top + inner if m in MODULES and m != "hardrank" and _room(m) != _room(name))
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(r):
+        state[r] = 1
+        stack.append(r)
+        for n in sorted(graph.get(r, ())):
+            if state.get(n) == 1:
+                raise AssertionError("rooms in a circle: " + " -> ".join(stack[stack.index(n):] + [n]))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[r] = 2
+
+    for r in sorted(graph):
+        if r not in state:
+            visit(r)
+
+
+def test_readme_layout_draws_the_layers_in_order():
+    """README "Layout" lists the rooms top to bottom: the reverse of LAYERS, every room once."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    drawn = []
+    for line in block.splitlines():
+        if not line.strip() or line[0].isspace():
+            continue  # a description's continuation
+        left = line.split("  ", 1)[0]
+        drawn += [t.removesuffix("/").removesuffix(".py") for t in left.split()]
+    drawn = [r for r in drawn if r != "assets"]  # package data, no code
+    assert drawn[::-1] == LAYERS, (f"README Layout draws (bottom to top) {drawn[::-1]}; tests/test_layout.py "
+                                   f"LAYERS is {LAYERS}: draw the rooms in LAYERS' order")

@@ -12,7 +12,7 @@ from helpers import import_clip_benchmark, install_clip_benchmark, save_random_c
 
 from hardrank.errors import DataError, UsageError
 from hardrank.evaluate import evaluate, plan
-from hardrank.scoring.clip_benchmark_export import export_clip_benchmark
+from hardrank.exports.clip_benchmark import export_clip_benchmark
 from hardrank.scoring.probe import (
     DEFAULT_WEIGHT_DECAYS,
     ProbeOptions,

@@ -18,12 +18,12 @@ import pytest
 from helpers import make_karpathy_world, save_random_checkpoint, write_image, write_tiny_config
 
 from hardrank import evaluate, plan
+from hardrank.exports.store_ids import export_embeddings, list_stores
 from hardrank.items import ImageRef, ItemTable
 from hardrank.jobs.cli import main
 from hardrank.jobs.progress import _LogLines, _Meter
 from hardrank.jobs.report import build_report
 from hardrank.scoring.counts import embed_line, item_counts
-from hardrank.store.id_export import export_embeddings, list_stores
 
 
 # -- progress: throughput measured after the first batch -------------------------------------------
@@ -407,7 +407,7 @@ def test_small_batches_build_stages_and_commit_shards_once_per_run(kworld, tmp_p
     """--batch-size 1: every batch is encoded by K checkpoints, but the decoder, the encoder stage and
     each store's shard are made once per modality, not once per batch."""
     from hardrank import EmbedOptions, EmbedPipeline, Tables
-    from hardrank.embed import decode, job
+    from hardrank.encoding import decode, job
     from hardrank.store import EmbeddingStore
     from hardrank.suites import SuiteOptions, load_suites
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hardrank import ModelSpec, load_model
+from hardrank.formats.karpathy import read_karpathy, read_rococo_variant
 from hardrank.jobs.cmd_perturb import add_perturb_parser, run_perturb
 from hardrank.perturb.texts import (
     DEFAULT_VOCAB,
@@ -16,7 +17,6 @@ from hardrank.perturb.texts import (
     write_variant_file,
 )
 from hardrank.suites import SuiteFormatError
-from hardrank.suites.karpathy import read_karpathy, read_rococo_variant
 from hardrank.text import pre_caption
 
 TINY = {"embed_dim": 32,

@@ -81,7 +81,7 @@ def tiny(tmp_path_factory):
 
 @pytest.mark.parametrize("size,interp", [(224, "bicubic"), (32, "bicubic"), (224, "bilinear")])
 def test_dali_matches_open_clip_transform_within_bound(tmp_path, size, interp):
-    from hardrank.embed.dali import DaliDecoder
+    from hardrank.encoding.dali import DaliDecoder
 
     refs = _images(tmp_path)
     cfg = {**CLIP_CFG, "size": size, "interpolation": interp}
@@ -104,7 +104,7 @@ def test_dali_matches_open_clip_transform_within_bound(tmp_path, size, interp):
 
 def test_dali_embeddings_match_pillow_embeddings(tmp_path, tiny):
     from hardrank.embed import ImageEncoder
-    from hardrank.embed.dali import DaliDecoder
+    from hardrank.encoding.dali import DaliDecoder
 
     refs = _images(tmp_path)
     m = tiny["models"][0]
@@ -120,7 +120,7 @@ def test_dali_failures_and_fallbacks_match_pillow(tmp_path):
     a batch that DALI fails is retried image by image and only the failing image leaves DALI."""
     from PIL import Image
 
-    from hardrank.embed.dali import DaliDecoder
+    from hardrank.encoding.dali import DaliDecoder
 
     rng = np.random.default_rng(1)
     a = rng.integers(0, 255, (120, 160, 3), dtype=np.uint8)
@@ -181,7 +181,7 @@ def test_dali_gives_open_clips_transform_for_every_pillow_mode(tmp_path):
     import open_clip
     from PIL import Image
 
-    from hardrank.embed.dali import DaliDecoder
+    from hardrank.encoding.dali import DaliDecoder
 
     cfg = {**CLIP_CFG, "size": 32, "interpolation": "bicubic"}
     transform = open_clip.image_transform(32, is_train=False, mean=tuple(cfg["mean"]), std=tuple(cfg["std"]))

@@ -9,9 +9,8 @@ import pytest
 
 from hardrank.config import MineOptions
 from hardrank.mining import MineProblem, mine_arrays
-from hardrank.mining.searcher import merge_topk
 from hardrank.scoring import backends
-from hardrank.scoring.backends.sharded import Sharded
+from hardrank.scoring.backends.sharded import Sharded, merge_topk
 
 ray = pytest.importorskip("ray")
 

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
+from hardrank.formats.karpathy import read_karpathy, read_rococo_variant
 from hardrank.items import Tables
 from hardrank.suites import SuiteFormatError, SuiteOptions, load_suites
-from hardrank.suites.karpathy import read_karpathy, read_rococo_variant
 
 
 def test_real_rococo_counts(rococo_dir, tmp_path):

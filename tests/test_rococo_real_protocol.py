@@ -6,8 +6,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from hardrank import evaluate
+from hardrank.formats.karpathy import read_karpathy, read_rococo_variant
+from hardrank.formats.variants import TEXT_VARIANTS
 from hardrank.suites import SuiteOptions
-from hardrank.suites.karpathy import ROCOCO_TEXT_VARIANTS, read_karpathy, read_rococo_variant
 from hardrank.text import pre_caption
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,7 @@ def real_world(rococo_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rococo_real")
     rng = np.random.default_rng(0)
     clean = read_karpathy(rococo_dir / "coco_karpathy_test.json")
-    variants = {v: read_rococo_variant(rococo_dir / f"{v}.json", clean) for v in ROCOCO_TEXT_VARIANTS}
+    variants = {v: read_rococo_variant(rococo_dir / f"{v}.json", clean) for v in TEXT_VARIANTS}
     images = [im for im, _ in clean]
     img_variants = ["mix_0.9_s1", "patch_0.9_s1"]
     for v in img_variants:
@@ -69,7 +70,7 @@ def test_counts_of_every_view(real_world):
     c = real_world["result"]["counts"]
     assert c["original"]["i2t"] == {"queries": 5000, "gallery": 25010}
     assert c["original"]["t2i"] == {"queries": 25010, "gallery": 5000}
-    for v in ROCOCO_TEXT_VARIANTS:
+    for v in TEXT_VARIANTS:
         assert c[v]["i2t"] == {"queries": 5000, "gallery": 50010}
     for v in real_world["img_variants"]:
         assert c[v]["t2i"] == {"queries": 25010, "gallery": 10000}
@@ -93,7 +94,7 @@ def test_i2t_ranks_equal_naive_argsort(real_world):
     sample = sorted(picked | set(six) | set(list(range(0, 5000, 11))[:40]))
     # the engine's text embeddings use normalised captions: identical normalised texts share one row
     G0 = np.stack([w["txt"][c] for c in originals])
-    for view in ["original", *ROCOCO_TEXT_VARIANTS]:
+    for view in ["original", *TEXT_VARIANTS]:
         extra = [] if view == "original" else [c for caps in w["variants"][view] for c in caps]
         G = np.concatenate([G0, np.stack([w["txt"][c] for c in extra])]) if extra else G0
         got = out[(out.task == "i2t") & (out.view == view)].set_index("query_id")

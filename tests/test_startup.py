@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import hardrank
-from hardrank.embed.job import EmbedJob, EncodeStage
+from hardrank.encoding.job import EmbedJob, EncodeStage
 from hardrank.models.load import load_model
 from tests.helpers import make_karpathy_world, save_random_checkpoint, write_tiny_config
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hardrank.formats.variants import TEXT_VARIANTS
 from hardrank.toyworld import WorldConfig, build_world
 from hardrank.toyworld.scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES
-from hardrank.toyworld.variants import DANGER_WORDS, OTHER_CONCEPT, RANDOM_VOCAB, TEXT_VARIANTS
+from hardrank.toyworld.variants import DANGER_WORDS, OTHER_CONCEPT, RANDOM_VOCAB
 
 SMALL = WorldConfig(n_train=50, n_test=40, n_inpaint=12)
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "engine" / "assets" / "toy_checkpoints"

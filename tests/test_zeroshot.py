@@ -20,9 +20,9 @@ from helpers import (
 from hardrank.config import build
 from hardrank.errors import DataError
 from hardrank.evaluate import evaluate
+from hardrank.exports.clip_benchmark import export_clip_benchmark
 from hardrank.items import Tables
 from hardrank.scoring.classify import class_embeddings, classify_metrics, classify_ranks
-from hardrank.scoring.clip_benchmark_export import export_clip_benchmark
 from hardrank.suites import load_suites
 from hardrank.suites._common import SuiteOptions
 from hardrank.suites.classification import build_classify, read_classnames, read_templates

@@ -1,8 +1,5 @@
-"""Embedding: decode and encode stages, and the pipeline through the store (executors run the stages)."""
-from hardrank.embed.decode import PillowDecoder, image_size, make_transform
-from hardrank.embed.decoders import make_decoder
-from hardrank.embed.encode import ImageEncoder, TextEncoder, encode_text
-from hardrank.embed.job import DecodeStage, EmbedJob, EmbedSink, EmbedStats, EncodeStage
+"""Embedding: the pipeline through the store (the executor runs the stages of hardrank.encoding, whose names are
+also here: the embed API in one place)."""
 from hardrank.embed.pipeline import (
            EmbedPipeline,
            embed_tables,
@@ -11,6 +8,10 @@ from hardrank.embed.pipeline import (
            table_embeddings,
            unique_labels,
 )
+from hardrank.encoding.decode import PillowDecoder, image_size, make_transform
+from hardrank.encoding.decoders import make_decoder
+from hardrank.encoding.encode import ImageEncoder, TextEncoder, encode_text
+from hardrank.encoding.job import DecodeStage, EmbedJob, EmbedSink, EmbedStats, EncodeStage
 
 __all__ = ["EmbedPipeline", "embed_tables", "table_embeddings", "make_runner", "make_scan_mapper", "unique_labels",
            "EmbedJob",

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from hardrank.embed.job import DecodeStage, EmbedJob
+from hardrank.encoding.job import DecodeStage, EmbedJob
 from hardrank.errors import DataError
 from hardrank.items import Tables
 from hardrank.models.spec import LoadedModel

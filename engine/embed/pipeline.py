@@ -18,13 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hardrank import (
-    executors,  # the module, not its names: hardrank.executors imports this package back
-    urls,
-)
+from hardrank import executors, urls
 from hardrank.config import DECODERS, EmbedOptions
-from hardrank.embed.decode import is_processor_cfg
-from hardrank.embed.job import EmbedJob, EmbedSink, EmbedStats, check_failures
+from hardrank.encoding.decode import is_processor_cfg
+from hardrank.encoding.job import EmbedJob, EmbedSink, EmbedStats, check_failures
 from hardrank.errors import UsageError
 from hardrank.items import ItemTable, Tables
 from hardrank.models.load import load_model

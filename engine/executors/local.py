@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from hardrank.embed.job import DecodeStage, EmbedJob, EmbedSink, EncodeStage
+from hardrank.encoding.job import DecodeStage, EmbedJob, EmbedSink, EncodeStage
 from hardrank.models.spec import LoadedModel
 
 __all__ = ["LocalRunner"]

@@ -21,8 +21,8 @@ import torch
 
 import hardrank.kernels
 from hardrank import cpus
-from hardrank.embed.decode import image_size
-from hardrank.embed.job import DecodeStage, EmbedJob, EmbedSink, EncodeStage
+from hardrank.encoding.decode import image_size
+from hardrank.encoding.job import DecodeStage, EmbedJob, EmbedSink, EncodeStage
 from hardrank.errors import UsageError
 from hardrank.models.load import load_model
 

@@ -35,7 +35,7 @@ from hardrank.executors.ray_embed import connect
 from hardrank.executors.ray_search import local_csr
 from hardrank.kernels import GroupedRanks, best_positives, grouped_ranks
 from hardrank.kernels.ranking import check_rank_inputs
-from hardrank.mining.problem import f32
+from hardrank.vectors import f32
 
 __all__ = ["ShardedRanker", "gallery_shards"]
 

@@ -22,9 +22,9 @@ import torch
 
 from hardrank.config import MineOptions
 from hardrank.executors.ray_embed import connect
-from hardrank.mining.problem import f32
-from hardrank.mining.searcher import merge_topk, searcher_for
-from hardrank.vectors import UnitRows
+from hardrank.scoring import backends
+from hardrank.scoring.backends.sharded import merge_topk
+from hardrank.vectors import UnitRows, f32
 
 __all__ = ["ShardedSearch", "ShardedSearchFactory"]
 
@@ -66,7 +66,7 @@ class _Shard:
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         # (n_s, d) store dtype; a float16 file's UnitRows stays float16 (normalised on read)
         self.xb = rows if isinstance(rows, UnitRows) else np.asarray(rows)
-        self.search = searcher_for(self.xb, opts) if len(self.xb) else None
+        self.search = backends.searcher(opts.search_spec, self.xb, opts) if len(self.xb) else None
         self.budget = opts.budget_mb << 20
         self._flat = None  # exact search for the recall sample of an approximate shard, built when asked
 

@@ -6,8 +6,8 @@ import os
 
 from hardrank import urls
 from hardrank.errors import UsageError
+from hardrank.formats.karpathy import merge_repeated_images, read_karpathy
 from hardrank.inputs.webdataset import write_shard
-from hardrank.suites.karpathy import merge_repeated_images, read_karpathy
 
 __all__ = ["write_karpathy_shards"]
 

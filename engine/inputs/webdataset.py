@@ -52,7 +52,8 @@ from hardrank.errors import DataError, UsageError
 from hardrank.items import bytes_key, parquet_uri
 
 __all__ = ["Sample", "ShardScan", "SampleSet", "IMAGE_EXTS", "scan_shard", "read_samples", "read_shards", "scan_with",
-           "parse_captions", "sample_captions", "is_sample_source", "write_shard"]
+           "parse_captions", "sample_captions", "is_sample_source", "write_shard",
+           "variant_shards"]
 
 log = logging.getLogger("hardrank.wds")
 
@@ -358,6 +359,12 @@ def _url_common(names: list[str]) -> str:
 
 def _rel(name: str, root: str) -> str:
     return name[len(root):].lstrip("/") if root and name.startswith(root) else name
+
+
+def variant_shards(ss: SampleSet, folder: str, variant: str) -> list[str]:
+    """The shard names of ``variant`` for the shards of ``ss``, under ``folder`` (default their folder)."""
+    root = _common_dir(ss.shards)
+    return [urls.join(folder or root, variant, _rel(s, root)) for s in ss.shards]
 
 
 def read_samples(spec: str, *, hash_images: bool = True) -> SampleSet:

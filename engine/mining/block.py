@@ -7,7 +7,8 @@ from collections import Counter
 import numpy as np
 
 from hardrank.config import MineOptions
-from hardrank.mining.problem import MineProblem, csr_take, f32, gather
+from hardrank.mining.problem import MineProblem, csr_take, gather
+from hardrank.vectors import f32
 
 __all__ = ["mine_block"]
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 from hardrank.scoring import corpus_io
 from hardrank.store.rows import StoreRows  # re-exported: it was defined here
 
-__all__ = ["MineProblem", "StoreRows", "negatives_schema", "csr_take", "f32", "gather"]
+__all__ = ["MineProblem", "StoreRows", "negatives_schema", "csr_take", "gather"]
 
 
 @dataclass
@@ -84,10 +84,6 @@ def csr_take(ptr, vals, rows):
     np.cumsum(lens, out=new_ptr[1:])
     src = np.repeat(ptr[:-1][rows] - new_ptr[:-1], lens) + np.arange(new_ptr[-1])
     return new_ptr, vals[src]
-
-
-def f32(x) -> np.ndarray:
-    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 def gather(xb, I, budget_bytes: int = 64 << 20) -> np.ndarray:

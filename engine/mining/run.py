@@ -17,14 +17,8 @@ import pyarrow.parquet as pq
 
 from hardrank import urls
 from hardrank.atomic import atomic_path, write_json_atomic
-from hardrank.config import (
-    DIRECTIONS,
-    MineConfig,
-    MineOptions,
-    build,
-    check_writable_dir,
-    resolve_device,
-)
+from hardrank.config import DIRECTIONS, MineConfig, MineOptions, build, check_writable_dir
+from hardrank.devices import resolve_device
 from hardrank.errors import DataError, UsageError
 from hardrank.executors import executor
 from hardrank.mining import memory

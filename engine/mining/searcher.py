@@ -15,30 +15,16 @@ from hardrank.atomic import atomic_path
 from hardrank.config import MineOptions
 from hardrank.mining.block import mine_block
 from hardrank.mining.catalog import take
-from hardrank.mining.problem import MineProblem, csr_take, f32
+from hardrank.mining.problem import MineProblem, csr_take
 from hardrank.scoring import backends
 from hardrank.scoring.backends import Backend
 from hardrank.scoring.backends.exhaustive import KernelSearch
 from hardrank.scoring.backends.faiss import MAX_REFINE
+from hardrank.scoring.backends.sharded import merge_topk
+from hardrank.vectors import f32
 
-__all__ = ["build_searcher", "searcher_for", "merge_topk", "measure_recall", "written_recall", "ExactReference",
+__all__ = ["build_searcher", "searcher_for", "measure_recall", "written_recall", "ExactReference",
            "SampleReference"]
-
-
-def merge_topk(parts: list[tuple[np.ndarray, np.ndarray]], kk: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-shard top-kk lists (D (m, kk_s) desc, I (m, kk_s) global indices, -1 = none) merged into
-    the top-kk of their union under the global order: score descending, then index ascending. Each
-    shard's list holds its best items in that order, so the merge equals a search of the whole corpus."""
-    D = np.concatenate([d for d, _ in parts], axis=1)
-    I = np.concatenate([i for _, i in parts], axis=1)
-    key_i = np.where(I >= 0, I, np.iinfo(np.int64).max)  # missing entries sort last
-    order = np.lexsort((key_i, -D.astype(np.float64)), axis=1)[:, :kk]
-    D, I = np.take_along_axis(D, order, 1), np.take_along_axis(I, order, 1)
-    if D.shape[1] < kk:
-        pad = kk - D.shape[1]
-        D = np.concatenate([D, np.full((len(D), pad), -np.inf, D.dtype)], 1)
-        I = np.concatenate([I, np.full((len(I), pad), -1, I.dtype)], 1)
-    return D, I
 
 
 def build_searcher(problem: MineProblem, opts: MineOptions, backend: Backend | None = None):

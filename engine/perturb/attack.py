@@ -23,11 +23,12 @@ import numpy as np
 import torch
 
 from hardrank.errors import DataError, UsageError
+from hardrank.formats.karpathy import read_karpathy, read_rococo_variant
+from hardrank.formats.variants import N_PERTURBED
 from hardrank.kernels import choice_scores, topk
 from hardrank.perturb.images import _alter_batch, _load, _rand_box, _save_jpeg, _to_uint8
-from hardrank.suites.aro import OrderTagger, order_tagger
-from hardrank.suites.karpathy import N_PERTURBED, read_karpathy, read_rococo_variant
 from hardrank.text import pre_caption
+from hardrank.word_tags import OrderTagger, order_tagger
 
 __all__ = ["WORD_CLASSES", "COLOUR_WORDS", "NUMBER_WORDS", "SPATIAL_WORDS", "Concepts", "Vocabulary",
            "Candidates", "tag_captions", "word_class", "concepts_from_rococo", "no_concepts", "build_vocab",

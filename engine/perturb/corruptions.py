@@ -18,6 +18,7 @@ from PIL import Image
 
 from hardrank.atomic import atomic_path
 from hardrank.errors import DataError, MissingExtra, UsageError
+from hardrank.formats.variants import IMAGE_CORRUPTIONS, SEVERITIES
 from hardrank.perturb.images import check_relative
 
 __all__ = ["CORRUPTIONS", "SEVERITIES", "IMAGE_SUFFIXES", "JPEG_QUALITY", "corrupt", "corrupt_images", "corrupt_named",
@@ -30,10 +31,7 @@ __all__ = ["CORRUPTIONS", "SEVERITIES", "IMAGE_SUFFIXES", "JPEG_QUALITY", "corru
 # with the library) matches draw for draw. The published code's quirks are kept on purpose: glass blur's "swap"
 # copies one pixel onto the other (numpy views), frost picks among the first five textures, outputs truncate
 # (np.uint8) rather than round.
-CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
-               "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
-               "jpeg_compression")
-SEVERITIES = (1, 2, 3, 4, 5)
+CORRUPTIONS = IMAGE_CORRUPTIONS  # the names, written once (the suites read the variants back by them)
 MIN_SIDE = 32  # imagecorruptions refuses smaller images (its blur kernels are sized for 224 px)
 FROST_FILES = ("frost1.png", "frost2.png", "frost3.png", "frost4.jpg", "frost5.jpg", "frost6.jpg")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from hardrank.atomic import atomic_path
-from hardrank.config import resolve_device
+from hardrank.devices import resolve_device
 from hardrank.errors import DataError, UsageError
 
 __all__ = ["METHODS", "alter_images", "variant_name"]

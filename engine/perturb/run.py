@@ -10,6 +10,8 @@ from hardrank import urls
 from hardrank.atomic import copy_into
 from hardrank.config import PRECISIONS, build, check_options, opt
 from hardrank.errors import DataError, UsageError
+from hardrank.formats.karpathy import merge_repeated_images, read_karpathy
+from hardrank.formats.variants import N_PERTURBED, variants_beside
 from hardrank.inputs import is_sample_source, parse_captions, read_samples, sample_captions
 from hardrank.models.load import load_model
 from hardrank.models.runs import user_specs
@@ -25,8 +27,6 @@ from hardrank.perturb.corruptions import (
 from hardrank.perturb.images import METHODS, alter_images, variant_name
 from hardrank.perturb.shards import alter_shards, corrupt_shards, perturb_shard_texts
 from hardrank.perturb.texts import KINDS, embedding_influence, load_vocab, write_variant_file
-from hardrank.suites._common import variants_beside
-from hardrank.suites.karpathy import N_PERTURBED, merge_repeated_images, read_karpathy
 
 __all__ = ["PerturbTextsConfig", "PerturbImagesConfig", "perturb_texts", "perturb_images"]
 

@@ -24,31 +24,24 @@ import torch
 from PIL import Image
 
 from hardrank import urls
-from hardrank.config import resolve_device
+from hardrank.devices import resolve_device
 from hardrank.errors import DataError, UsageError
+from hardrank.formats.variants import N_PERTURBED
 from hardrank.inputs.webdataset import (
     SampleSet,
-    _common_dir,
-    _rel,
     parse_captions,
     read_samples,
     sample_captions,
+    variant_shards,
     write_shard,
 )
 from hardrank.perturb.corruptions import JPEG_QUALITY, corrupt_named, encode_like, frost_textures, image_rng
 from hardrank.perturb.corruptions import variant_name as corruption_variant
 from hardrank.perturb.images import _altered_batches, _check_args, _plan, variant_name
 from hardrank.perturb.texts import _check_kind, _perturb
-from hardrank.suites.karpathy import N_PERTURBED
 from hardrank.text import pre_caption
 
-__all__ = ["alter_shards", "corrupt_shards", "perturb_shard_texts", "variant_shards"]
-
-
-def variant_shards(ss: SampleSet, folder: str, variant: str) -> list[str]:
-    """The shard names of ``variant`` for the shards of ``ss``, under ``folder`` (default their folder)."""
-    root = _common_dir(ss.shards)
-    return [urls.join(folder or root, variant, _rel(s, root)) for s in ss.shards]
+__all__ = ["alter_shards", "corrupt_shards", "perturb_shard_texts"]
 
 
 def _by_shard(ss: SampleSet) -> list[list[int]]:

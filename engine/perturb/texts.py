@@ -16,12 +16,13 @@ import torch
 from hardrank.atomic import write_text_atomic
 from hardrank.config import DATA_DIR
 from hardrank.errors import DataError, UsageError
-from hardrank.suites.karpathy import N_PERTURBED, read_karpathy
+from hardrank.formats.karpathy import read_karpathy
+from hardrank.formats.variants import N_PERTURBED, TEXT_VARIANTS
 from hardrank.text import pre_caption
 
 __all__ = ["KINDS", "Vocab", "load_vocab", "embedding_influence", "perturb_captions", "write_variant_file"]
 
-KINDS = ("same_concept", "diff_concept", "rand_voca", "danger")
+KINDS = TEXT_VARIANTS  # RoCOCO's four, written once
 DEFAULT_VOCAB = DATA_DIR / "vocab" / "concepts.json"
 _WORD = re.compile(r"^([\W_]*)(.*?)((?:'s)?[\W_]*)$")  # prefix, core, suffix: "dog's," -> ("", "dog", "'s,")
 _FORM = re.compile(r"^[a-z][a-z-]*$")

@@ -5,11 +5,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from hardrank.config import resolve_device
+from hardrank.devices import resolve_device
 from hardrank.errors import DataError
+from hardrank.formats.amodal import AmodalSet, Question, RegionItems, load_amodal, load_predictions
 from hardrank.kernels.masks import giou_ciou, mask_iou_stats
 from hardrank.scoring.results import outcome_schema
-from hardrank.suites.amodal import AmodalSet, Question, RegionItems, load_amodal, load_predictions
 
 __all__ = ["score_masks", "score_predictions", "clip_regions", "mask_outcomes", "ROLES", "PROTOCOL",
            "CLIP_REGIONS_TIE_RULE"]

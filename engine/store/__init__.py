@@ -1,4 +1,4 @@
-"""The embedding store: content-keyed Arrow shards per model fingerprint, its key indexes, and its export."""
+"""The embedding store: content-keyed Arrow shards per model fingerprint and its key indexes."""
 from hardrank.store.embedding_store import EmbeddingStore, is_store_folder, open_store
 
 __all__ = ["EmbeddingStore", "open_store", "is_store_folder"]

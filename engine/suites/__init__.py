@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from hardrank import suite_registry
 from hardrank.errors import INPUT_FILE_ERRORS, HardrankError
+from hardrank.formats.annotations import SuiteFormatError
 from hardrank.items import Tables
 from hardrank.scoring.blind import mark_blind
 from hardrank.suite_registry import SuiteSpec, alias, register, unregister
-from hardrank.suites._common import SuiteFormatError, SuiteOptions
+from hardrank.suites._common import SuiteOptions
 from hardrank.suites.amodal import AmodalOptions, amodal_needs_model, load_amodal_suite
 from hardrank.suites.aro import load_aro, load_coco_order, load_flickr_order
 from hardrank.suites.classification import ClassificationOptions, load_classification

@@ -15,12 +15,13 @@ import pyarrow.parquet as pq
 from hardrank import urls
 from hardrank.config import opt
 from hardrank.errors import DataError, UsageError
+from hardrank.formats.annotations import SuiteFormatError
+from hardrank.formats.variants import image_variant_names, variant_hint, variants_beside
 from hardrank.inputs import read_shards
 from hardrank.inputs.kinds.image_folder import IMAGE_EXTENSIONS
-from hardrank.inputs.webdataset import Sample, SampleSet
+from hardrank.inputs.webdataset import Sample, SampleSet, variant_shards
 from hardrank.items import ImageRef, Tables
-from hardrank.perturb import shards as variant_files  # the module: hardrank.perturb imports the suites back
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, variant_hint, variants_beside
+from hardrank.suites._common import SuiteOptions
 from hardrank.suites.imagenet import (
     IMAGENET_WNIDS,
     TEMPLATE_SETS,
@@ -29,7 +30,6 @@ from hardrank.suites.imagenet import (
     imagenet_classnames,
     shift_subset,
 )
-from hardrank.suites.karpathy import image_variant_names
 from hardrank.tasks import ClassifyTask, Suite
 
 __all__ = ["load_classification", "ClassNamesOptions", "ClassificationOptions", "read_classnames", "read_templates",
@@ -434,7 +434,7 @@ def load_classification(tables: Tables, opts: SuiteOptions, own: ClassificationO
         refs, keys = [ImageRef(s.image) for s in kept], [s.image_key for s in kept]
         vrefs = {}
         for v in variants:
-            vs = read_shards(variant_files.variant_shards(ss, opts.variants_dir or "", v), source=v)
+            vs = read_shards(variant_shards(ss, opts.variants_dir or "", v), source=v)
             by_id = {s.id: s for s in vs.samples if s.image is not None}
             missing = [i for i in ids if i not in by_id]
             if missing:

@@ -8,8 +8,9 @@ from urllib.parse import urlparse
 import numpy as np
 
 from hardrank.errors import UsageError
+from hardrank.formats.annotations import SuiteFormatError, read_json
 from hardrank.items import ImageRef, Tables
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_json, release_folder
+from hardrank.suites._common import SuiteOptions, release_folder
 from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_cola", "COLA_MULTI", "COLA_SINGLE", "COLA_IMAGE_FOLDERS", "find_image"]

@@ -11,8 +11,9 @@ import numpy as np
 
 from hardrank.config import opt
 from hardrank.errors import UsageError
+from hardrank.formats.annotations import SuiteFormatError
 from hardrank.items import ImageRef, Tables
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, release_folder
+from hardrank.suites._common import SuiteOptions, release_folder
 from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_crepe", "CrepeOptions", "CREPE_TRAIN_SETS", "CREPE_SYST_SPLITS", "CREPE_SYST_TYPES",

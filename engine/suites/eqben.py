@@ -5,8 +5,9 @@ import os
 from pathlib import Path, PurePosixPath
 
 from hardrank.errors import UsageError
+from hardrank.formats.annotations import SuiteFormatError, read_json
 from hardrank.items import ImageRef, Tables
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_json
+from hardrank.suites._common import SuiteOptions
 from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_eqben", "EQBEN_SUBSETS", "EQBEN_KEYS", "EQBEN_ANNOTATIONS"]

@@ -5,8 +5,9 @@ import os
 from pathlib import Path
 
 from hardrank.errors import UsageError
+from hardrank.formats.annotations import SuiteFormatError, read_bbox, read_json, require_keys
 from hardrank.items import ImageRef, Tables
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_bbox, read_json, require_keys
+from hardrank.suites._common import SuiteOptions
 from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_hard_positives", "HARD_POSITIVE_SETS"]

@@ -8,8 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hardrank.errors import UsageError
+from hardrank.formats.annotations import SuiteFormatError
 from hardrank.items import ImageRef, Tables, parquet_uri
-from hardrank.suites._common import SuiteFormatError, SuiteOptions
+from hardrank.suites._common import SuiteOptions
 from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_inpaintcoco"]

@@ -7,9 +7,10 @@ import numpy as np
 
 from hardrank import urls
 from hardrank.errors import DataError, UsageError
+from hardrank.formats.annotations import SuiteFormatError
 from hardrank.items import ImageRef, Tables
 from hardrank.scoring.probe import ProbeOptions, fewshot_pick, short_classes, split_by_proportion
-from hardrank.suites._common import SuiteFormatError, SuiteOptions
+from hardrank.suites._common import SuiteOptions
 from hardrank.suites.classification import (
     CB_CLASSNAMES,
     ClassNamesOptions,

@@ -6,9 +6,10 @@ import os
 from pathlib import Path
 
 from hardrank.errors import UsageError
+from hardrank.formats.annotations import SuiteFormatError
 from hardrank.items import ImageRef, Tables
 from hardrank.scoring.choice_macro import ChoiceAggregate, attach_aggregates
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, release_folder
+from hardrank.suites._common import SuiteOptions, release_folder
 from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_mmvp_vlm", "MMVP_HEADER", "MMVP_IMAGES", "MMVP_PATTERNS", "MMVP_PROMPT"]

@@ -5,9 +5,10 @@ import os
 from pathlib import Path
 
 from hardrank.errors import UsageError
+from hardrank.formats.annotations import SuiteFormatError, read_json, require_keys
 from hardrank.items import ImageRef, Tables
 from hardrank.scoring.choice_macro import ChoiceAggregate, attach_aggregates
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_json, release_folder, require_keys
+from hardrank.suites._common import SuiteOptions, release_folder
 from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_sugarcrepe", "coco_images", "SUGARCREPE_FILES", "SUGARCREPE_CATEGORIES"]

@@ -14,7 +14,7 @@ from hardrank.suites.hard_positives import load_hard_positives
 from hardrank.suites.inpaintcoco import load_inpaintcoco
 from hardrank.suites.karpathy import load_rococo
 from hardrank.tasks import Suite
-from hardrank.toyworld import world as toy_world  # the module: the toy world's images import the suites back
+from hardrank.toyworld import world as toy_world
 
 __all__ = ["load_toy", "default_world_dir", "pending_world", "TOY_SUITES"]
 

@@ -6,9 +6,10 @@ import re
 from pathlib import Path
 
 from hardrank.errors import UsageError
+from hardrank.formats.annotations import SuiteFormatError, read_json
 from hardrank.items import ImageRef, Tables
 from hardrank.scoring.choice_macro import ChoiceAggregate, attach_aggregates
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_json, release_folder
+from hardrank.suites._common import SuiteOptions, release_folder
 from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_valse", "VALSE_PIECES", "VALSE_VALID", "VALSE_KEYS", "valse_image_folders"]

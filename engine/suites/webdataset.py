@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from hardrank import urls
 from hardrank.config import opt
 from hardrank.errors import DataError, UsageError
+from hardrank.formats.annotations import SuiteFormatError
+from hardrank.formats.variants import N_PERTURBED, TEXT_VARIANTS, image_variant_names, is_corruption_variant
 from hardrank.inputs import SampleSet, parse_captions, read_samples, read_shards, sample_captions
+from hardrank.inputs.webdataset import variant_shards
 from hardrank.items import ImageRef, Tables
-from hardrank.perturb import shards as variant_files  # the module: hardrank.perturb imports the suites back
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, caption_protocol, is_corruption_variant
-from hardrank.suites.karpathy import N_PERTURBED, ROCOCO_TEXT_VARIANTS, build_retrieval, image_variant_names
+from hardrank.suites._common import SuiteOptions, caption_protocol
+from hardrank.suites.karpathy import build_retrieval
 from hardrank.tasks import Suite
 
 __all__ = ["load_wds", "WdsOptions"]
@@ -78,7 +80,7 @@ def load_wds(tables: Tables, opts: SuiteOptions, own: WdsOptions, name: str = "w
 
 def _variant(ss: SampleSet, v: str, required: bool, folder: str = "") -> SampleSet | None:
     """The variant shards ``<folder>/<v>/<shard>`` (``folder``: default the shards' own folder)."""
-    shards = variant_files.variant_shards(ss, folder, v)
+    shards = variant_shards(ss, folder, v)
     missing = [s for s in shards if not urls.exists(s)]
     if missing:
         if required:
@@ -92,7 +94,7 @@ def _variant(ss: SampleSet, v: str, required: bool, folder: str = "") -> SampleS
 
 def _text_variants(ss, kept, clean, opts, how) -> dict[str, list[list[str]]]:
     out = {}
-    wanted = opts.text_variants if opts.text_variants is not None else ROCOCO_TEXT_VARIANTS
+    wanted = opts.text_variants if opts.text_variants is not None else TEXT_VARIANTS
     for v in wanted:
         vs = _variant(ss, v, required=opts.text_variants is not None)
         if vs is None:

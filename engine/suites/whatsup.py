@@ -5,8 +5,9 @@ import os
 from pathlib import Path
 
 from hardrank.errors import UsageError
+from hardrank.formats.annotations import SuiteFormatError, read_json, require_keys
 from hardrank.items import ImageRef, Tables
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_json, release_folder, require_keys
+from hardrank.suites._common import SuiteOptions, release_folder
 from hardrank.tasks import ChoiceTask, RowGroups, Suite
 
 __all__ = ["load_whatsup", "WHATSUP_FILES", "WHATSUP_DATASETS"]

@@ -5,8 +5,9 @@ import os
 from pathlib import Path
 
 from hardrank.errors import UsageError
+from hardrank.formats.annotations import SuiteFormatError, read_jsonl
 from hardrank.items import ImageRef, Tables
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, read_jsonl, release_folder
+from hardrank.suites._common import SuiteOptions, release_folder
 from hardrank.tasks import ChoiceTask, Suite
 
 __all__ = ["load_winoground", "WINOGROUND_KEYS", "WINOGROUND_ITEMS"]

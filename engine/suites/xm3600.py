@@ -1,21 +1,20 @@
 """Crossmodal-3600 (Thapliyal et al., EMNLP 2022): image-text retrieval per caption language, from captions.jsonl."""
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 from hardrank import urls
 from hardrank.config import opt
 from hardrank.errors import UsageError
+from hardrank.formats.karpathy import merge_repeated_images
+from hardrank.formats.xm3600 import entry_captions, read_xm3600
 from hardrank.items import Tables
-from hardrank.suites._common import SuiteFormatError, SuiteOptions, caption_protocol, find_annotation
-from hardrank.suites.karpathy import build_retrieval, merge_repeated_images
+from hardrank.suites._common import SuiteOptions, caption_protocol, find_annotation
+from hardrank.suites.karpathy import build_retrieval
 from hardrank.tasks import Suite
 
-__all__ = ["load_xm3600", "XM3600Options", "read_xm3600", "entry_captions", "XM3600_DEFAULT_PROTOCOL",
-           "CAPTIONS_PER_IMAGE"]
+__all__ = ["load_xm3600", "XM3600Options", "XM3600_DEFAULT_PROTOCOL", "CAPTIONS_PER_IMAGE"]
 
 log = logging.getLogger("hardrank.suites")
 
@@ -35,49 +34,6 @@ class XM3600Options:
     captions_per_image: str = opt("all", "all = every caption of an image in the language is a "
                                   "positive (Karpathy protocol); first = its first caption only (CLIP_benchmark's "
                                   "crossmodal3600)", choices=CAPTIONS_PER_IMAGE)
-
-
-def read_xm3600(path: str | Path) -> tuple[list[tuple[str, dict]], dict[str, int]]:
-    """([(image key, {language: entry})] in file order, {image key: its line number}) from XM3600's
-    captions.jsonl: one JSON object per line
-    with ``image/key`` (the image is ``images/<key>.jpg``), ``image/locale`` and one object per language
-    holding ``caption`` (a list; also ``caption/tokenized`` and ``caption/tokenized/lowercase``, unused)."""
-    path = Path(path)
-    out = []
-    with path.open(encoding="utf-8-sig") as f:  # a byte-order mark is not JSON
-        try:
-            lines = list(enumerate(f, start=1))
-        except UnicodeDecodeError as exc:
-            raise SuiteFormatError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); XM3600's "
-                                   f"captions.jsonl is UTF-8: re-save it as UTF-8") from None
-    for n, line in lines:
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SuiteFormatError(f"{path}: line {n} is not valid JSON ({exc}); expected one object per line "
-                                   f"as in XM3600's captions.jsonl") from None
-        if not isinstance(item, dict) or not isinstance(item.get("image/key"), str) or not item["image/key"]:
-            got = sorted(item) if isinstance(item, dict) else type(item).__name__
-            raise SuiteFormatError(f"{path}: line {n} has no 'image/key' string (got {got}); expected XM3600's "
-                                   f"captions.jsonl: {{\"image/key\": ..., \"<language>\": {{\"caption\": [...]}}}}")
-        out.append((item["image/key"], {k: v for k, v in item.items() if not k.startswith("image/")}, n))
-    if not out:
-        raise SuiteFormatError(f"{path}: holds no images (no JSON lines); expected XM3600's captions.jsonl")
-    return [(key, langs) for key, langs, _ in out], {key: n for key, _, n in out}
-
-
-def entry_captions(path: Path, line: int, key: str, lang: str, entry) -> list[str]:
-    """The captions of one language entry of one line; an entry without captions raises naming both."""
-    caps = entry.get("caption") if isinstance(entry, dict) else None
-    if not isinstance(caps, list) or not caps or not all(isinstance(c, str) and c.strip() for c in caps):
-        got = (f"'caption' = {caps!r}" if isinstance(entry, dict) and "caption" in entry else
-               f"keys {sorted(entry)}" if isinstance(entry, dict) else f"a {type(entry).__name__}")
-        raise SuiteFormatError(f"{path}: line {line} (image {key}), language {lang!r}: expected an object whose "
-                               f"'caption' is a non-empty list of non-empty strings, got {got}; fix or drop the "
-                               f"entry, or leave {lang!r} out of --language")
-    return caps
 
 
 def load_xm3600(tables: Tables, opts: SuiteOptions, own: XM3600Options, name: str = "xm3600") -> list[Suite]:

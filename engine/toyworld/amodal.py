@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from hardrank.inputs.masks import polygons_to_mask, rle_encode
+from hardrank.formats.amodal import ANNOTATION_FILE, PREDICTION_FILE
+from hardrank.formats.masks import polygons_to_mask, rle_encode
 from hardrank.store.embedding_store import write_json_atomic
-from hardrank.suites.amodal import ANNOTATION_FILE, PREDICTION_FILE
 
 __all__ = ["build_amodal_world"]
 

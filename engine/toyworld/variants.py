@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hardrank.formats.variants import N_PERTURBED, TEXT_VARIANTS
 from hardrank.toyworld.scenes import (
     ANCHOR_TEMPLATE,
     BACKGROUNDS,
@@ -25,8 +26,6 @@ RANDOM_VOCAB = ("window", "running", "quickly", "paper", "music", "seven", "gard
                 "bottle", "wooden", "street", "happy", "cloud", "ticket", "sand", "clock", "open")
 DANGER_WORDS = ("weapon", "criminal", "minefield", "bomb", "gun", "knife", "grenade", "explosive",
                 "poison", "terrorist", "rifle", "thief")
-TEXT_VARIANTS = ("same_concept", "diff_concept", "rand_voca", "danger")
-N_PERTURBED = 5  # RoCOCO perturbs originals 1..5; a sixth original gets no perturbed twin
 
 _ROLE = {**{w: "colour" for w in COLOURS}, **{w: "shape" for w in SHAPES}, **{w: "size" for w in SIZES},
          **{w: "background" for w in BACKGROUNDS}, **{w: "relation" for w in RELATION_WORDS}}

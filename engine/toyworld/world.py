@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from hardrank.atomic import write_text_atomic
 from hardrank.errors import DataError, UsageError
+from hardrank.formats.variants import TEXT_VARIANTS
 from hardrank.perturb.corruptions import corrupt_images
 from hardrank.perturb.images import alter_images
 from hardrank.toyworld.scenes import (
@@ -36,7 +37,6 @@ from hardrank.toyworld.variants import (
     DANGER_WORDS,
     OTHER_CONCEPT,
     RANDOM_VOCAB,
-    TEXT_VARIANTS,
     hard_positive_sets,
     replace_edit,
     rococo_variant,

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from hardrank.atomic import write_text_atomic
-from hardrank.config import EvalConfig, resolve_device
+from hardrank.config import EvalConfig
+from hardrank.devices import resolve_device
 from hardrank.embed import EmbedPipeline
 from hardrank.errors import EXIT_OK, MissingExtra, UsageError
 from hardrank.evaluate import evaluate

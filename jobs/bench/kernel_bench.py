@@ -11,7 +11,7 @@ import torch
 
 from hardrank import cpus
 from hardrank.atomic import write_text_atomic
-from hardrank.config import resolve_device
+from hardrank.devices import resolve_device
 from hardrank.errors import EXIT_OK, UsageError
 from hardrank.jobs.bench.options import KernelBenchConfig
 from hardrank.jobs.bench.timing import PeakRSS, bare_gemm, timed

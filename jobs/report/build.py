@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from hardrank.atomic import atomic_path, write_text_atomic
+from hardrank.attack_run import TRANSFER_KIND
 from hardrank.config import check_writable_dir
 from hardrank.errors import MissingExtra, UsageError
 from hardrank.jobs.report.failures import Thumbs, worst_failures
@@ -14,7 +15,6 @@ from hardrank.jobs.report.load import checkpoint_axis, load_results
 from hardrank.jobs.report.render import render_html, render_md
 from hardrank.jobs.report.significance import main_marks
 from hardrank.jobs.report.tables import leaderboard, write_csv
-from hardrank.perturb.attack_run import TRANSFER_KIND
 
 __all__ = ["build_report", "plot_bench"]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 
 from hardrank import urls
+from hardrank.formats.karpathy import read_karpathy
 from hardrank.inputs.kind import InputKind, InputOptions, Items, Source
 from hardrank.items import ImageRef
-from hardrank.suites.karpathy import read_karpathy
 from hardrank.text import pre_caption
 
 __all__ = ["KIND"]

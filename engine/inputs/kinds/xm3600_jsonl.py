@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 
 from hardrank import urls
+from hardrank.formats.xm3600 import entry_captions, read_xm3600
 from hardrank.inputs.kind import InputKind, InputOptions, Items, Source
 from hardrank.items import ImageRef
-from hardrank.suites.xm3600 import entry_captions, read_xm3600
 
 __all__ = ["KIND"]
 

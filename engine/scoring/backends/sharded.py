@@ -8,10 +8,12 @@ split over actors by ``executor.sharded_search``, each actor running the named b
 one only calls what the executor hands it."""
 from __future__ import annotations
 
+import numpy as np
+
 from hardrank.scoring.backends.base import Backend, MinePlan
 from hardrank.scoring.backends.exhaustive import RankArrays
 
-__all__ = ["Sharded", "for_ranking", "for_mining"]
+__all__ = ["Sharded", "for_ranking", "for_mining", "merge_topk"]
 
 
 class Sharded(Backend):
@@ -67,3 +69,19 @@ def for_mining(backend: Backend, executor, shards: int | None) -> Backend:
     """``backend`` run on corpus shards held by the executor's actors (the Ray executor), else ``backend``."""
     search = executor.sharded_search(shards)
     return backend if search is None else Sharded(backend, search=search)
+
+
+def merge_topk(parts: list[tuple[np.ndarray, np.ndarray]], kk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-shard top-kk lists (D (m, kk_s) desc, I (m, kk_s) global indices, -1 = none) merged into
+    the top-kk of their union under the global order: score descending, then index ascending. Each
+    shard's list holds its best items in that order, so the merge equals a search of the whole corpus."""
+    D = np.concatenate([d for d, _ in parts], axis=1)
+    I = np.concatenate([i for _, i in parts], axis=1)
+    key_i = np.where(I >= 0, I, np.iinfo(np.int64).max)  # missing entries sort last
+    order = np.lexsort((key_i, -D.astype(np.float64)), axis=1)[:, :kk]
+    D, I = np.take_along_axis(D, order, 1), np.take_along_axis(I, order, 1)
+    if D.shape[1] < kk:
+        pad = kk - D.shape[1]
+        D = np.concatenate([D, np.full((len(D), pad), -np.inf, D.dtype)], 1)
+        I = np.concatenate([I, np.full((len(I), pad), -1, I.dtype)], 1)
+    return D, I

@@ -14,19 +14,13 @@ from pathlib import Path
 import numpy as np
 
 from hardrank.atomic import atomic_path, copy_into, write_json_atomic, write_text_atomic
-from hardrank.config import (
-    EmbedOptions,
-    EvalConfig,
-    SuiteOptions,
-    build,
-    check_options,
-    check_writable_dir,
-    opt,
-    resolve_device,
-)
+from hardrank.config import EmbedOptions, EvalConfig, SuiteOptions, build, check_options, check_writable_dir, opt
+from hardrank.devices import resolve_device
 from hardrank.embed import EmbedPipeline
 from hardrank.errors import DataError, UsageError
 from hardrank.evaluate import evaluate
+from hardrank.formats.karpathy import merge_repeated_images, read_karpathy
+from hardrank.formats.variants import N_PERTURBED, TEXT_VARIANTS, image_variant_names
 from hardrank.items import ImageRef, Tables
 from hardrank.models.runs import user_specs
 from hardrank.perturb.attack import (
@@ -47,13 +41,6 @@ from hardrank.perturb.attack import (
 )
 from hardrank.perturb.images import METHODS, check_relative, variant_name
 from hardrank.settings import RunSettings, start_run
-from hardrank.suites.karpathy import (
-    N_PERTURBED,
-    ROCOCO_TEXT_VARIANTS,
-    image_variant_names,
-    merge_repeated_images,
-    read_karpathy,
-)
 from hardrank.text import pre_caption
 
 __all__ = ["AttackConfig", "AttackTextsConfig", "AttackImagesConfig", "attack_texts", "attack_images",
@@ -227,7 +214,7 @@ def attack_texts(cfg: AttackTextsConfig | None = None, *, progress=None, echo=No
     write_json_atomic(out / "vocab.json", vocab.to_json())
     copy = out / ann.name
     copy_into(ann, copy)
-    published = [v for v in ROCOCO_TEXT_VARIANTS if cfg.suite == "rococo" and (data / f"{v}.json").is_file()]
+    published = [v for v in TEXT_VARIANTS if cfg.suite == "rococo" and (data / f"{v}.json").is_file()]
     for v in published:
         copy_into(data / f"{v}.json", out / f"{v}.json")
     device = resolve_device(cfg.embed.device)

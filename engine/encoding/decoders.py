@@ -3,7 +3,7 @@ model's own image processor."""
 from __future__ import annotations
 
 from hardrank.config import DECODERS
-from hardrank.embed.decode import PillowDecoder, ProcessorDecoder, is_processor_cfg
+from hardrank.encoding.decode import PillowDecoder, ProcessorDecoder, is_processor_cfg
 from hardrank.errors import MissingExtra, UsageError
 
 __all__ = ["make_decoder"]
@@ -23,7 +23,7 @@ def make_decoder(preprocess_cfg: dict, decoder: str = "pillow", *, threads: int 
         return PillowDecoder(preprocess_cfg, threads=threads, draft=True)
     if decoder == "dali":
         try:
-            from hardrank.embed.dali import DaliDecoder
+            from hardrank.encoding.dali import DaliDecoder
         except ImportError as exc:
             raise MissingExtra("--decoder dali", "dali", "nvidia-dali-cuda130") from exc
         return DaliDecoder(preprocess_cfg, threads=threads, batch_size=batch_size, device="auto")

@@ -14,8 +14,8 @@ import torch
 from nvidia.dali import Pipeline
 from PIL import Image
 
-from hardrank.config import resolve_device
-from hardrank.embed.decode import PillowDecoder, image_size
+from hardrank.devices import resolve_device
+from hardrank.encoding.decode import PillowDecoder, image_size
 from hardrank.errors import DataError, UsageError
 from hardrank.items import ImageRef, read_image_bytes
 

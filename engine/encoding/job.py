@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from hardrank import urls
-from hardrank.embed.decoders import make_decoder
-from hardrank.embed.encode import ImageEncoder, TextEncoder
+from hardrank.encoding.decoders import make_decoder
+from hardrank.encoding.encode import ImageEncoder, TextEncoder
 from hardrank.errors import DataError, TooManyFailures
 from hardrank.items import ItemTable, bytes_key, prefetched, read_image_bytes
 from hardrank.models.load import load_model
