@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hardrank.config import check_options, opt
 from hardrank.errors import EXIT_OK, UsageError
-from hardrank.exports.clip_benchmark import FORMATS, export_clip_benchmark
+from hardrank.exports.clip_benchmark import DEFAULT_OUTPUT, FORMATS, check_output, export_clip_benchmark
 from hardrank.jobs.commands import COMMANDS
 from hardrank.jobs.flags import Formatter, add_options, options_from_args
 

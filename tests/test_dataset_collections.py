@@ -24,8 +24,8 @@ from helpers import (
 from hardrank import suite_registry
 from hardrank.errors import DataError, UsageError
 from hardrank.evaluate import evaluate
+from hardrank.exports.clip_benchmark import export_clip_benchmark
 from hardrank.jobs.cli import main
-from hardrank.scoring.clip_benchmark_export import export_clip_benchmark
 from hardrank.suites.collections import CB_COLLECTIONS, datacomp_tasks
 from hardrank.suites.datasets import candidates, dataset_key, is_dataset_name, mirror
 

@@ -27,7 +27,7 @@ import torch
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 
-from hardrank.config import resolve_device
+from hardrank.devices import resolve_device
 from hardrank.errors import UsageError
 from hardrank.models.boundary import check_tokenizer
 from hardrank.models.hf_models import (

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from hardrank.config import PRECISIONS, resolve_device
+from hardrank.config import PRECISIONS
+from hardrank.devices import resolve_device
 from hardrank.errors import DataError, UsageError
 
 __all__ = ["ModelSpec", "LoadedModel", "LiveModel", "Kind", "KINDS", "register_kind", "unregister_kind", "kind_of",
