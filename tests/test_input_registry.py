@@ -244,4 +244,6 @@ def test_an_embeddings_file_corpus_can_be_handed_to_shard_actors(tmp_path):
     cfg = build(MineConfig, dict(corpus=str(parquet), queries=str(parquet), out=str(tmp_path / "o"), direction="t2t"))
     lazy, eager = build_problem(cfg, lazy_corpus=True), build_problem(cfg)
     np.testing.assert_array_equal(np.asarray(lazy.xb), np.asarray(eager.xb))
-    assert lazy.corpus_ids == eager.corpus_ids == [i for _, i in rows]
+    as_list = [(ids.to_pylist() if hasattr(ids, "to_pylist") else list(ids))  # Arrow ids (a catalog) or a list
+               for ids in (lazy.corpus_ids, eager.corpus_ids)]
+    assert as_list[0] == as_list[1] == [i for _, i in rows]

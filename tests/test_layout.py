@@ -253,6 +253,12 @@ def test_wheel_installs_one_name(tmp_path):
     assert "hardrank/kernels/ranking.py" in names and "hardrank/jobs/cli.py" in names
     assert any(n.startswith("hardrank/assets/toy_checkpoints/") for n in names)
     assert "hardrank/embed/pipeline.py" in names and "hardrank/mining/run.py" in names
+    # every module of the checkout, laid out as pyproject's package-dir maps it (a package missing from
+    # pyproject's list is missing from the wheel, though an editable install still finds it)
+    sources = {f"hardrank/{p.relative_to(ROOT / 'engine').as_posix()}" for p in (ROOT / "engine").rglob("*.py")}
+    sources |= {f"hardrank/{d}/{p.relative_to(ROOT / d).as_posix()}" for d in ("kernels", "jobs")
+                for p in (ROOT / d).rglob("*.py")}
+    assert not sources - set(names), sorted(sources - set(names))
 
 
 # What runs at import besides imports, definitions and plain assignments (issue 38: no process-wide effect at

@@ -23,7 +23,7 @@ class MineProblem:
     xq: np.ndarray                        # (nq, d) float, L2-normalised
     xb: np.ndarray                        # (nb, d) float (an fp16 memmap is fine: read in chunks)
     query_ids: list[str]                  # (nq,) unique
-    corpus_ids: list[str]                 # (nb,)
+    corpus_ids: list[str] | pa.ChunkedArray  # (nb,): a list, or the catalog's memory-mapped Arrow ids
     modality: str = "image"               # modality of the corpus (the negatives)
     direction: str = "t2i"
     exclude_ptr: np.ndarray | None = None  # (nq+1,) int64
