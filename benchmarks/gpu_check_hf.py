@@ -44,8 +44,9 @@ def _wordpiece(special: list[str], bert: bool):
                                         model_input_names=["input_ids", "attention_mask"])
 
 
-def _clip_folder(folder: Path) -> Path:
-    """transformers' default CLIPConfig (ViT-B/32 at 224, a 12-layer 512-wide text tower), random-init."""
+def _clip_folder(folder: Path, tiny: bool = False) -> Path:
+    """transformers' default CLIPConfig (ViT-B/32 at 224, a 12-layer 512-wide text tower), random-init; ``tiny``
+    (the CPU profile): the same layout at two 64-wide layers a tower, so CI's run builds it in a second."""
     import torch
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
@@ -56,14 +57,16 @@ def _clip_folder(folder: Path) -> Path:
     torch.manual_seed(0)
     text = {"vocab_size": tok.get_vocab_size(), "bos_token_id": tok.token_to_id("<|startoftext|>"),
             "eos_token_id": eos, "pad_token_id": eos}
-    CLIPModel(CLIPConfig(text_config=text)).save_pretrained(folder)
+    small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
+    CLIPModel(CLIPConfig(text_config={**text, **small} if tiny else text, vision_config=small if tiny else None,
+                         projection_dim=32 if tiny else 512)).save_pretrained(folder)
     CLIPProcessor(image_processor=CLIPImageProcessor(), tokenizer=fast).save_pretrained(folder)
     return folder
 
 
-def _blip_folder(folder: Path) -> Path:
+def _blip_folder(folder: Path, tiny: bool = False) -> Path:
     """transformers' default BlipConfig (ViT-B/16 at 384, a BERT-base text tower with cross-attention: BLIP base's
-    retrieval shape), random-init."""
+    retrieval shape), random-init (``tiny``: the makers' shared signature; the CPU profile skips BLIP)."""
     import torch
     from transformers import BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor, BlipProcessor
 
@@ -94,7 +97,7 @@ def part_e2e_hf(rec: Recorder, profile: dict, work: Path, args) -> None:
         if p.get("tiny") and name == "blip_rerank":
             continue  # the CPU profile: BLIP base is too large for CI's seconds
         ann, root = _world(work, images, p["captions"], p["threads"])
-        build_s, folder = timed(lambda maker=maker, name=name: maker(work / "models" / name))
+        build_s, folder = timed(lambda maker=maker, name=name: maker(work / "models" / name, tiny=bool(p.get("tiny"))))
         for sub in ("store", "results"):
             shutil.rmtree(work / f"{name}_{sub}", ignore_errors=True)
         kw = {"rerank": rerank} if rerank else {}
