@@ -26,8 +26,14 @@ demo: $(STAMP)  ## evaluate the six toy checkpoints on the built-in toy world ->
 lint: $(STAMP)  ## ruff over the whole repository
 	$(VENV)/bin/ruff check .
 
-test: lint  ## lint, then the test suite (CPU only, no downloads; what CI runs)
-	$(PY) -m pytest -q -x --timeout=900 tests
+# Two workers, one test file each at a time (--dist loadfile: a file's fixtures and Ray cluster stay in one
+# process; each worker has its own temp folder and HARDRANK_CACHE). -p no:warnings: a worker's warning of a class
+# the controller cannot import (a peer tool's own package) would stop the run. PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile -p no:warnings)
+
+test: lint  ## lint, then the test suite in 2 workers (CPU only, no downloads; what CI runs; about 7 min on 2 cores)
+	$(PY) -m pytest -q -x --timeout=900 $(PYTEST_PARALLEL) tests
 
 test-fast: $(STAMP)  ## the tests not marked slow (no Ray cluster, no real-size RoCOCO)
 	$(PY) -m pytest -q -m "not slow" tests
