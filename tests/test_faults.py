@@ -1485,3 +1485,31 @@ def test_a_store_of_a_newer_format_is_refused_in_one_line_and_left_as_it_is(worl
     if where == "manifest":
         assert main(["store", "list", str(store)]) == 0
         assert "(store format version 2: not readable by this hardrank, left as it is)" in capsys.readouterr().out
+
+
+def test_the_naive_loaders_fd_sharing_thread_is_quiet_about_a_worker_gone_mid_handshake(capsys):
+    """The bench's naive DataLoader: a connection error in multiprocessing's fd-sharing server thread (a worker
+    that ended mid-handshake while the command stops) prints nothing; any other thread error still does."""
+    import threading
+
+    from hardrank.jobs.bench.naive import _quiet_fd_sharing
+
+    seen = []
+    hook = _quiet_fd_sharing(seen.append)
+
+    def fail(exc, where):
+        namespace = {}
+        exec(compile("def serve():\n    raise exc\n", where, "exec"), {"exc": exc}, namespace)
+        try:
+            namespace["serve"]()
+        except BaseException as e:
+            return threading.ExceptHookArgs((type(e), e, e.__traceback__, None))
+
+    hook(fail(ConnectionResetError(104, "reset"), "/usr/lib/python3.11/multiprocessing/resource_sharer.py"))
+    assert seen == []
+    other = fail(ConnectionResetError(104, "reset"), "/work/engine/somewhere.py")
+    hook(other)
+    assert seen == [other]
+    elsewhere = fail(ValueError("a bug"), "/usr/lib/python3.11/multiprocessing/resource_sharer.py")
+    hook(elsewhere)
+    assert seen == [other, elsewhere]
