@@ -32,7 +32,7 @@ lint: $(STAMP)  ## ruff over the whole repository
 PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile -p no:warnings)
 
-test: lint  ## lint, then the test suite in 2 workers (CPU only, no downloads; what CI runs; about 7 min on 2 cores)
+test: lint  ## lint, then the test suite in 2 workers (CPU only, no downloads; what CI runs; about 9 min on 2 cores)
 	$(PY) -m pytest -q -x --timeout=900 $(PYTEST_PARALLEL) tests
 
 test-fast: $(STAMP)  ## the tests not marked slow (no Ray cluster, no real-size RoCOCO)
