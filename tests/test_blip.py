@@ -265,12 +265,14 @@ def test_blip_folder_errors(tmp_path, blip):
 
 
 # -- the re-ranking protocol: engine == brute force -----------------------------------------------------
-def _brute_force(task: RankingTask, q_emb, g_emb, itm, k: int) -> dict[str, dict[str, np.ndarray]]:
+def _brute_force(task: RankingTask, q_emb, g_emb, itm, k: int, tol: float = 0.0) -> dict[str, dict[str, np.ndarray]]:
     """Per query: the full ITC row, the top k by (score desc, index asc), itm + s there and -100 elsewhere,
-    then per view the rank of the best positive and the top-1 under the index tie rule."""
+    then per view the rank of the best positive and the top-1 under the index tie rule. ``tol`` > 0: also the
+    rank's bounds ``lo``/``hi`` when scores within ``tol`` of the best positive's may fall either way (a network's
+    logits move by an ulp with the batch and thread count that computed them)."""
     xq, xb = q_emb[task.query_items].astype(np.float64), g_emb[task.gallery_items].astype(np.float64)
     nb = len(xb)
-    out = {v: {"rank": [], "top1": []} for v in task.views}
+    out = {v: {"rank": [], "top1": [], "lo": [], "hi": []} for v in task.views}
     for i in range(task.num_queries):
         s = (xq[i] @ xb.T).astype(np.float32)  # exact here: the test's embeddings are small dyadic numbers
         order = sorted(range(nb), key=lambda j: (-float(s[j]), j))[:k]
@@ -285,6 +287,13 @@ def _brute_force(task: RankingTask, q_emb, g_emb, itm, k: int) -> dict[str, dict
             ranked = sorted(items, key=lambda j: (-float(row[j]), j))  # index tie rule: a stable order
             best = next(r for r, j in enumerate(ranked) if j in pos)
             out[v]["rank"].append(sum(1 for j in ranked[:best] if j not in pos))
+            jb, b = ranked[best], float(row[ranked[best]])  # exact ties keep the index rule; near ones are open
+            other = [float(row[j]) for j in items if j not in pos]
+            before = sum(1 for j in items
+                         if j not in pos and (float(row[j]) > b + tol or (float(row[j]) == b and j < jb)))
+            near = sum(1 for x in other if x != b and abs(x - b) <= tol)
+            out[v]["lo"].append(before)
+            out[v]["hi"].append(before + near)
             out[v]["top1"].append(ranked[best] if best == 0 or all(j in pos for j in ranked[:best])
                                   else next(j for j in ranked if j not in pos))
     return {v: {k2: np.array(x) for k2, x in d.items()} for v, d in out.items()}
@@ -413,11 +422,15 @@ def test_evaluate_rerank_equals_brute_force_with_transformers(world, blip, tmp_p
         assert ce["images_encoded"] == len(tables.images) and ce["image_cache_hits"] > 0
     emb = {"image": img, "text": txt}
     for task in suite.ranking:
-        ref = _brute_force(task, emb[task.query_modality], emb[task.gallery_modality], itm, k)
+        ref = _brute_force(task, emb[task.query_modality], emb[task.gallery_modality], itm, k, tol=1e-4)
         for view in task.views:
-            got = outcomes[(outcomes.task == task.name) & (outcomes.view == view)]
-            np.testing.assert_array_equal(got["rank"].to_numpy(), ref[view]["rank"], err_msg=f"{task.name} {view}")
-            assert res["metrics"][view][task.name]["R@1"] == pytest.approx(100 * np.mean(ref[view]["rank"] < 1))
+            got = outcomes[(outcomes.task == task.name) & (outcomes.view == view)]["rank"].to_numpy()
+            lo, hi = ref[view]["lo"], ref[view]["hi"]
+            near = lo != hi  # a score within 1e-4 of the best positive's: its side is the last ulp's
+            assert near.mean() <= 0.5, (task.name, view, near.mean())  # most queries still checked exactly
+            np.testing.assert_array_equal(got[~near], ref[view]["rank"][~near], err_msg=f"{task.name} {view}")
+            assert ((lo <= got) & (got <= hi)).all(), (task.name, view, got, lo, hi)
+            assert res["metrics"][view][task.name]["R@1"] == pytest.approx(100 * np.mean(got < 1))
 
 
 def test_rerank_refuses_models_without_an_itm_head_and_bad_values(world, tmp_path, capsys):
