@@ -115,6 +115,11 @@ def test_objectnet_errors_name_the_file_and_the_fix(tmp_path):
     _objectnet(tmp_path / "b", {"Kettle": "L7"})
     with pytest.raises(DataError, match=r"'Kettle' has no folder"):
         objectnet_classes(tmp_path / "b")
+    for i, bad in enumerate(("../../elsewhere", "/etc", "..")):  # a folder out of the release: never read
+        maps = _objectnet(tmp_path / f"out{i}")
+        (maps / "folder_to_objectnet_label.json").write_text(json.dumps({bad: "Banana"}))
+        with pytest.raises(DataError, match=r"folder_to_objectnet_label.json: folder .* is not one folder name"):
+            objectnet_classes(tmp_path / f"out{i}")
     maps = _objectnet(tmp_path / "c")
     (maps / OBJECTNET_MAPPING_FILES[1]).write_text("[1, 2]")
     with pytest.raises(DataError, match=r"objectnet_to_imagenet_1k.json: expected a JSON dict"):

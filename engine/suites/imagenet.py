@@ -130,6 +130,10 @@ def objectnet_classes(root: str | Path) -> list[ObjectNetClass]:
     for i, label in enumerate(labels):
         if label and i in from_2012:
             label_to_index[label] = from_2012[i]  # a repeated label keeps its last line, as CLIP_benchmark reads it
+    for f in to_label:  # a folder below objectnet-1.0/images: one plain name, never a path out of the release
+        if not isinstance(f, str) or f in ("", ".", "..") or "/" in f or "\\" in f:
+            raise DataError(f"{folder / 'folder_to_objectnet_label.json'}: folder {f!r} is not one folder name "
+                            f"(no '/', no '..'); use the file of the ObjectNet release as downloaded")
     folder_of = {label: f for f, label in to_label.items()}
     out = []
     for name, imagenet_names in to_imagenet.items():
