@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -458,3 +459,24 @@ def test_exact_answers_kept_in_a_folder_come_back_for_every_query_vector(tmp_pat
     np.testing.assert_array_equal(D1, D0[:, 1:5])
     again(xq[:2], 9, None)  # more than kept: searched again
     assert calls == [8, 2]
+
+
+def test_an_index_file_naming_lists_outside_its_folder_never_reads_them(corpus, tmp_path):
+    """index.faiss stores the path of its on-disk lists. A handed folder holding only index.faiss (manifest edited
+    to match) must not read the lists of the folder it was copied from: lists are looked up beside the index."""
+    from hardrank.errors import DataError
+    from hardrank.scoring.faiss_index import ondisk
+
+    assert main(["index", "build", "--corpus", corpus["cr"], "--factory", "IVF16,Flat", "--budget-mb", "1",
+                 "--out", str(tmp_path / "idx"), "--quiet"]) == 0
+    m = json.loads((tmp_path / "idx" / "index.json").read_text())
+    assert "lists.ivfdata" in m["files"]  # its lists are on disk, named inside index.faiss by absolute path
+    copy = tmp_path / "handed"
+    copy.mkdir()
+    for name in m["files"]:
+        if name != "lists.ivfdata":
+            shutil.copy(tmp_path / "idx" / name, copy / name)
+    del m["files"]["lists.ivfdata"]
+    (copy / "index.json").write_text(json.dumps(m))
+    with pytest.raises(DataError, match="damaged"):
+        ondisk.open_index(copy, m["identity"])

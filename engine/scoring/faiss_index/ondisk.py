@@ -150,9 +150,11 @@ def _write_large(index, path: Path, size: int) -> None:
 
 
 def _read_index(path: Path, flags: int = 0):
+    """An index file of the folder; on-disk lists are always looked up beside it (IO_FLAG_ONDISK_SAME_DIR):
+    the file path FAISS stores inside an index is data, and a handed folder's could name any file."""
     try:
         with _quiet_stdout():
-            return faiss.read_index(str(path), flags)
+            return faiss.read_index(str(path), flags | faiss.IO_FLAG_ONDISK_SAME_DIR)
     except RuntimeError as exc:
         raise DataError(f"{path}: damaged: FAISS cannot read it ({str(exc).strip().splitlines()[-1][:200]})"
                         ) from None
@@ -500,8 +502,7 @@ def open_index(folder, identity: dict):
     folder = Path(folder)
     m = check(folder, identity)
     have = m["identity"]
-    flags = faiss.IO_FLAG_ONDISK_SAME_DIR if (folder / LISTS).exists() else 0
-    index = _read_index(folder / INDEX, flags)
+    index = _read_index(folder / INDEX)
     if index.ntotal != have.get("rows") or index.d != have.get("dim"):
         raise DataError(f"{folder / INDEX}: damaged index file (it holds {index.ntotal:,} rows of {index.d}-d, the "
                         f"manifest says {have.get('rows'):,} of {have.get('dim')}-d); delete {folder} and rebuild")
