@@ -13,7 +13,7 @@ from gpu_check_models import _captions, _world
 from gpu_check_parts import Recorder
 
 
-def _wordpiece(special: list[str], bert: bool):
+def _tokenizer(special: list[str], bert: bool):
     """A tokenizer trained on the captions' words: byte-level BPE (CLIP's kind) or WordPiece (BERT's, for BLIP)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -52,7 +52,7 @@ def _clip_folder(folder: Path, tiny: bool = False) -> Path:
 
     if (folder / "config.json").is_file():
         return folder
-    tok, fast = _wordpiece(["<|startoftext|>", "<|endoftext|>"], bert=False)
+    tok, fast = _tokenizer(["<|startoftext|>", "<|endoftext|>"], bert=False)
     eos = tok.token_to_id("<|endoftext|>")
     torch.manual_seed(0)
     text = {"vocab_size": tok.get_vocab_size(), "bos_token_id": tok.token_to_id("<|startoftext|>"),
@@ -72,7 +72,7 @@ def _blip_folder(folder: Path, tiny: bool = False) -> Path:
 
     if (folder / "config.json").is_file():
         return folder
-    tok, fast = _wordpiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[DEC]", "[ENC]"], bert=True)
+    tok, fast = _tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[DEC]", "[ENC]"], bert=True)
     torch.manual_seed(0)
     cfg = BlipConfig(text_config={"vocab_size": tok.get_vocab_size(), "pad_token_id": tok.token_to_id("[PAD]"),
                                   "bos_token_id": tok.token_to_id("[CLS]"), "sep_token_id": tok.token_to_id("[SEP]")})
