@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import signal
-import threading
+import sys
 
 import numpy as np
 import torch
@@ -50,19 +50,19 @@ def _leave_stopping_to_the_parent(worker_id: int) -> None:
 
 
 def _quiet_fd_sharing(previous):
-    """A ``threading.excepthook`` that drops a connection error of multiprocessing's fd-sharing thread (the
-    thread that hands a DataLoader worker's tensors to this process): a worker ended mid-handshake while the
-    command stops, and that thread printed a traceback beside the one line (seen under load). Anything else goes
-    to ``previous``."""
-    def hook(args):
-        tb, frames = args.exc_traceback, []
-        while tb is not None:
-            frames.append(tb.tb_frame.f_code.co_filename)
-            tb = tb.tb_next
-        if issubclass(args.exc_type, (ConnectionError, EOFError)) and any(  # raised in its server loop
+    """A ``sys.excepthook`` that drops a connection error of multiprocessing's fd-sharing thread (the thread that
+    hands a DataLoader worker's tensors to this process; its server loop reports errors through
+    ``sys.excepthook``): a worker ended mid-handshake while the command stops, and that thread printed a
+    traceback beside the one line (seen under load). Anything else goes to ``previous``."""
+    def hook(exc_type, exc, tb):
+        frames, at = [], tb
+        while at is not None:
+            frames.append(at.tb_frame.f_code.co_filename)
+            at = at.tb_next
+        if issubclass(exc_type, (ConnectionError, EOFError)) and any(  # raised in its server loop
                 f.endswith("multiprocessing/resource_sharer.py") for f in frames):
             return
-        previous(args)
+        previous(exc_type, exc, tb)
     hook.quiet_fd_sharing = True
     return hook
 
@@ -75,8 +75,8 @@ class _Loader(DataLoader):
     def __iter__(self):
         if not self.num_workers:
             return super().__iter__()
-        if not getattr(threading.excepthook, "quiet_fd_sharing", False):
-            threading.excepthook = _quiet_fd_sharing(threading.excepthook)
+        if not getattr(sys.excepthook, "quiet_fd_sharing", False):
+            sys.excepthook = _quiet_fd_sharing(sys.excepthook)
         held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
         try:
             return super().__iter__()
