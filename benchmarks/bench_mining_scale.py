@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/bench_mining_scale.py [--scale 1] [--rows N] [--d 512] [--queries 2000,100000]
            [--workdir /tmp/hardrank-bench-mining-scale] [--budget-mb 1024] [--recall-sample 1000]
-           [--skip-100k] [--generate-only] [--out benchmarks/results/mining_scale.json]
+           [--skip-100k] [--generate-only] [--resume] [--out benchmarks/results/mining_scale.json]
 
 --rows defaults to the machine's RAM x 1.25 in fp16 rows (23 GiB RAM, d 512: 30.2M rows, 30.9 GB), times --scale;
 --scale also scales the two query sets (at least 200 and 1,000 queries) and the recall sample (at most the smaller
@@ -163,6 +163,9 @@ def main(argv=None) -> int:
     ap.add_argument("--recall-sample", type=int, default=1000)
     ap.add_argument("--skip-100k", action="store_true", help="leave the large query set out")
     ap.add_argument("--generate-only", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="keep the runs an earlier call finished (their rows in "
+                    "--out and their outputs under --workdir), run the others: e.g. the 100,000-query run after a "
+                    "--skip-100k call, from its saved index")
     ap.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/mining_scale.json at "
                     "--scale 1, else in the work folder)")
     args = ap.parse_args(argv)
@@ -190,27 +193,34 @@ def main(argv=None) -> int:
     factory = size_index(nb, args.d, budget).factory
     cr = str(work / "cr")
     runs = work / "runs"
-    if runs.exists():
+    done = {}
+    if args.resume and Path(args.out).is_file():
+        done = json.loads(Path(args.out).read_text()).get("runs", {})
+    elif runs.exists():
         import shutil
 
         shutil.rmtree(runs)  # full runs, not resumes
-    runs.mkdir()
+    runs.mkdir(exist_ok=True)
     common = ["--corpus", cr, "-k", "10", "--budget-mb", str(args.budget_mb), "--recall-sample",
               str(args.recall_sample), "--no-dup-filter"]
     q = {n: str(work / f"q{n}.parquet") for n in (few, many)}
     rows = {}
-    rows["exact_2k"] = _run("exact 2k", ["mine", *common, "--queries", q[few], "--out", str(runs / "a")],
-                            runs / "a.log") | _summary(runs / "a")
     idx = runs / "idx"
-    rows["build_2k"] = _run("build+2k", ["mine", *common, "--queries", q[few], "--search", f"faiss:{factory}",
-                                         "--index-out", str(idx), "--out", str(runs / "b")], runs / "b.log") | \
-        _summary(runs / "b")
+
+    def step(name: str, label: str, tag: str, extra: list[str]) -> None:
+        if name in done and (runs / tag / "summary.json").is_file():
+            print(f"[{label}] kept from {args.out}", file=sys.stderr, flush=True)
+            rows[name] = done[name]
+            return
+        rows[name] = _run(label, ["mine", *common, *extra, "--out", str(runs / tag)], runs / f"{tag}.log") | \
+            _summary(runs / tag)
+
+    step("exact_2k", "exact 2k", "a", ["--queries", q[few]])
+    step("build_2k", "build+2k", "b", ["--queries", q[few], "--search", f"faiss:{factory}", "--index-out", str(idx)])
     rows["build_2k"]["index"] = json.loads((idx / "index.json").read_text())
-    rows["reuse_2k"] = _run("reuse 2k", ["mine", *common, "--queries", q[few], "--index", str(idx), "--out",
-                                         str(runs / "c")], runs / "c.log") | _summary(runs / "c")
+    step("reuse_2k", "reuse 2k", "c", ["--queries", q[few], "--index", str(idx)])
     if not args.skip_100k:
-        rows["index_100k"] = _run("index 100k", ["mine", *common, "--queries", q[many], "--index", str(idx),
-                                                 "--out", str(runs / "d")], runs / "d.log") | _summary(runs / "d")
+        step("index_100k", "index 100k", "d", ["--queries", q[many], "--index", str(idx)])
     opts = MineOptions(k=10, budget_mb=args.budget_mb, recall_sample=args.recall_sample)
     p = plan(many, (nb, args.d), opts, mapped=True)
     m = rows["build_2k"]["index"]

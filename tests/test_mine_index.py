@@ -225,23 +225,52 @@ def test_an_index_built_once_is_reused_by_later_runs_with_other_queries_and_k(co
     assert m["lists"] == "on disk, memory-mapped" and m["identity"]["rows"] == 6000 and m["identity"]["dim"] == 32
     before = _mtimes(idx)
     runs = [("q1", "5"), ("q2", "3"), ("q1", "5")]
+    search = []
     for i, (q, k) in enumerate(runs):
-        assert main(["mine", *args, "--queries", corpus[q], "-k", k, "--index", str(idx), "--out",
-                     str(tmp_path / f"m{i}")]) == 0
+        assert main(["mine", *args, "--queries", corpus[q], "-k", k, "--index", str(idx), "--recall-target", "0.999",
+                     "--out", str(tmp_path / f"m{i}")]) == 0  # (a target nprobe 1 misses: tuning has a way to go)
         s = json.loads((tmp_path / f"m{i}" / "summary.json").read_text())
         assert s["search"]["factory"] == "IVF32,Flat" and s["search"]["index_folder"] == str(idx)
         assert s["inputs"]["corpus"]["ids"] == f"memory-mapped: {idx / 'ids.arrow'}"  # not read from the metadata
         assert s["recall"]["met"], s["recall"]
         # the recall sample's exact answers, kept in the folder: the same queries again search the corpus for none
         assert s["search"]["recall_sample_reused"] == (200 if i == 2 else 0)
-    before["exact_topk.npz"] = (idx / "exact_topk.npz").stat().st_mtime_ns  # (the one file runs add there)
+        search.append(s["search"])
+    # the tuning kept there too: another query set starts at the kept setting (measured there first); the same
+    # queries again get the first run's tuning back, not searched again
+    assert search[0]["tuning"][0]["nprobe"] == 1 and search[0]["nprobe"] > 1 and "tuning_start" not in search[0]
+    assert search[1]["tuning"][0]["nprobe"] == search[0]["nprobe"] and "tuning.json" in search[1]["tuning_start"]
+    assert search[2]["tuning"] == search[0]["tuning"] and search[2]["nprobe"] == search[0]["nprobe"]
+    assert "tuning.json" in search[2]["tuning_reused"]
+    for f in ("exact_topk.npz", "tuning.json"):  # (the files runs add there)
+        before[f] = (idx / f).stat().st_mtime_ns
     assert _mtimes(idx) == before  # nothing built, nothing rewritten
     assert _negatives(tmp_path / "m0") == _negatives(tmp_path / "m2")
     # mine --index-out into a fresh folder builds the same index (same sample, same blocks): the same negatives
     assert main(["mine", *args, "--queries", corpus["q1"], "-k", "5", "--search", "faiss:IVF32,Flat", "--budget-mb",
-                 "1", "--index-out", str(tmp_path / "idx2"), "--out", str(tmp_path / "m3")]) == 0
+                 "1", "--recall-target", "0.999", "--index-out", str(tmp_path / "idx2"), "--out",
+                 str(tmp_path / "m3")]) == 0
     assert _negatives(tmp_path / "m3") == _negatives(tmp_path / "m0")
     assert not (tmp_path / "idx2" / "blocks").exists() and (tmp_path / "idx2" / "index.json").is_file()
+
+
+def test_a_kept_tuning_is_used_only_as_written_there(tmp_path):
+    """An index folder is a user's: a tuning.json not as runs write it (another type, a bad nprobe or refine,
+    damaged JSON) is passed over, never trusted nor a crash; a run's own record comes back."""
+    from hardrank.mining.searcher import TuningMemo
+
+    good = {"sample": "ab", "target": 0.95, "met": True, "tuning_recall@10": 0.96, "nprobe": 8, "refine": 2,
+            "tuning": [], "seconds_per_query": 0.01}
+    path = tmp_path / "tuning.json"
+    for text in ("{", "[]", '{"tunings": 3}', json.dumps({"tunings": [dict(good, nprobe=0), dict(good, nprobe="8"),
+                                                                   dict(good, refine=10 ** 9), [1], None]})):
+        path.write_text(text)
+        memo = TuningMemo(path)
+        assert memo.kept == [] and memo.start(0.95) is None and memo.same("ab", 0.95) is None
+    memo.save(good)
+    again = TuningMemo(path)
+    assert again.same("ab", 0.95) == good and again.start(0.95) == good and again.start(0.9) is None
+    assert again.same("cd", 0.95) is None
 
 
 def test_exact_mining_streams_a_clip_retrieval_corpus_and_auto_plans_it(corpus, tmp_path, capsys):
@@ -408,6 +437,46 @@ def test_an_assigner_adds_rows_to_the_lists_the_index_would(tmp_path):
     for j in range(16):
         assert sorted(faiss.rev_swig_ptr(la.get_ids(j), la.list_size(j))) == sorted(
             faiss.rev_swig_ptr(lb.get_ids(j), lb.list_size(j)))
+
+
+def test_merging_the_blocks_holds_their_lists_not_a_quantiser_per_block(tmp_path, monkeypatch):
+    """Each block file holds the coarse quantiser (nlist x d floats: 4 MiB here, as at 2,048 x 512); the merge
+    holds only the blocks' memory-mapped lists: the full-size build (503 blocks) held 2.2 GiB beside its budget.
+    Measured when the merged lists are created, every block read by then; the merged index is whole."""
+    import faiss
+
+    from hardrank.mining.memory import status
+    from hardrank.scoring.faiss_index import ondisk
+
+    d, nlist, n_blocks, per = 512, 2048, 48, 5
+    rng = np.random.default_rng(0)
+    trained = faiss.index_factory(d, f"IVF{nlist},Flat", faiss.METRIC_INNER_PRODUCT)
+    faiss.extract_index_ivf(trained).quantizer.add(rng.standard_normal((nlist, d)).astype(np.float32))
+    trained.is_trained = True
+    (tmp_path / ondisk.BLOCKS).mkdir()
+    x = rng.standard_normal((n_blocks * per, d)).astype(np.float32)
+    for b in range(n_blocks):
+        block = faiss.clone_index(trained)
+        block.add_with_ids(x[b * per:(b + 1) * per], np.arange(b * per, (b + 1) * per, dtype=np.int64))
+        ondisk._write_index(block, ondisk._block_path(tmp_path, b))
+    del block
+    real, seen = faiss.OnDiskInvertedLists, []
+
+    def lists(*a):
+        seen.append(status()["RssAnon"])
+        return real(*a)
+
+    monkeypatch.setattr(faiss, "OnDiskInvertedLists", lists)
+    before = status()["RssAnon"]
+    ondisk._merge_on_disk(tmp_path, trained, {"block_rows": per}, n_blocks * per)
+    quantiser = nlist * d * 4
+    assert len(seen) == 1 and seen[0] - before < 8 * quantiser  # was n_blocks (48) quantisers: 192 MiB
+    monkeypatch.undo()
+    index = ondisk._read_index(tmp_path / ondisk.INDEX)
+    assert index.ntotal == n_blocks * per
+    faiss.extract_index_ivf(index).nprobe = nlist
+    _, I = index.search(x[::37], 1)
+    assert I[:, 0].tolist() == list(range(0, n_blocks * per, 37))
 
 
 def test_the_catalog_keeps_the_corpus_ids_out_of_python_lists(corpus, tmp_path):

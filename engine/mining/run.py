@@ -28,7 +28,7 @@ from hardrank.mining.index import built_factory, check_index, index_searcher
 from hardrank.mining.inputs import build_problem
 from hardrank.mining.problem import MineProblem, negatives_schema
 from hardrank.mining.progress import Progress, hms
-from hardrank.mining.searcher import SampleReference, build_searcher, measure_recall, written_recall
+from hardrank.mining.searcher import SampleReference, TuningMemo, build_searcher, measure_recall, written_recall
 from hardrank.mining.training_table import check_training, shard_path, training_format, write_training
 from hardrank.scoring import backends, corpus_io
 from hardrank.scoring.backends import Backend
@@ -326,7 +326,8 @@ def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_trai
             search_info["recall_sample_reused"] = ref.reused
             if ref.reused:
                 echo(f"recall sample: {ref.reused:,} exact answers reused from {folder}")
-            search_info.update(measure_recall(search, problem, opts, ref))
+            memo = TuningMemo(Path(folder) / "tuning.json") if folder else None  # this index's tunings
+            search_info.update(measure_recall(search, problem, opts, ref, memo))
             timings["recall"] = time.perf_counter() - t0
             what = search_info.get("factory", search_info["method"])
             refine = f", {search_info['refine']} candidates a result" if search_info.get("refine") else ""
@@ -334,6 +335,9 @@ def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_trai
                  f"alone, before filters) at nprobe {search_info.get('nprobe')}{refine} on "
                  f"{search_info['tuning_sample']} queries ({timings['recall']:.1f}s, of which the sample's exact "
                  f"search {ref.seconds:.1f}s)")
+            for kept in ("tuning_reused", "tuning_start"):
+                if search_info.get(kept):
+                    echo(f"tuning: {'reused' if kept == 'tuning_reused' else 'started at'} {search_info[kept]}")
         if len(todo_rows) * nb >= _ESTIMATE_PAIRS:
             if search.exact and hasattr(search, "progress"):
                 est = plan.exact_s if plan.exact_s is not None else (

@@ -4,6 +4,7 @@ Searchers map (xq (m, d) float32, kk, exclude CSR) to exact-scored (D, I) sorted
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,7 +25,7 @@ from hardrank.scoring.backends.sharded import merge_topk
 from hardrank.vectors import f32
 
 __all__ = ["build_searcher", "searcher_for", "measure_recall", "written_recall", "ExactReference",
-           "SampleReference"]
+           "SampleReference", "TuningMemo"]
 
 
 def build_searcher(problem: MineProblem, opts: MineOptions, backend: Backend | None = None):
@@ -226,7 +227,60 @@ class SampleReference:
         self.seconds = time.perf_counter() - t0
 
 
-def measure_recall(search, problem: MineProblem, opts: MineOptions, ref: SampleReference | None = None) -> dict:
+class TuningMemo:
+    """The nprobe and refine a tuning settled on, kept in an index folder (``tuning.json``) by recall target,
+    as (index folder) ``exact_topk.npz`` keeps exact answers. A later tuning of that index starts from the kept
+    setting instead of nlist/512 (another query set: measured there first, doubled on from it when short). A
+    sample whose vectors, exclusions and exact top-10 all equal the kept one's (the same queries again) gets
+    the kept measurements back without searching: FAISS's search of the same vectors at the same setting
+    returns the same lists, so its recall is the one measured. Unreadable or unwritable: no memo."""
+
+    _MAX = 64  # samples kept per folder (the oldest go first)
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.kept = [r for r in json.loads(path.read_text()).get("tunings", []) if self._valid(r)]
+        except (OSError, ValueError, AttributeError, TypeError):
+            self.kept = []
+
+    @staticmethod
+    def _valid(r) -> bool:
+        """A record as ``save`` writes it (the folder is a user's: anything else is passed over, not trusted)."""
+        def whole(v, top):
+            return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= top
+        return (isinstance(r, dict) and isinstance(r.get("sample"), str) and isinstance(r.get("target"), float)
+                and whole(r.get("nprobe"), 1 << 20) and (r.get("refine") is None or whole(r["refine"], MAX_REFINE))
+                and isinstance(r.get("tuning_recall@10"), float) and isinstance(r.get("seconds_per_query"), float)
+                and isinstance(r.get("tuning"), list) and isinstance(r.get("met"), bool))
+
+    @staticmethod
+    def key(xs: np.ndarray, excl, top10: np.ndarray, k: int) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        for a in (xs, top10, *(excl if excl is not None else ())):
+            h.update(np.ascontiguousarray(a).tobytes())
+        h.update(str(k).encode())
+        return h.hexdigest()
+
+    def same(self, key: str, target: float) -> dict | None:
+        return next((r for r in reversed(self.kept) if r.get("sample") == key and r.get("target") == target), None)
+
+    def start(self, target: float) -> dict | None:
+        """The setting of the latest tuning that met ``target`` (the first to try), if any."""
+        return next((r for r in reversed(self.kept) if r.get("target") == target and r.get("met")), None)
+
+    def save(self, record: dict) -> None:
+        self.kept = [r for r in self.kept if not (r.get("sample") == record["sample"]
+                                                  and r.get("target") == record["target"])] + [record]
+        try:
+            with atomic_path(self.path) as tmp:
+                Path(tmp).write_text(json.dumps({"tunings": self.kept[-self._MAX:]}, indent=1))
+        except OSError:  # a folder this user may not write (a shared index), a full disk: a memo, kept or not
+            pass
+
+
+def measure_recall(search, problem: MineProblem, opts: MineOptions, ref: SampleReference | None = None,
+                   memo: TuningMemo | None = None) -> dict:
     """The tuning recall: recall@10 of the search alone (exclusions applied, no filters) against the exact
     top-10 of the recall sample (``ref``: computed once for the run, also the written recall's reference).
 
@@ -234,7 +288,8 @@ def measure_recall(search, problem: MineProblem, opts: MineOptions, ref: SampleR
     when doubling it gains less than 0.005 (the codes, not the lists, limit it) or every list is probed, the
     candidates re-scored per result (``refine``) are doubled instead, up to ``backends.faiss.MAX_REFINE``. A
     searcher without an IVF-like ``index``: measured once. What the run reports is the recall of what it wrote
-    (``written_recall``); this one only picks nprobe and refine."""
+    (``written_recall``); this one only picks nprobe and refine. ``memo``: an index folder's kept tunings
+    (``TuningMemo``): the start, or (the same sample again) the answer."""
     from hardrank.scoring.faiss_index import recall_at_k  # faiss: imported by that module alone
 
     nq = len(problem.xq)
@@ -249,8 +304,21 @@ def measure_recall(search, problem: MineProblem, opts: MineOptions, ref: SampleR
     top = (index.nlist or 0) if index is not None else 0
     tune = opts.nprobe is None and top > 0
     can_refine = index is not None and hasattr(index, "set_refine")
+    key = TuningMemo.key(xs, excl, ref.top10, 10) if memo is not None and tune else None
+    same = memo.same(key, opts.recall_target) if key is not None else None
+    if same is not None and same.get("nprobe", 0) <= top and (same.get("refine") is None or can_refine):
+        index.set_nprobe(int(same["nprobe"]))
+        if same.get("refine") is not None:
+            index.set_refine(int(same["refine"]))
+        out.update({k: same[k] for k in ("tuning_recall@10", "nprobe", "refine", "tuning", "seconds_per_query")},
+                   nlist=top, tuning_reused=f"{memo.path}: this sample's tuning (same queries, exclusions and "
+                                            f"exact answers), not searched again")
+        return out
+    start = memo.start(opts.recall_target) if key is not None else None
     if tune:
-        index.set_nprobe(max(1, top // 512))
+        index.set_nprobe(min(top, int(start["nprobe"])) if start else max(1, top // 512))
+        if start and start.get("refine") is not None and can_refine:
+            index.set_refine(int(start["refine"]))
     tried, prev = [], None
     while True:
         t0 = time.perf_counter()
@@ -272,6 +340,12 @@ def measure_recall(search, problem: MineProblem, opts: MineOptions, ref: SampleR
             break
     out.update({"tuning_recall@10": r, "nprobe": getattr(index, "nprobe", None), "nlist": top or None,
                 "refine": getattr(index, "refine", None), "tuning": tried, "seconds_per_query": dt / max(1, n)})
+    if start:
+        out["tuning_start"] = f"{memo.path}: nprobe {start['nprobe']}, refine {start.get('refine')} (a tuning of " \
+                              f"this index that met the target)"
+    if key is not None:
+        memo.save({"sample": key, "target": float(opts.recall_target), "met": r >= opts.recall_target,
+                   **{k: out[k] for k in ("tuning_recall@10", "nprobe", "refine", "tuning", "seconds_per_query")}})
     return out
 
 
