@@ -11,19 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hardrank.errors import NoSpace, UsageError
+from hardrank.units import size
 
 __all__ = ["atomic_path", "write_json_atomic", "write_text_atomic", "named_when_full", "no_space", "why_unwritable"]
 
 _FULL = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded"}
-
-
-def _size(n: int) -> str:
-    if n < 1000:
-        return f"{n} B"
-    for unit in ("KB", "MB", "GB", "TB"):
-        n /= 1000
-        if n < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}"
 
 
 def _free(path: Path) -> str:
@@ -31,7 +23,7 @@ def _free(path: Path) -> str:
     for p in (path, *path.parents):
         with contextlib.suppress(OSError):
             st = os.statvfs(p)
-            return f"{_size(st.f_bavail * st.f_frsize)} free there"
+            return f"{size(st.f_bavail * st.f_frsize)} free there"
     return "free space unknown"
 
 
@@ -45,7 +37,7 @@ def no_space(exc: BaseException, path: str | os.PathLike | None = None, needed: 
         return exc
     where = path if path is not None else exc.filename
     path = Path(os.fsdecode(where)) if where is not None else None
-    need = f"it needs about {_size(needed)}, " if needed else ""
+    need = f"it needs about {size(needed)}, " if needed else ""
     room = _free(path.parent) if path is not None else "free space unknown"
     err = NoSpace(f"{_FULL[exc.errno]} writing {path if path is not None else 'a file'} ({need}{room}); free some "
                   f"space there or write to another disk (--out / --store), then run the same command again: "

@@ -15,6 +15,8 @@ import time
 
 from tqdm import tqdm
 
+from hardrank.units import hms
+
 __all__ = ["make_progress"]
 
 
@@ -63,12 +65,12 @@ class _Meter:
         speed = f"{rate:,.0f} item/s" if rate is not None else "measuring item/s"
         if final:
             failed = f"; {self.skipped} failed" if self.skipped else ""
-            return f"{speed}, {_hms(self.elapsed)}, done{failed}"
+            return f"{speed}, {hms(self.elapsed)}, done{failed}"
         if not self.total:
             return speed
         if rate is None:
             return f"{speed}, ETA after the second batch"
-        return f"{speed}, ETA {_hms(max(self.total - self.n, 0) / rate)}"
+        return f"{speed}, ETA {hms(max(self.total - self.n, 0) / rate)}"
 
 
 class _LogLines:
@@ -141,11 +143,6 @@ class _Bar:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _hms(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 def make_progress(quiet: bool = False, *, stream=None, interval: float = 10.0):

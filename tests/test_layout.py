@@ -367,7 +367,7 @@ def test_importing_every_module_changes_no_process_setting_but_the_wait_policy()
 # A new room takes its place here (and in README); a new arrow up means a shared piece belongs lower:
 # move it into the lowest room that every user can import (formats/ holds the file formats several rooms read).
 LAYERS = [
-    "errors", "text", "word_tags", "tasks", "openmp", "urls", "vectors", "atomic", "items", "options",
+    "units", "errors", "text", "word_tags", "tasks", "openmp", "urls", "vectors", "atomic", "items", "options",
     "openclip_import", "cpus", "devices", "settings", "suite_registry", "kernels",
     "formats",
     "scoring", "config", "models", "store", "inputs", "encoding", "executors", "embed", "mining", "perturb",

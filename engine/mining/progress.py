@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["Progress", "hms"]
+from hardrank.units import hms
 
-
-def hms(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+__all__ = ["Progress"]
 
 
 class Progress:

@@ -27,7 +27,7 @@ from hardrank.mining.catalog import digest, take
 from hardrank.mining.index import built_factory, check_index, index_searcher
 from hardrank.mining.inputs import build_problem
 from hardrank.mining.problem import MineProblem, negatives_schema
-from hardrank.mining.progress import Progress, hms
+from hardrank.mining.progress import Progress
 from hardrank.mining.searcher import SampleReference, TuningMemo, build_searcher, measure_recall, written_recall
 from hardrank.mining.training_table import check_training, shard_path, training_format, write_training
 from hardrank.scoring import backends, corpus_io
@@ -36,6 +36,7 @@ from hardrank.scoring.backends.auto import gemm_rate
 from hardrank.scoring.backends.faiss import faiss_searcher
 from hardrank.scoring.backends.sharded import for_mining
 from hardrank.settings import RunSettings, start_run
+from hardrank.units import hms
 from hardrank.vectors import UnitRows
 
 __all__ = ["mine", "mine_arrays", "mining_settings", "recall_line"]
@@ -44,7 +45,6 @@ RUN_VERSION = 2  # 2: human ids (image paths relative to one root), query_key / 
 _HIST_BINS = 40  # score histogram: 40 bins over [-1, 1]
 # a search of at least this many (query, corpus item) pairs gets an estimate of its time in the plan
 _ESTIMATE_PAIRS = 1 << 28
-_hms = hms
 
 
 def _plan_line(problem: MineProblem, opts: MineOptions, n_blocks: int, n_todo: int, how: str) -> str:
@@ -55,16 +55,12 @@ def _plan_line(problem: MineProblem, opts: MineOptions, n_blocks: int, n_todo: i
             f"({d}-d), top {opts.k} each by {how}; {n_blocks} block(s) of up to {opts.block_size:,} queries{done}")
 
 
-def _digest(strings) -> str:
-    return digest(strings)
-
-
 def _check_run(out: Path, problem: MineProblem, opts: MineOptions) -> dict:
     """The run record: a rerun resumes only with the same inputs and options."""
     record = {"run_version": RUN_VERSION, "direction": problem.direction, "modality": problem.modality,
               "queries": len(problem.xq), "corpus": len(problem.xb), "dim": int(problem.xq.shape[1]),
-              "query_ids": _digest(problem.query_ids),
-              "corpus_ids": (problem.meta.get("corpus") or {}).get("ids_digest") or _digest(problem.corpus_ids),
+              "query_ids": digest(problem.query_ids),
+              "corpus_ids": (problem.meta.get("corpus") or {}).get("ids_digest") or digest(problem.corpus_ids),
               # dup_filter off is dup_threshold None already: records written before the flag was an option match
               "options": {k: v for k, v in asdict(opts).items()
                           if k not in ("recall_sample", "recall_target", "shards", "dup_filter", "index", "index_out")}}
@@ -162,11 +158,6 @@ def _written(out: Path, problem: MineProblem, B: int):
     return written
 
 
-def _take(col, idx: np.ndarray):
-    """Entries ``idx`` of an Arrow column (chunked or not; memory-mapped ones read only those pages)."""
-    return take(col, idx)
-
-
 def recall_line(recall: dict) -> str:
     """The recall of the written negatives in one line (printed, and by `hardrank mine` after the run)."""
     k, r = recall["k"], recall.get(f"recall@{recall['k']}")
@@ -175,10 +166,11 @@ def recall_line(recall: dict) -> str:
             f"with exact search (target {recall['target']}: {'met' if recall['met'] else 'NOT met'})")
 
 
-def _exact_estimate(problem: MineProblem, opts: MineOptions) -> float:
-    """Seconds an exact pass of every query over the corpus takes here (the kernel's measured rate)."""
-    nq, (nb, d) = len(problem.xq), problem.xb.shape
-    return nq * nb * d / gemm_rate(d, opts.rank_precision)
+def _exact_estimate(problem: MineProblem, opts: MineOptions, nq: int | None = None) -> float:
+    """Seconds an exact pass of ``nq`` queries (default: every one) over the corpus takes here (the kernel's
+    measured rate)."""
+    nb, d = problem.xb.shape
+    return (len(problem.xq) if nq is None else nq) * nb * d / gemm_rate(d, opts.rank_precision)
 
 
 def _shortfall(recall: dict, search: dict, exact: bool, problem: MineProblem, opts: MineOptions) -> str | None:
@@ -202,7 +194,7 @@ def _shortfall(recall: dict, search: dict, exact: bool, problem: MineProblem, op
     est = _exact_estimate(problem, opts)
     recall["exact_estimate_s"] = round(est, 1)
     return line + (f"; exact search reaches it: --search exact (a pass over the corpus per block of queries, "
-                   f"within --budget-mb: about {_hms(est)} here)")
+                   f"within --budget-mb: about {hms(est)} here)")
 
 
 def mine_arrays(problem: MineProblem, opts: MineOptions, out: str | os.PathLike, *,
@@ -340,13 +332,12 @@ def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_trai
                     echo(f"tuning: {'reused' if kept == 'tuning_reused' else 'started at'} {search_info[kept]}")
         if len(todo_rows) * nb >= _ESTIMATE_PAIRS:
             if search.exact and hasattr(search, "progress"):
-                est = plan.exact_s if plan.exact_s is not None else (
-                    len(todo_rows) * nb * problem.xb.shape[1] / gemm_rate(problem.xb.shape[1], opts.rank_precision))
-                echo(f"estimated search time {_hms(est)} (a pass over the corpus per block of queries, at the exact "
+                est = plan.exact_s if plan.exact_s is not None else _exact_estimate(problem, opts, len(todo_rows))
+                echo(f"estimated search time {hms(est)} (a pass over the corpus per block of queries, at the exact "
                      f"kernel's measured rate)")
             elif search_info.get("seconds_per_query"):
                 est = search_info["seconds_per_query"] * len(todo_rows)
-                echo(f"estimated search time {_hms(est)} (the tuned search timed on the recall sample)")
+                echo(f"estimated search time {hms(est)} (the tuned search timed on the recall sample)")
         t0, done_q = time.perf_counter(), 0
         for i, b in enumerate(todo):
             rows = np.arange(b * B, min(nq, (b + 1) * B))
@@ -358,9 +349,9 @@ def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_trai
             qrow = np.repeat(rows, valid.sum(1))
             table = pa.Table.from_arrays([
                 ids_q.take(pa.array(qrow)), pa.array(np.nonzero(valid)[1].astype(np.int32)),
-                _take(ids_b, I[valid]), pa.array(S[valid], pa.float32()),
+                take(ids_b, I[valid]), pa.array(S[valid], pa.float32()),
                 pa.array([problem.modality] * int(valid.sum()), pa.string()),
-                keys_q.take(pa.array(qrow)), _take(keys_b, I[valid])], schema=negatives_schema())
+                keys_q.take(pa.array(qrow)), take(keys_b, I[valid])], schema=negatives_schema())
             block_meta = json.dumps({"block": b, "queries": len(rows), **st})
             table = table.replace_schema_metadata({"hardrank_block": block_meta})
             with atomic_path(shard_path(out, b), table.nbytes) as tmp:
@@ -368,7 +359,7 @@ def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_trai
             elapsed, done_q = time.perf_counter() - t0, done_q + len(rows)
             left = len(todo_rows) - done_q
             rate = f", {done_q / elapsed:,.0f} queries/s" if elapsed > 0 else ""
-            eta = f", ETA {_hms(elapsed / done_q * left)}" if left else ""
+            eta = f", ETA {hms(elapsed / done_q * left)}" if left else ""
             echo(f"block {b + 1}/{n_blocks}: {len(rows)} queries ({i + 1}/{len(todo)} this run, {elapsed:.1f}s"
                  f"{rate}{eta})")
         timings["search"] = time.perf_counter() - t0

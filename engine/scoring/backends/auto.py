@@ -36,9 +36,10 @@ from hardrank.kernels import topk
 from hardrank.scoring.backends.base import TOPK, Backend, MinePlan
 from hardrank.scoring.backends.exhaustive import kernel_searcher
 from hardrank.scoring.backends.faiss import describe_factory, faiss_searcher
+from hardrank.units import hms
 from hardrank.vectors import unit_rows
 
-__all__ = ["Auto", "IndexShape", "auto_factory", "size_index", "gemm_rate", "plan", "hms"]
+__all__ = ["Auto", "IndexShape", "auto_factory", "size_index", "gemm_rate", "plan"]
 
 _NITER = 10            # k-means iterations (faiss_index.ondisk)
 _NPROBE_SHARE = 32     # nprobe ~ nlist / 32 reached recall@10 0.95-0.96 on clustered data (benchmarks/README.md)
@@ -48,11 +49,6 @@ _SCAN = {"fs": 4, "pq": 32, "sq": 1}  # multiply-add equivalents a code costs to
 #                        dimension for SQ8): fast-scan's SIMD lookups against 8-bit PQ's table reads
 _FREE_MACS = 1 << 33   # below this many multiply-adds the exact pass takes seconds: no rate measured, no index
 _ADD_OVERHEAD = 2.0    # FAISS's add beside its GEMM (residuals, encoding, list appends): measured ~2x (README)
-
-
-def hms(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 def _gb(n: float) -> str:

@@ -40,6 +40,7 @@ from hardrank.atomic import atomic_path, write_json_atomic
 from hardrank.errors import DataError, NoSpace, UsageError
 from hardrank.scoring import corpus_io
 from hardrank.scoring.faiss_index import _size_pool
+from hardrank.units import hms, size
 
 __all__ = ["VERSION", "build", "check", "open_index", "manifest", "is_index_folder", "train_rows_for", "block_rows_for",
            "fits_memory", "code_bytes"]
@@ -53,20 +54,6 @@ _SAMPLED = 64     # chunks of a large file checksummed (at even offsets), with i
 _CHUNK = 1 << 16  # bytes a chunk
 
 
-def _hms(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
-# -- what an index costs -------------------------------------------------------------------------
 def code_bytes(factory: str, d: int) -> int:
     """Bytes a row's code takes in the lists (without its 8-byte id)."""
     index = faiss.index_factory(d, factory, _IP)
@@ -224,7 +211,7 @@ def _kmeans(x: np.ndarray, nlist: int, seed: int, echo, res, chunk_rows: int) ->
         C = np.ascontiguousarray((C / np.maximum(np.linalg.norm(C, axis=1, keepdims=True), 1e-30)).astype(np.float32))
         dt = time.perf_counter() - t0
         echo(f"train: k-means iteration {it + 1}/{_NITER} ({n:,} rows into {nlist:,} lists), "
-             f"{(it + 1) * n / dt:,.0f} rows/s, ETA {_hms(dt / (it + 1) * (_NITER - it - 1))}")
+             f"{(it + 1) * n / dt:,.0f} rows/s, ETA {hms(dt / (it + 1) * (_NITER - it - 1))}")
     return C
 
 
@@ -313,7 +300,7 @@ def build(folder, xb, factory: str, identity: dict, *, budget_bytes: int, seed: 
         return done
     on_disk = not fits_memory(factory, nb, d, budget_bytes) or nb == 0
     if on_disk and _fast_scan(factory):
-        raise UsageError(f"index {factory!r}: its lists ({_size(nb * (code_bytes(factory, d) + 8))}) exceed half of "
+        raise UsageError(f"index {factory!r}: its lists ({size(nb * (code_bytes(factory, d) + 8))}) exceed half of "
                          f"--budget-mb {budget_bytes >> 20}, and FAISS cannot memory-map fast-scan (x4fs) lists; "
                          f"use 8-bit codes (e.g. {factory.rsplit(',', 1)[0]},PQ{d // 4}) or a larger --budget-mb")
     ivf_probe = faiss.extract_index_ivf(faiss.index_factory(d, factory, _IP))
@@ -376,7 +363,7 @@ def build(folder, xb, factory: str, identity: dict, *, budget_bytes: int, seed: 
     write_json_atomic(folder / MANIFEST, done)  # last: the index is valid from here on
     shutil.rmtree(folder / BLOCKS, ignore_errors=True)
     tpath.unlink(missing_ok=True)
-    echo(f"index: {factory} over {nb:,} rows written to {folder} ({_size(sum(f['bytes'] for f in files.values()))})")
+    echo(f"index: {factory} over {nb:,} rows written to {folder} ({size(sum(f['bytes'] for f in files.values()))})")
     return done
 
 
@@ -409,11 +396,11 @@ def _add_blocks(folder: Path, xb, trained, plan: dict, res, echo, timings: dict)
         if i == 0 and not left:
             echo(f"add: {hi - lo:,} rows (the last block) in {dt:.1f}s")
         elif i == 0:
-            echo(f"add: first block of {hi - lo:,} rows in {dt:.1f}s: about {_hms(dt / (hi - lo) * left)} for the "
+            echo(f"add: first block of {hi - lo:,} rows in {dt:.1f}s: about {hms(dt / (hi - lo) * left)} for the "
                  f"other {len(todo) - 1:,} block(s) ({left:,} rows) on this machine")
         elif now - last >= 10 or not left:
             echo(f"add: block {b + 1}/{n_blocks} committed, {rows_done / dt:,.0f} rows/s, "
-                 f"ETA {_hms(dt / rows_done * left)}")
+                 f"ETA {hms(dt / rows_done * left)}")
             last = now
     timings["add"] = time.perf_counter() - t0
 
@@ -460,7 +447,7 @@ def _merge_on_disk(folder: Path, trained, plan: dict, nb: int) -> None:
     lists = folder / LISTS
     have = lists.stat().st_size if lists.exists() else 0
     if free + have < need + (64 << 20):
-        raise NoSpace(f"no space left on the device for {lists} (it needs about {_size(need)}, {_size(free)} free "
+        raise NoSpace(f"no space left on the device for {lists} (it needs about {size(need)}, {size(free)} free "
                       f"there); free some space there or build the index on another disk (--out / --index-out), "
                       f"then run the same command again: the {math.ceil(nb / plan['block_rows'])} committed blocks "
                       f"are kept")
