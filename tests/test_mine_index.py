@@ -308,6 +308,20 @@ def test_an_index_of_another_corpus_or_dimension_or_damaged_or_unfinished_is_one
     damaged = [("index.faiss", lambda p: p.write_bytes(p.read_bytes()[:-100]), "damaged index file"),
                ("lists.ivfdata", lambda p: p.write_bytes(b"\0" * p.stat().st_size), "damaged index file"),
                ("index.json", lambda p: p.write_text("{not json"), "damaged index manifest")]
+
+    def manifest(edit):
+        def spoil(p):
+            m = json.loads(p.read_text())
+            edit(m)
+            p.write_text(json.dumps(m))
+        return spoil
+    # a handed folder's manifest names the files checked: one naming a file outside it (a device that never ends,
+    # a path up), or a manifest not as the build writes it, is refused before any file is read
+    for name in ("/dev/zero", "../outside.arrow"):
+        damaged.append(("index.json", manifest(lambda m, n=name: m["files"].update({n: {"bytes": 0, "blake2b": ""}})),
+                        f"damaged index manifest (a file {name!r} that is not a plain name in the folder)"))
+    damaged.append(("index.json", manifest(lambda m: m["identity"].update(rows="many")),
+                    "damaged index manifest (no corpus identity (rows, dim))"))
     for i, (name, spoil, said) in enumerate(damaged):
         copy = tmp_path / f"spoilt{i}"
         copy.mkdir()

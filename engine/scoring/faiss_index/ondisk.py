@@ -259,12 +259,31 @@ def manifest(folder) -> dict | None:
         m = json.loads(path.read_text(encoding="utf-8"))
         why = None if isinstance(m, dict) and m.get("version") == VERSION else (
             f"version {m.get('version') if isinstance(m, dict) else '?'}, expected {VERSION}")
+        why = why or _malformed(m)
     except (OSError, ValueError) as exc:
         why = str(exc)
     if why is not None:
         raise DataError(f"{path}: damaged index manifest ({why}); rebuild the index: delete {folder}, then hardrank "
                         f"index build --corpus ... --out {folder}")
     return m
+
+
+def _malformed(m: dict) -> str | None:
+    """What in a manifest is not as ``build`` writes it (a folder is a user's: its manifest names the files that are
+    checked, so each must be a plain name in the folder), else None."""
+    ident, files = m.get("identity"), m.get("files")
+    if not isinstance(m.get("factory"), str):
+        return "no factory"
+    if not isinstance(ident, dict) or not all(isinstance(ident.get(k), int) for k in ("rows", "dim")):
+        return "no corpus identity (rows, dim)"
+    if not isinstance(files, dict) or INDEX not in files:
+        return f"no file list naming {INDEX}"
+    for name, want in files.items():
+        if Path(name).name != name or name in (".", ".."):
+            return f"a file {name!r} that is not a plain name in the folder"
+        if not (isinstance(want, dict) and isinstance(want.get("bytes"), int) and isinstance(want.get("blake2b"), str)):
+            return f"no size and checksum for {name}"
+    return None
 
 
 def _differs(a: dict, b: dict) -> list[str]:
@@ -489,9 +508,9 @@ def check(folder, identity: dict) -> dict:
         raise DataError(f"{folder}: an index of another {what} ({_describe(have)}; this corpus: {_describe(identity)}; "
                         f"they differ in {diff}); build one for this corpus (hardrank index build --corpus ... "
                         f"--out NEW_FOLDER, or mine --index-out NEW_FOLDER)")
-    for name, want in m.get("files", {}).items():
+    for name, want in m["files"].items():
         path = folder / name
-        got = _checksum(path) if path.exists() else None
+        got = _checksum(path) if path.is_file() and not path.is_symlink() else None  # (not a FIFO, device or link)
         if got != want:
             why = "missing" if got is None else (f"{got['bytes']:,} bytes, expected {want['bytes']:,}"
                                                  if got["bytes"] != want["bytes"] else "its checksum differs")
