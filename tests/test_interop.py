@@ -309,3 +309,20 @@ def test_clip_retrieval_folder_on_s3_mines_and_scores_like_the_local_one(world, 
     local = evaluate(embeddings=str(world["cr"]), out=str(tmp_path / "l"), **opts)
     remote = evaluate(embeddings="s3://bucket/cr", out=str(tmp_path / "r"), **opts)
     assert remote.results[0]["metrics"] == local.results[0]["metrics"]
+
+
+def test_export_file_names_stay_in_out_whatever_a_result_names_its_model(tmp_path):
+    """The fields come from result files (a user's): a model named ``..`` filled into ``{model}/...`` named the
+    folder above --out; each field is one name part (separators and a value of dots alone become ``_``)."""
+    golden = Path(__file__).parent / "golden" / "toy-clip_step0700__toy-hard-positives.json"
+    res = tmp_path / "res" / "ckpt"
+    res.mkdir(parents=True)
+    result = json.loads(golden.read_text())
+    result["provenance"]["architecture"] = ".."
+    (res / "toy-hard-positives.json").write_text(json.dumps(result))
+    out = tmp_path / "deep" / "cb"
+    assert main(["export", str(tmp_path / "res"), "--format", "clip_benchmark", "--out", str(out), "--output",
+                 "{model}/{dataset}.json"]) == 0
+    written = [p for p in tmp_path.rglob("*.json") if not p.is_relative_to(tmp_path / "res")]
+    assert written and all(p.is_relative_to(out) for p in written), written
+    assert {p.parent.name for p in written} == {"__"}

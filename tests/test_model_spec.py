@@ -16,7 +16,7 @@ from hardrank.config import SuiteOptions
 from hardrank.errors import DataError, UsageError
 from hardrank.models import KINDS, Kind, LoadedModel, ModelSpec, register_kind, unregister_kind
 from hardrank.models.runs import user_specs
-from hardrank.models.spec import forms_help, label, rebased
+from hardrank.models.spec import forms_help, label, rebased, safe_name
 from hardrank.suites import load_suites
 
 
@@ -160,3 +160,9 @@ def test_a_kind_registered_at_run_time_is_parsed_loaded_and_evaluated_then_unreg
     assert "tiny-test" not in KINDS and "tiny:SEED" not in forms_help()
     with pytest.raises(UsageError, match="unknown model 'tiny:3'"):
         hardrank.evaluate(model="tiny:3", out=str(tmp_path / "out2"), **run)
+
+
+def test_a_name_becomes_one_file_name_part_never_a_path():
+    """Results folders and fingerprints are named by ``safe_name``: a fingerprint or folder named ``..`` (an
+    in-memory model's, a user's) labelled the results folder above --out."""
+    assert [safe_name(s) for s in ("..", ".", "a/../b", "v1.2-x", "")] == ["__", "_", "a_.._b", "v1.2-x", ""]

@@ -215,7 +215,10 @@ def clip_benchmark_records(result: dict, pretrained: str) -> tuple[list[dict], s
 
 
 def _slug(s: str) -> str:
-    return str(s).replace("/", "_").replace(os.sep, "_")
+    """A field as one file-name part: separators become ``_``, and so does a value of dots alone (``..`` from a
+    result file's model name would have named the folder above ``--out``)."""
+    s = str(s).replace("/", "_").replace(os.sep, "_")
+    return "_" * len(s) if s and set(s) == {"."} else s
 
 
 def check_output(template: str) -> str:

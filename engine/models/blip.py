@@ -42,8 +42,8 @@ from hardrank.models.hf_models import (
     weights_of,
 )
 from hardrank.models.hf_text import _TOKENIZER_GLOBS, _files_hash, _require_transformers, snapshot
-from hardrank.models.openclip import EMBED_VERSION, _safe, file_hash
-from hardrank.models.spec import Kind, LoadedModel, ModelSpec
+from hardrank.models.openclip import EMBED_VERSION, file_hash
+from hardrank.models.spec import Kind, LoadedModel, ModelSpec, safe_name
 
 __all__ = ["KIND", "MAX_LENGTH", "load_blip", "has_itm"]
 
@@ -192,7 +192,8 @@ def load_blip(spec: ModelSpec) -> LoadedModel:
             "hf": {k: {**v, "folder": str(folder.path)} for k, v in hf.items()},
             "itm_first_token": ident["itm_first_token"]}
     return LoadedModel(spec=spec, arch_name=f"{KIND.prefix}{folder.path.name}", model=model, tokenizer=tokenizer,
-                       preprocess_cfg=preprocess, fingerprint=f"blip-{_safe(folder.path.name)}-{precision}-{digest}",
+                       preprocess_cfg=preprocess,
+                       fingerprint=f"blip-{safe_name(folder.path.name)}-{precision}-{digest}",
                        embed_dim=int(weights.config.image_text_hidden_size), device=device, precision=precision,
                        checkpoint_hash=ckpt_hash, info=info)
 

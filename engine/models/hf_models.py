@@ -51,7 +51,7 @@ from hardrank.models.boundary import (
 )
 from hardrank.models.hf_text import snapshot
 from hardrank.models.openclip import EMBED_VERSION, file_hash
-from hardrank.models.spec import Kind, LoadedModel, ModelSpec
+from hardrank.models.spec import Kind, LoadedModel, ModelSpec, safe_name
 from hardrank.openclip_import import import_transformers
 
 __all__ = ["KIND", "Family", "FAMILIES", "register_family", "family_of", "load_hf_model", "hf_image_processor",
@@ -448,7 +448,7 @@ def load_hf_model(spec: ModelSpec) -> LoadedModel:
     shown = spec.name if not Path(spec.name).is_dir() else folder.path.resolve().name  # a repo id, else the folder's
     return LoadedModel(spec=spec, arch_name=f"{KIND.prefix}{shown}", model=HFDualEncoder(model, family),
                        tokenizer=tokenizer, preprocess_cfg=preprocess_cfg,
-                       fingerprint=f"hf-{_safe(shown.split('/')[-1])}-{precision}-{digest}", embed_dim=embed_dim,
+                       fingerprint=f"hf-{safe_name(shown.split('/')[-1])}-{precision}-{digest}", embed_dim=embed_dim,
                        device=device, precision=precision, checkpoint_hash=w_hash, info=info)
 
 
@@ -463,10 +463,6 @@ def _without_noise(cfg):
     if isinstance(cfg, dict):
         return {k: _without_noise(v) for k, v in cfg.items() if k not in _CONFIG_NOISE}
     return cfg
-
-
-def _safe(s: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
 
 
 def _is_folder(spelling: str) -> bool:

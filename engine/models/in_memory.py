@@ -38,8 +38,8 @@ from hardrank.models.hf_models import (
     image_processor_cfg,
     text_vocab_size,
 )
-from hardrank.models.openclip import EMBED_VERSION, _safe
-from hardrank.models.spec import Kind, LoadedModel, ModelSpec
+from hardrank.models.openclip import EMBED_VERSION
+from hardrank.models.spec import Kind, LoadedModel, ModelSpec, safe_name
 
 __all__ = ["KIND", "accepts", "load_in_memory", "as_found"]
 
@@ -204,7 +204,7 @@ def _loaded(spec, model, encoder, tokenizer, preprocess_cfg, ident, embed_dim, d
     live = spec.live
     fingerprint = None
     if live.fingerprint is not None:  # the caller names the weights: the store folder is that name + the rest
-        fingerprint = f"{_safe(live.fingerprint)}-{precision}-{_digest({**ident, 'weights': live.fingerprint})}"
+        fingerprint = f"{safe_name(live.fingerprint)}-{precision}-{_digest({**ident, 'weights': live.fingerprint})}"
     info = {"pretrained": None, "weights": None, "weights_format": "in-memory", "quick_gelu": None,
             "random_init": False, "warnings": [], "spec": spec.record(),
             "in_memory": {"class": spec.arch, "fingerprint": live.fingerprint}, **info}

@@ -40,7 +40,7 @@ from hardrank.config import DATA_DIR
 from hardrank.errors import DataError, UsageError
 from hardrank.models.boundary import check_size, open_clip_params, open_folder, pickle_refusal, vet_config
 from hardrank.models.hf_text import hf_text
-from hardrank.models.spec import Kind, LoadedModel, ModelSpec, forms_help, kind_of
+from hardrank.models.spec import Kind, LoadedModel, ModelSpec, forms_help, kind_of, safe_name
 
 __all__ = ["NAME_KIND", "CONFIG_KIND", "HUB_KIND", "FOLDER_KIND", "load_model", "resolve_arch", "file_hash",
            "tag_preprocess"]
@@ -59,10 +59,6 @@ _WEIGHT_NAMES = ("open_clip_model.safetensors", "open_clip_pytorch_model.safeten
                  "model.pth")
 _DEFAULT_PREPROCESS = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(PreprocessCfg()).items()
                        if k in _PREPROCESS_KEYS}
-
-
-def _safe(s: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
 
 
 def _register_bundled() -> None:
@@ -433,7 +429,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     if hf.ident:
         info["hf"] = {k: {**v, "folder": hf.folders[k]} for k, v in hf.ident.items()}
     return LoadedModel(spec=spec, arch_name=name, model=model, tokenizer=tokenizer,
-                       preprocess_cfg=preprocess_cfg, fingerprint=f"{_safe(Path(name).name)}-{precision}-{digest}",
+                       preprocess_cfg=preprocess_cfg, fingerprint=f"{safe_name(Path(name).name)}-{precision}-{digest}",
                        embed_dim=embed_dim, device=device, precision=precision, checkpoint_hash=ckpt_hash, info=info)
 
 

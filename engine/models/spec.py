@@ -23,7 +23,7 @@ from hardrank.devices import resolve_device
 from hardrank.errors import DataError, UsageError
 
 __all__ = ["ModelSpec", "LoadedModel", "LiveModel", "Kind", "KINDS", "register_kind", "unregister_kind", "kind_of",
-           "forms_help", "object_refusal", "split_live", "rebased", "label", "LIVE_OPTIONS", "PRECISIONS"]
+           "safe_name", "forms_help", "object_refusal", "split_live", "rebased", "label", "LIVE_OPTIONS", "PRECISIONS"]
 
 LIVE_OPTIONS = ("preprocess", "tokenizer", "processor", "fingerprint")  # the API keywords that go with a model object
 
@@ -145,15 +145,18 @@ class LoadedModel:
         if self.spec.checkpoint:
             return Path(self.spec.checkpoint).stem
         if self.spec.live is not None:
-            return _safe(self.spec.live.fingerprint) if self.spec.live.fingerprint else "in-memory"
-        base = _safe(self.spec.name.rstrip("/").split("/")[-1])
+            return safe_name(self.spec.live.fingerprint) if self.spec.live.fingerprint else "in-memory"
+        base = safe_name(self.spec.name.rstrip("/").split("/")[-1])
         if self.spec.pretrained:
-            return f"{base}-{_safe(self.spec.pretrained)}"
+            return f"{base}-{safe_name(self.spec.pretrained)}"
         return base if self.info.get("weights") else f"{base}-init"
 
 
-def _safe(s: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+def safe_name(s: str) -> str:
+    """``s`` as one file-name part (a results folder's label, a fingerprint's): letters, digits and ``-_.`` kept,
+    the rest ``_``; a name of dots alone (``..``: a folder named so, a fingerprint) becomes ``_``s, never a path."""
+    s = "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+    return "_" * len(s) if s and set(s) == {"."} else s
 
 
 # -- the registry ------------------------------------------------------------------------------------------
