@@ -531,10 +531,14 @@ def test_exact_answers_kept_in_a_folder_come_back_for_every_query_vector(tmp_pat
         calls.append(len(q))
         D, I = topk(torch.from_numpy(q), torch.from_numpy(xb), kk)
         return D.numpy(), I.numpy()
-    first = _Remembered(exact, tmp_path / "exact_topk.npz")
+    first = _Remembered(exact, tmp_path / "exact_topk.npz", len(xb))
     D0, I0 = first(xq, 6, None)
     first.save()
-    again = _Remembered(exact, tmp_path / "exact_topk.npz")
+    # a folder is a user's: a file naming rows past this corpus, or not an npz at all, is passed over
+    assert _Remembered(exact, tmp_path / "exact_topk.npz", 10).kept == {}
+    (tmp_path / "junk.npz").write_bytes(b"PK\x03\x04 not a zip")
+    assert _Remembered(exact, tmp_path / "junk.npz", len(xb)).kept == {}
+    again = _Remembered(exact, tmp_path / "exact_topk.npz", len(xb))
     excl = _csr([[int(I0[j, 0])] for j in range(len(xq))])  # each query's best excluded: served from what is kept
     D1, I1 = again(xq, 4, excl)
     assert calls == [8] and again.hits == 8

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import zipfile
 from collections import Counter
 from pathlib import Path
 
@@ -144,15 +145,21 @@ class _Remembered:
     exact = True
     _MAX = 200_000  # query vectors kept (the oldest go first)
 
-    def __init__(self, search, cache: Path):
+    def __init__(self, search, cache: Path, nb: int):
         self.search, self.cache, self.hits, self.changed = search, cache, 0, False
         self.gather = getattr(search, "gather", None)
         self.kept: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
-        try:
+        try:  # (np.load refuses pickles: allow_pickle is off)
             with np.load(cache) as f:
-                for h, D, I, n in zip(f["keys"], f["D"], f["I"], f["n"]):
-                    self.kept[h.tobytes()] = (D[:n], I[:n])
-        except (OSError, ValueError, KeyError):
+                keys, D, I, n = f["keys"], f["D"], f["I"], f["n"]
+                whole = (keys.dtype == np.uint8 and keys.ndim == 2 and keys.shape[1] == 16 and D.dtype == np.float32
+                         and I.dtype == np.int64 and D.ndim == 2 and D.shape == I.shape == (len(keys), D.shape[1])
+                         and n.shape == (len(keys),) and n.dtype == np.int64 and ((n >= 0) & (n <= D.shape[1])).all()
+                         and ((I >= -1) & (I < nb)).all())
+                if whole:  # else not as ``save`` writes it for this corpus (the folder is a user's): passed over
+                    for h, d, i, m in zip(keys, D, I, n):
+                        self.kept[h.tobytes()] = (d[:m], i[:m])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile):
             self.kept = {}
 
     def __call__(self, xq, kk, excl):
@@ -214,7 +221,7 @@ class SampleReference:
         exact = ExactReference(problem, opts, search)
         if progress is not None and hasattr(exact._search, "progress"):
             exact._search.progress = progress
-        kept = _Remembered(exact, cache) if cache is not None else None
+        kept = _Remembered(exact, cache, len(problem.xb)) if cache is not None else None
         rec = _FirstCall(kept or exact, 10)
         _, self.negatives = mine_block(rec, problem, self.rows, opts, Counter())  # (n, k) corpus rows
         self.top10 = rec.first if rec.first is not None else np.full((n, 10), -1, np.int64)
