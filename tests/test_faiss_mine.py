@@ -500,3 +500,27 @@ def test_eval_with_faiss_search_records_provenance(kernels, world, tmp_path):
     small = "auto: a small call (< 2^28 multiply-adds), where a low-precision pass does not pay"
     assert ex["provenance"]["search"] == {d: {"search": "exhaustive", "precision": "fp32", "precision_reason": small}
                                           for d in ("i2t", "t2i")}
+
+
+def test_auto_builds_the_searcher_the_plan_it_printed_names(tmp_path, monkeypatch):
+    """The run prints ``Auto.mining_plan`` for the queries it will search over the corpus as held (mapped from
+    disk or not); ``Auto.searcher`` plans again with the same facts (it planned for a corpus in memory: a mapped
+    one's pass was costed without its reads, and could name an index the plan line had not)."""
+    from hardrank.scoring.backends import auto
+
+    seen = []
+    real = auto.plan
+
+    def recording(nq, shape, opts, **kw):
+        seen.append((nq, tuple(shape), kw.get("mapped", False)))
+        return real(nq, shape, opts, **kw)
+
+    monkeypatch.setattr(auto, "plan", recording)
+    xb = np.lib.format.open_memmap(tmp_path / "xb.npy", "w+", np.float32, (500, 16))
+    xb[:] = np.random.default_rng(0).standard_normal((500, 16))
+    opts = MineOptions(k=5)
+    backend = auto.Auto()
+    printed = backend.mining_plan(opts.search_spec, 40, xb.shape, opts, mapped=True)
+    search = backend.searcher(opts.search_spec, xb, opts, 40)
+    assert seen[0] == seen[1] == (40, (500, 16), True)
+    assert search.exact == (printed.index is None)

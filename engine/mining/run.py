@@ -236,13 +236,13 @@ def _plan(problem: MineProblem, opts: MineOptions, backend: Backend, n_todo: int
     return plan
 
 
-def _searcher(problem: MineProblem, opts: MineOptions, backend: Backend, plan, out: Path, echo):
+def _searcher(problem: MineProblem, opts: MineOptions, backend: Backend, plan, n_todo: int, out: Path, echo):
     """The run's searcher for ``plan``: the backend's own, or the IVF index the plan names, built in memory or
     in a folder (reused, resumed, or built)."""
     if plan.index is None:
         if opts.index_out:
             echo(f"--index-out {opts.index_out}: no index to keep, the search is {plan.how}")
-        return build_searcher(problem, opts, backend)
+        return build_searcher(problem, opts, backend, n_todo)  # the queries the plan was made for
     from hardrank.scoring.faiss_index import ondisk  # faiss: imported by that package alone
 
     nb, d = problem.xb.shape
@@ -296,7 +296,7 @@ def _mine_arrays(problem: MineProblem, opts: MineOptions, out: Path, export_trai
             echo(f"why: {plan.why}")
         for alt in plan.alternatives:
             echo(f"  {alt}")
-        search = _searcher(problem, opts, backend, plan, out, echo)
+        search = _searcher(problem, opts, backend, plan, len(todo_rows), out, echo)
         timings["index"] = time.perf_counter() - t0
         search_info = dict(search.info)
         if plan.why:

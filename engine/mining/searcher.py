@@ -29,8 +29,9 @@ __all__ = ["build_searcher", "searcher_for", "measure_recall", "written_recall",
            "SampleReference", "TuningMemo"]
 
 
-def build_searcher(problem: MineProblem, opts: MineOptions, backend: Backend | None = None):
-    return searcher_for(problem.xb, opts, len(problem.xq), backend=backend)
+def build_searcher(problem: MineProblem, opts: MineOptions, backend: Backend | None = None, nq: int | None = None):
+    """``searcher_for`` the problem's corpus; ``nq``: the queries this run searches (default: all of them)."""
+    return searcher_for(problem.xb, opts, len(problem.xq) if nq is None else nq, backend=backend)
 
 
 def searcher_for(xb, opts: MineOptions, nq: int | None = None, *, backend: Backend | None = None):

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from hardrank.kernels import topk
+from hardrank.scoring import corpus_io
 from hardrank.scoring.backends.base import TOPK, Backend, MinePlan
 from hardrank.scoring.backends.exhaustive import kernel_searcher
 from hardrank.scoring.backends.faiss import describe_factory, faiss_searcher
@@ -210,7 +211,8 @@ class Auto(Backend):
         return plan(nq, tuple(shape), opts, mapped=mapped, built=built)
 
     def searcher(self, spec, xb, opts, nq=None):
-        p = plan(nq if nq is not None else opts.block_size, xb.shape, opts)
+        # the plan the run printed (``mining_plan``: its queries, the corpus mapped or not), made again alike
+        p = plan(nq if nq is not None else opts.block_size, tuple(xb.shape), opts, mapped=corpus_io.mapped(xb))
         return kernel_searcher(xb, opts, nq) if p.index is None else faiss_searcher(xb, p.index, opts)
 
     def describe(self, spec, shape, opts):
