@@ -97,7 +97,9 @@ def part_e2e_hf(rec: Recorder, profile: dict, work: Path, args) -> None:
         if p.get("tiny") and name == "blip_rerank":
             continue  # the CPU profile: BLIP base is too large for CI's seconds
         ann, root = _world(work, images, p["captions"], p["threads"])
-        build_s, folder = timed(lambda maker=maker, name=name: maker(work / "models" / name, tiny=bool(p.get("tiny"))))
+        tiny = bool(p.get("tiny"))  # (its own folder: a GPU run after a CPU run in the same --work found the tiny one)
+        build_s, folder = timed(lambda maker=maker, name=name, tiny=tiny: maker(
+            work / "models" / (f"{name}-tiny" if tiny else name), tiny=tiny))
         for sub in ("store", "results"):
             shutil.rmtree(work / f"{name}_{sub}", ignore_errors=True)
         kw = {"rerank": rerank} if rerank else {}

@@ -301,3 +301,12 @@ def stub_captioning_deps(monkeypatch) -> None:
             if name not in sys.modules:
                 monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
         setattr(sys.modules["pycocoevalcap." + path], cls, refuse)
+
+
+def worst_group_twin(hit, groups) -> float:
+    """Worst-group accuracy (percent) written plainly: each group's mean of ``hit``, the smallest (the twin of
+    ``scoring.task_metrics``' worst-group metrics in the collection tests)."""
+    by = {}
+    for h, g in zip(hit, groups):
+        by.setdefault(int(g), []).append(bool(h))
+    return 100 * min(sum(v) / len(v) for v in by.values())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import import_clip_benchmark, install_clip_benchmark
+from helpers import import_clip_benchmark, install_clip_benchmark, worst_group_twin
 
 from hardrank.errors import DataError
 from hardrank.scoring.task_metrics import (
@@ -169,13 +169,6 @@ def test_bad_tasklists_name_the_file_the_task_and_the_fix(tmp_path, text, match)
 
 
 # -- the metric functions and their slow twins ----------------------------------------------------------------------
-def _worst_twin(hit, groups):
-    by = {}
-    for h, g in zip(hit, groups):
-        by.setdefault(int(g), []).append(bool(h))
-    return 100 * min(sum(v) / len(v) for v in by.values())
-
-
 def _f1_twin(pred, labels):
     f1s = []
     for c in sorted(set(labels.tolist())):
@@ -219,7 +212,7 @@ def test_metric_functions_match_slow_twins():
     for n, c, g in ((1, 1, 1), (2, 3, 2), (17, 5, 3), (64, 7, 11), (97, 2, 4)):
         hit = rng.random(n) < 0.6
         groups = rng.integers(0, g, n).astype(np.float32) * 2  # float metadata, gaps between group numbers
-        assert worst_group_accuracy(hit, groups) == pytest.approx(_worst_twin(hit, groups))
+        assert worst_group_accuracy(hit, groups) == pytest.approx(worst_group_twin(hit, groups))
         labels, pred = rng.integers(0, c, n), rng.integers(0, c + 2, n)  # predictions of classes never present
         assert macro_f1(pred, labels) == pytest.approx(_f1_twin(pred, labels))
         scores = rng.integers(0, 4, (n, c)).astype(np.float32)  # ties

@@ -18,6 +18,7 @@ from helpers import (
     install_clip_benchmark,
     save_random_checkpoint,
     stub_captioning_deps,
+    worst_group_twin,
     write_tiny_config,
 )
 
@@ -337,13 +338,6 @@ def _datacomp_shards(root: Path, classes, per_class: int, seed: int, npy: bool =
     return root
 
 
-def _worst(hit, groups):
-    by = {}
-    for h, g in zip(hit, groups):
-        by.setdefault(int(g), []).append(bool(h))
-    return 100 * min(sum(v) / len(v) for v in by.values())
-
-
 def test_worst_group_metrics_read_the_npy_metadata_and_a_rerun_scores_nothing(tmp_path, tiny):
     data = tmp_path / "data"
     _datacomp_shards(data / "wds_dollar_street_test", ("blue", "dark", "green", "pink", "red", "gray"), 4, 0)
@@ -359,10 +353,10 @@ def test_worst_group_metrics_read_the_npy_metadata_and_a_rerun_scores_nothing(tm
         rows = rows.to_pylist()
         idx = [int(o["query_id"].split("#s")[1]) for o in rows]  # s%07d: the i of the metadata written
         if r["suite"] == "fairness/dollar_street":  # worst income_ds group, top-5
-            want = _worst([o["rank"] < 5 for o in rows], [i % 3 for i in idx])
+            want = worst_group_twin([o["rank"] < 5 for o in rows], [i % 3 for i in idx])
             assert r["task_metrics"]["acc_top5_wg"] == pytest.approx(want)
         else:  # worst region (the third field), top-1
-            want = _worst([o["rank"] == 0 for o in rows], [(i * 7) % 4 for i in idx])
+            want = worst_group_twin([o["rank"] == 0 for o in rows], [(i * 7) % 4 for i in idx])
             assert r["task_metrics"]["acc_wg"] == pytest.approx(want)
         assert r["suite_meta"]["dataset"]["main_metric"] in r["task_metrics"]
     coll = {r["checkpoint"]: r for r in first.results if r["task_type"] == "collection"}

@@ -295,7 +295,9 @@ def collection_result(name: str, tasks: Sequence[TaskSpec], results: Mapping[str
                 entry["why"] = r.get("task_metric_error") or f"its result holds no {metric}"
         per[t.key], scores[t.key] = entry, entry["value"]
     agg = aggregate(scores, tasks)
-    fingerprints = sorted({r.get("model_fingerprint") for r in results.values() if r.get("model_fingerprint")})
+    # the members' own (not other suites', nor a collection's written earlier: a list there is no set member)
+    fingerprints = sorted({results[t.key]["model_fingerprint"] for t in tasks
+                           if isinstance((results.get(t.key) or {}).get("model_fingerprint"), str)})
     return {"suite": name, "checkpoint": checkpoint, "task_type": COLLECTION_TASK_TYPE,
             "model_fingerprint": fingerprints[0] if len(fingerprints) == 1 else fingerprints or None,
             "metrics": {k: v for k, v in agg.items() if k not in ("tasks", "scored", "missing")},
