@@ -304,7 +304,15 @@ def test_ray_executor_equals_local_exactly_and_records_failures(tmp_path, tiny, 
     models = tiny["models"]
     local_tables, ray_tables = _world(tmp_path / "img"), _world(tmp_path / "img")
     local = _stores(tmp_path / "local", models)
-    st_local = embed_tables(local_tables, models, local, batch_size=8, flush_rows=16)
+    # the in-process encoder runs on this process's threads, decided at start from the idle cores (fewer beside
+    # a busy neighbour); the cluster's one encoder actor on its 2 CPUs: the same count, or the GEMMs' sums
+    # round apart by an ulp (seen under a parallel test run)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        st_local = embed_tables(local_tables, models, local, batch_size=8, flush_rows=16)
+    finally:
+        torch.set_num_threads(before)
     remote = _stores(tmp_path / "ray", models)
     st_ray = embed_tables(ray_tables, models, remote, batch_size=8, flush_rows=16,
                           runner=RayRunner(decode_actors=1))
